@@ -1,0 +1,38 @@
+# Parity's developer entry points. `make demo` and `make test` work on a fresh machine: they create or reuse
+# .venv and install what they need (torch pinned to the CPU build that lies on disk).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+TORCH := torch==2.13.0
+
+.PHONY: venv demo test lint typecheck bench clean services
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[client,server,celery,postgres,dev]' $(TORCH)
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: venv
+	$(BIN)/python -m parity.demo
+
+test: venv
+	bash scripts/test.sh
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy shared client server parity
+
+bench: venv
+	$(BIN)/python benchmarks/bench_compare.py
+	$(BIN)/python benchmarks/bench_dump_overhead.py
+	$(BIN)/python benchmarks/bench_server.py
+
+clean:
+	rm -rf $(VENV) demo-output parity-data .pytest_cache

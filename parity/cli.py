@@ -1,0 +1,64 @@
+"""The ``parity`` command: one entry point, one module per sub-command under ``parity.commands``.
+
+Sub-command modules are imported only when chosen, so ``parity compare`` never imports the server stack and
+``parity server`` never imports torch. Every expected failure is a ``ParityError`` (or a client/server error
+of the same family) and becomes one line on stderr with exit code 2; only a bug shows a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# name -> (module under parity.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "compare": ("compare", "compare two dumps described by a compare.json (no server needed)"),
+    "server": ("server", "run the Parity server (FastAPI under uvicorn)"),
+    "db": ("db", "database maintenance: 'parity db upgrade' runs the migrations"),
+    "upload": ("upload", "upload an existing dump directory to a server"),
+    "compare-runs": ("compare_runs", "compare two uploaded runs on a server and download the reports"),
+}
+
+EXIT_USAGE = 2
+
+
+def _build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog="parity", description="Precision comparison for PyTorch training.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    chosen = next((a for a in argv if a in COMMANDS), None)
+    for name, (module_name, help_text) in COMMANDS.items():
+        cmd_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(f"parity.commands.{module_name}")
+            module.add_arguments(cmd_parser)
+            cmd_parser.set_defaults(_run=module.run)
+    return parser, parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser, args = _build_parser(args_list)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from parity.errors import user_error_types
+
+    try:
+        return int(args._run(args) or 0)
+    except user_error_types() as exc:
+        sys.stderr.write(f"parity {args.command}: error: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write(f"parity {args.command}: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The compare engine: pairs two dumps' rows, computes the metrics, judges them and advises."""

@@ -1,0 +1,114 @@
+"""What a comparison produces: the table, its verdicts, the suspects and the advice.
+
+This is the contract between the engine (which fills it), the report writers (xlsx, advisor, JSON summary),
+the CLI and the server (which stores the rows for its REST API). It holds plain Python values only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from parity.shared.compare.headers import CompareMode, full_header
+
+#: A table cell: msprobe writes numbers as numbers and every sentinel (``N/A``, ``unsupported``, ``Nan``,
+#: ``shape unmatched``, ``12.5%``) as a string; ``None`` is an empty cell.
+Cell = str | float | int | bool | None
+
+
+class Highlight(str, Enum):
+    """Row fill of msprobe v1's ``-hl`` colouring (compare.md §7.2); red wins over yellow."""
+
+    RED = "red"
+    YELLOW = "yellow"
+
+
+class RowStatus(str, Enum):
+    """Parity's typed status of a row (the ``Parity Status`` column), richer than msprobe's verdict."""
+
+    PASS = "pass"
+    WARNING = "warning"  # highlighted yellow, or a diagnostic that does not fail the row
+    FAIL = "fail"  # the verdict failed (Accuracy No / Warning / Different) or highlighted red
+    UNMATCHED = "unmatched"  # NPU row with no bench row: never passes
+    BENCH_ONLY = "bench-only"  # bench row with no NPU row: reported, not dropped
+    UNCOMPARABLE = "uncomparable"  # matched, but no metric could be computed (no file, empty, shape)
+
+
+@dataclass(slots=True)
+class CompareRow:
+    """One leaf of one API or module entry, with its cells in ``CompareResult.header`` order."""
+
+    cells: list[Cell]
+    api: str  # the dump entry the row belongs to, e.g. ``Functional.linear.0.forward``
+    status: RowStatus
+    highlight: Highlight | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """An API (or module) whose inputs agree but whose outputs do not: where precision is first lost."""
+
+    rank: int  # 1 = the first suspect
+    api: str
+    direction: str  # "forward" or "backward"
+    row_index: int  # 0-based index into ``CompareResult.rows`` of the first failing output row
+    reason: str
+    stack: str | None = None  # the innermost user frame from stack.json, when one is present
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """msprobe's three-line advisor result (compare.md §7.3); ``line`` is None when every row passed."""
+
+    line: int | None
+    suspect_node: str | None
+    text: str
+
+
+@dataclass(slots=True)
+class CompareResult:
+    """The whole comparison of one NPU dump against one bench dump (one rank of one step)."""
+
+    mode: CompareMode
+    stack_mode: bool
+    rows: list[CompareRow]
+    advice: Advice
+    suspects: list[Suspect] = field(default_factory=list)
+    rank: int | None = None  # set in multi-rank compares
+    npu_path: str | None = None
+    bench_path: str | None = None
+
+    @property
+    def header(self) -> list[str]:
+        """The exact column list of ``rows[i].cells``: msprobe v1's header, then Parity's extras."""
+        return full_header(self.mode, stack=self.stack_mode)
+
+    def failing_apis(self) -> list[str]:
+        """Entries with at least one failing or unmatched row, in table order, each once."""
+        seen: dict[str, None] = {}
+        for row in self.rows:
+            if row.status in (RowStatus.FAIL, RowStatus.UNMATCHED):
+                seen.setdefault(row.api)
+        return list(seen)
+
+    def summary(self) -> dict[str, object]:
+        """The machine-readable summary written beside the reports and served by the server."""
+        counts: dict[str, int] = {status.value: 0 for status in RowStatus}
+        for row in self.rows:
+            counts[row.status.value] += 1
+        return {
+            "mode": self.mode.value,
+            "rank": self.rank,
+            "npu_path": self.npu_path,
+            "bench_path": self.bench_path,
+            "rows": len(self.rows),
+            "status_counts": counts,
+            "failing_apis": self.failing_apis(),
+            "advice": {"line": self.advice.line, "suspect_node": self.advice.suspect_node,
+                       "text": self.advice.text},  # fmt: skip
+            "suspects": [
+                {"rank": s.rank, "api": s.api, "direction": s.direction, "row_index": s.row_index,
+                 "reason": s.reason, "stack": s.stack}  # fmt: skip
+                for s in self.suspects
+            ],
+        }

@@ -1,0 +1,46 @@
+"""The one exception tree of ``parity.shared`` (the dump format, the metrics, the compare engine, the reports).
+
+Every error names what it is about (a file, an entry, a field) so that a command line can print it as one line
+and exit 2, and a server can turn it into a 422, without either of them knowing the details.
+
+    ParityError
+     +-- DumpError            a dump or config file is missing, malformed or inconsistent
+     |    +-- UnsafeFileError a tensor file that could only be read by running code (pickle) or is too big
+     +-- CompareInputError    the compare request itself is wrong (compare.json, paths, tasks that differ)
+     +-- ReportError          a report could not be written
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ParityError(Exception):
+    """Base of every error Parity raises on purpose."""
+
+
+class DumpError(ParityError):
+    """A dump file is missing, malformed, or disagrees with itself.
+
+    ``file`` is the path that holds the problem; ``where`` narrows it down (an entry name, a field, a line and
+    column), so the message reads ``dump.json: entry 'Torch.add.0.forward' field 'shape': must be a list``.
+    """
+
+    def __init__(self, file: str | Path | None, problem: str, *, where: str | None = None) -> None:
+        self.file = str(file) if file is not None else None
+        self.problem = problem
+        self.where = where
+        parts = [p for p in (self.file, where) if p]
+        super().__init__(f"{': '.join(parts)}: {problem}" if parts else problem)
+
+
+class UnsafeFileError(DumpError):
+    """A tensor file that is refused without being executed (it needs pickle, or it is over the size cap)."""
+
+
+class CompareInputError(ParityError):
+    """The compare request is wrong: compare.json, the paths it names, or dumps that cannot be compared."""
+
+
+class ReportError(ParityError):
+    """A report file could not be written."""
