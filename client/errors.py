@@ -12,4 +12,4 @@ class ClientError(Exception):
 
 
 class UploadError(ClientError):
-    """Talking to a Parity server failed: it is unreachable, refused a request, or sent something unexpected."""
+    """Talking to a Parity server failed: unreachable, a request refused, or an unexpected answer."""

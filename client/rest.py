@@ -1,0 +1,442 @@
+"""A small typed client for the Parity server's REST API (``/api/v1``), over an injected ``httpx.Client``.
+
+The transport is injected so that tests can hand in an ``httpx.Client(transport=httpx.MockTransport(...))``
+or FastAPI's ``TestClient`` and run without a network; by default a plain ``httpx.Client`` is made. Every
+failure becomes an :class:`ApiError` (the server answered with an error status) or a
+:class:`ServerUnreachable` (no answer at all), both :class:`~parity.client.errors.UploadError`, with a
+one-line message naming the request and the server's ``detail``. :attr:`ApiError.retryable` tells the
+uploader whether trying again can help (5xx, 429) or not (any other 4xx).
+
+Example::
+
+    with ParityClient("http://127.0.0.1:8000", token="t0k") as api:
+        run = api.create_run("resnet-npu", device="npu")
+        api.upload_file(run["id"], "step0/rank0/dump.json", Path("dump/step0/rank0/dump.json"))
+        api.complete_run(run["id"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypedDict, cast
+from urllib.parse import quote
+
+import httpx
+from parity.client.errors import UploadError
+
+__all__ = [
+    "API_PREFIX",
+    "ApiError",
+    "ComparisonInfo",
+    "FileInfo",
+    "ParityClient",
+    "RunInfo",
+    "ServerUnreachable",
+    "sha256_file",
+]
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+#: Bytes read per chunk when hashing or streaming a file: big enough that per-chunk overhead is negligible,
+#: small enough that an upload never holds more than this of a file in memory.
+CHUNK_BYTES = 1 << 20
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class RunInfo(TypedDict, total=False):
+    """A run as the server describes it (``Run`` in the REST contract)."""
+
+    id: str
+    name: str
+    project: str
+    device: str
+    tags: dict[str, str]
+    metadata: dict[str, Any]
+    status: str  # uploading | complete | invalid
+    error: str | None
+    created_at: str
+    completed_at: str | None
+    file_count: int
+    total_bytes: int
+    steps: list[int]
+    ranks: list[int]
+
+
+class FileInfo(TypedDict):
+    """One stored file of a run: its path relative to the dump root, size and sha256."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+class ComparisonInfo(TypedDict, total=False):
+    """A comparison job (``Comparison`` in the REST contract)."""
+
+    id: str
+    status: str  # queued | running | succeeded | failed
+    error: str | None
+    progress: float
+    target_run: str
+    bench_run: str
+    step: int | None
+    ranks: list[int] | None
+    options: dict[str, Any]
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    summary: dict[str, Any] | None
+
+
+class ApiError(UploadError):
+    """The server answered a request with an error status; ``detail`` is its one-line explanation."""
+
+    def __init__(self, method: str, url: str, status_code: int, detail: str) -> None:
+        self.method = method
+        self.url = url
+        self.status_code = status_code
+        self.detail = detail
+        super().__init__(f"{method} {url}: HTTP {status_code}: {detail}")
+
+    @property
+    def retryable(self) -> bool:
+        """A server-side or overload failure that may pass on a later try; other 4xx never will."""
+        return self.status_code >= 500 or self.status_code in (408, 429)
+
+
+class ServerUnreachable(UploadError):
+    """No answer from the server (refused, reset, timed out): always worth retrying later."""
+
+    retryable = True
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in chunks so that a big tensor file is never held in memory."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _iter_file(path: Path) -> Iterator[bytes]:
+    """The request body of an upload: the file in chunks, opened only when httpx starts sending."""
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK_BYTES):
+            yield chunk
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's ``detail`` as one line (FastAPI's validation errors come as a list of dicts)."""
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip().replace("\n", " ")
+        return text[:300] or response.reason_phrase
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            if isinstance(item, dict):
+                loc = ".".join(str(p) for p in item.get("loc", ()))
+                parts.append(f"{loc}: {item.get('msg', item)}" if loc else str(item.get("msg", item)))
+            else:
+                parts.append(str(item))
+        return "; ".join(parts)
+    return str(detail).replace("\n", " ")
+
+
+class ParityClient:
+    """The REST API of one Parity server, one method per endpoint, JSON in and typed dicts out.
+
+    ``server`` is the base URL (``http://host:port``, without ``/api/v1``); ``token`` is sent as
+    ``Authorization: Bearer`` on every request. A ``client`` passed in is used as is and not closed here.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        token: str | None = None,
+        client: httpx.Client | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        if not server:
+            raise UploadError("no Parity server given (pass --server or set PARITY_SERVER)")
+        self.server = server.rstrip("/")
+        self._api = self.server + API_PREFIX
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._owns_client = client is None
+        # Connect fails fast (a down server must not stall the uploader); reads may be slow on big files.
+        self._http = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0))
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection pool, unless the ``httpx.Client`` was handed in."""
+        if self._owns_client:
+            self._http.close()
+
+    def __enter__(self) -> ParityClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: list[tuple[str, Any]] | None = None,
+        content: Any = None,
+        headers: Mapping[str, str] | None = None,
+        ok: Sequence[int] = (200,),
+    ) -> httpx.Response:
+        url = self._api + path
+        all_headers = {**self._headers, **(headers or {})}
+        try:
+            response = self._http.request(
+                method, url, json=json, params=httpx.QueryParams(params or []), content=content,
+                headers=all_headers,
+            )
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ServerUnreachable(f"{method} {url}: server unreachable: {reason}") from None
+        if response.status_code not in ok:
+            raise ApiError(method, url, response.status_code, _detail(response))
+        return response
+
+    # -- server -----------------------------------------------------------------------------------------
+
+    def health(self) -> bool:
+        """Whether ``GET /healthz`` answers ``{"status": "ok"}`` (never raises)."""
+        try:
+            response = self._http.get(self.server + "/healthz", timeout=5.0)
+            return response.status_code == 200 and response.json().get("status") == "ok"
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    # -- runs -------------------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        name: str,
+        *,
+        project: str = "default",
+        device: str = "other",
+        tags: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> RunInfo:
+        """``POST /runs``: a new run in status ``uploading``."""
+        body = {
+            "name": name,
+            "project": project,
+            "device": device,
+            "tags": dict(tags or {}),
+            "metadata": dict(metadata or {}),
+        }
+        return cast(RunInfo, self._send("POST", "/runs", json=body, ok=(200, 201)).json())
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """``GET /runs/{id}`` (ids only; see :meth:`resolve_run` for names)."""
+        return cast(RunInfo, self._send("GET", f"/runs/{quote(run_id, safe='')}").json())
+
+    def list_runs(
+        self,
+        *,
+        name: str | None = None,
+        project: str | None = None,
+        device: str | None = None,
+        status: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[RunInfo], int]:
+        """One page of ``GET /runs`` and the total count of runs matching the filters."""
+        params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
+        for key, value in (("name", name), ("project", project), ("device", device), ("status", status)):
+            if value is not None:
+                params.append((key, value))
+        params.extend(("tag", f"{k}:{v}") for k, v in (tags or {}).items())
+        body = self._send("GET", "/runs", params=params).json()
+        return cast(list[RunInfo], body["data"]), int(body["count"])
+
+    def find_runs(self, **filters: Any) -> list[RunInfo]:
+        """Every run matching the :meth:`list_runs` filters, all pages."""
+        found: list[RunInfo] = []
+        while True:
+            page, total = self.list_runs(limit=200, offset=len(found), **filters)
+            found.extend(page)
+            if not page or len(found) >= total:
+                return found
+
+    def resolve_run(self, ref: str, *, project: str | None = None) -> RunInfo:
+        """A run from its id or its name; a name that matches several runs is an error listing their ids."""
+        if _RUN_ID.match(ref):
+            try:
+                return self.get_run(ref)
+            except ApiError as exc:
+                if exc.status_code != 404:
+                    raise
+        runs = self.find_runs(name=ref, project=project)
+        if not runs:
+            where = f" in project {project!r}" if project else ""
+            raise UploadError(f"no run with id or name {ref!r}{where} on {self.server}")
+        if len(runs) > 1:
+            listed = ", ".join(
+                f"{r['id']} ({r.get('project')}, {r.get('status')}, {r.get('created_at')})" for r in runs
+            )
+            raise UploadError(f"run name {ref!r} is ambiguous, pass one of these ids: {listed}")
+        return runs[0]
+
+    def upload_file(self, run_id: str, rel_path: str, file_path: Path, *, sha256: str | None = None) -> bool:
+        """``PUT /runs/{id}/files/{path}``, streamed from disk; True when stored, False when already there."""
+        digest = sha256 or sha256_file(file_path)
+        size = file_path.stat().st_size
+        headers = {
+            "X-Content-SHA256": digest,
+            "Content-Length": str(size),  # with it httpx sends the iterator as one body, not chunked
+            "Content-Type": "application/octet-stream",
+        }
+        response = self._send(
+            "PUT",
+            f"/runs/{quote(run_id, safe='')}/files/{quote(rel_path, safe='/')}",
+            content=_iter_file(file_path),
+            headers=headers,
+            ok=(200, 201),
+        )
+        return response.status_code == 201
+
+    def list_files(self, run_id: str) -> list[FileInfo]:
+        """``GET /runs/{id}/files``: what is already stored (to resume an upload)."""
+        return cast(list[FileInfo], self._send("GET", f"/runs/{quote(run_id, safe='')}/files").json()["data"])
+
+    def complete_run(self, run_id: str) -> RunInfo:
+        """``POST /runs/{id}/complete``: the server validates every dump.json and closes the run."""
+        return cast(RunInfo, self._send("POST", f"/runs/{quote(run_id, safe='')}/complete").json())
+
+    def delete_run(self, run_id: str) -> None:
+        """``DELETE /runs/{id}`` with its files and comparisons."""
+        self._send("DELETE", f"/runs/{quote(run_id, safe='')}", ok=(200, 204))
+
+    # -- comparisons ------------------------------------------------------------------------------------
+
+    def create_comparison(
+        self,
+        target_run: str,
+        bench_run: str,
+        *,
+        step: int | None = None,
+        ranks: Sequence[int] | None = None,
+        fuzzy_match: bool = False,
+        stack_mode: bool = False,
+    ) -> ComparisonInfo:
+        """``POST /comparisons``: queue a comparison of two complete runs (202)."""
+        body = {
+            "target_run": target_run,
+            "bench_run": bench_run,
+            "step": step,
+            "ranks": list(ranks) if ranks else None,
+            "options": {"fuzzy_match": fuzzy_match, "stack_mode": stack_mode},
+        }
+        return cast(ComparisonInfo, self._send("POST", "/comparisons", json=body, ok=(200, 201, 202)).json())
+
+    def get_comparison(self, comparison_id: str) -> ComparisonInfo:
+        """``GET /comparisons/{id}``: status, progress and, once succeeded, the summary."""
+        return cast(ComparisonInfo, self._send("GET", f"/comparisons/{quote(comparison_id, safe='')}").json())
+
+    def list_comparisons(
+        self,
+        *,
+        run: str | None = None,
+        project: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[ComparisonInfo], int]:
+        """One page of ``GET /comparisons`` and the total count."""
+        params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
+        for key, value in (("run", run), ("project", project), ("status", status)):
+            if value is not None:
+                params.append((key, value))
+        body = self._send("GET", "/comparisons", params=params).json()
+        return cast(list[ComparisonInfo], body["data"]), int(body["count"])
+
+    def comparison_rows(
+        self,
+        comparison_id: str,
+        *,
+        failing: bool | None = None,
+        name: str | None = None,
+        rank: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> dict[str, Any]:
+        """One page of ``GET /comparisons/{id}/rows``: ``{"header", "data", "count"}``."""
+        params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
+        if failing is not None:
+            params.append(("failing", "true" if failing else "false"))
+        if name is not None:
+            params.append(("name", name))
+        if rank is not None:
+            params.append(("rank", rank))
+        return cast(dict[str, Any], self._send("GET", f"/comparisons/{quote(comparison_id, safe='')}/rows",
+                                               params=params).json())
+
+    def wait_for_comparison(
+        self,
+        comparison_id: str,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = 0.5,
+        on_progress: Callable[[ComparisonInfo], None] | None = None,
+    ) -> ComparisonInfo:
+        """Poll until the comparison succeeded or failed; a timeout is an :class:`UploadError`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.get_comparison(comparison_id)
+            if on_progress is not None:
+                on_progress(info)
+            if info.get("status") in ("succeeded", "failed"):
+                return info
+            if deadline is not None and time.monotonic() >= deadline:
+                raise UploadError(
+                    f"comparison {comparison_id} still {info.get('status')} after {timeout:g} s "
+                    f"(progress {float(info.get('progress') or 0):.0%})"
+                )
+            time.sleep(poll_interval)
+
+    def download(self, comparison_id: str, file_name: str, dest: Path, *, rank: int | None = None) -> Path:
+        """Stream ``GET /comparisons/{id}/{file_name}`` (report.xlsx, advisor.txt) into ``dest``.
+
+        Written to a temporary name first, so an interrupted download never leaves a truncated report.
+        """
+        url = f"{self._api}/comparisons/{quote(comparison_id, safe='')}/{file_name}"
+        params = {"rank": rank} if rank is not None else None
+        partial = dest.with_name(dest.name + ".part")
+        try:
+            with self._http.stream("GET", url, params=params, headers=self._headers) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise ApiError("GET", url, response.status_code, _detail(response))
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with partial.open("wb") as fh:
+                    for chunk in response.iter_bytes(CHUNK_BYTES):
+                        fh.write(chunk)
+        except httpx.TransportError as exc:
+            partial.unlink(missing_ok=True)
+            raise ServerUnreachable(f"GET {url}: server unreachable: {exc or type(exc).__name__}") from None
+        os.replace(partial, dest)
+        return dest

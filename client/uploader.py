@@ -1,0 +1,356 @@
+"""Upload a dump to a Parity server from inside a training job, without ever slowing or failing training.
+
+The debugger hands over each rank directory once its step is flushed
+(:meth:`BackgroundUploader.submit_rank_dir`). That call only puts the directory on a bounded queue; one daemon
+thread creates the run on first use (with the environment metadata of :mod:`parity.client.run_metadata`), then
+streams every file of the directory to ``PUT /runs/{id}/files/step{N}/rank{R}/...`` with its sha256. When
+the server is down, each request is retried with exponential back-off for a bounded time, then the item is
+given up with ONE warning per uploader (later failures are logged at DEBUG): the dump stays on disk, and
+``parity upload`` can finish the run later, since a run that missed files is left ``uploading``.
+:meth:`close` (also run at interpreter exit) drains the queue, then marks the run complete.
+
+Example::
+
+    uploader = BackgroundUploader("http://parity:8000", run_name="llama-npu", project="llama")
+    uploader.submit_rank_dir(0, 0, Path("dump/step0/rank0"))
+    uploader.close(timeout=60)
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from parity.client.errors import UploadError
+from parity.client.rest import ApiError, ParityClient, RunInfo, sha256_file
+
+__all__ = ["BackgroundUploader", "UploadStats", "iter_dump_files", "retry_call"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Dump files whose content refers to other files go last, so that a stored dump.json implies its tensors are.
+_LAST = ("dump.json",)
+
+
+@dataclass
+class UploadStats:
+    """What the uploader did, for the closing log line and for tests."""
+
+    files_uploaded: int = 0  # stored by this uploader (201)
+    files_present: int = 0  # the server already had them with the same sha256 (200)
+    bytes_uploaded: int = 0
+    files_failed: int = 0
+    items_dropped: int = 0  # rank directories refused because the queue stayed full
+    items_failed: int = 0  # rank directories given up (server down, or a file refused)
+    errors: list[str] = field(default_factory=list)
+
+
+def iter_dump_files(rank_dir: Path) -> Iterator[Path]:
+    """Every regular file under ``rank_dir`` (links are skipped: the server refuses them), dump.json last."""
+    files = [p for p in rank_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+    files.sort(key=lambda p: (p.name in _LAST, p.relative_to(rank_dir).as_posix()))
+    yield from files
+
+
+def retry_call(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    budget_s: float,
+    initial_backoff_s: float = 0.25,
+    max_backoff_s: float = 8.0,
+    wait: Callable[[float], Any] = time.sleep,
+) -> T:
+    """Call ``fn`` until it succeeds, retrying retryable :class:`UploadError` with exponential back-off.
+
+    The total time spent waiting is bounded by ``budget_s`` (0 means a single try). A non-retryable error
+    (a 4xx other than 408/429) is raised at once: trying the same request again cannot change the answer.
+    """
+    deadline = time.monotonic() + budget_s
+    delay = initial_backoff_s
+    attempt = 1
+    while True:
+        try:
+            return fn()
+        except UploadError as exc:
+            if not getattr(exc, "retryable", False):
+                raise
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UploadError(f"{exc} (gave up after {attempt} tries)") from None
+            pause = min(delay, remaining, max_backoff_s)
+            log.debug("%s failed (try %d), retrying in %.2f s: %s", what, attempt, pause, exc)
+            wait(pause)
+            delay = min(delay * 2, max_backoff_s)
+            attempt += 1
+
+
+_STOP = object()
+
+
+def _bind_upload(api: ParityClient, run_id: str, rel: str, path: Path, digest: str) -> Callable[[], bool]:
+    """One upload as a retryable call (each try reopens the file, so a retry resends it from the start)."""
+    return lambda: api.upload_file(run_id, rel, path, sha256=digest)
+
+
+class BackgroundUploader:
+    """Uploads the rank directories of one run from a daemon thread; nothing it does raises into training.
+
+    ``server`` and ``token`` default to ``PARITY_SERVER`` and ``PARITY_TOKEN``. ``run_name`` defaults to
+    ``{dump dir name}-{timestamp}``; ``device`` is detected (cuda → gpu, npu, else cpu). ``queue_size`` rank
+    directories may wait; when the queue is full, :meth:`submit_rank_dir` blocks at most ``enqueue_timeout_s``
+    then drops the item with a warning. ``retry_budget_s`` bounds the back-off of each request. ``client``
+    injects an ``httpx.Client`` (tests use ``httpx.MockTransport``).
+    """
+
+    def __init__(
+        self,
+        server: str | None = None,
+        *,
+        run_name: str | None = None,
+        project: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        token: str | None = None,
+        device: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        queue_size: int = 64,
+        enqueue_timeout_s: float = 1.0,
+        retry_budget_s: float = 30.0,
+        initial_backoff_s: float = 0.25,
+        max_backoff_s: float = 8.0,
+        close_timeout_s: float = 300.0,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.server = server or os.environ.get("PARITY_SERVER") or ""
+        self.run_name = run_name
+        self.project = project or "default"
+        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.device = device
+        self.extra_metadata = dict(metadata or {})
+        self.enqueue_timeout_s = enqueue_timeout_s
+        self.retry_budget_s = retry_budget_s
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.close_timeout_s = close_timeout_s
+        self.stats = UploadStats()
+        self.run: RunInfo | None = None
+        self.dump_root: Path | None = None
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._abort = threading.Event()  # set when close() times out: stop waiting in back-off
+        self._closed = False
+        self._warned = False
+        self._server_down = False  # after one give-up, later requests try once instead of backing off again
+        self._sent: dict[str, str] = {}  # path -> sha256 already sent (re-flushes skip them)
+        self._lock = threading.Lock()
+        self._api: ParityClient | None = None
+        if not self.server:
+            self._warn("no Parity server given (server= or PARITY_SERVER): dumps stay on disk only")
+            self._closed = True
+            self._thread: threading.Thread | None = None
+            return
+        self._api = ParityClient(self.server, token=token or os.environ.get("PARITY_TOKEN"), client=client)
+        self._thread = threading.Thread(target=self._work, name="parity-uploader", daemon=True)
+        self._thread.start()
+        atexit.register(self._close_at_exit)
+
+    # -- the training side ------------------------------------------------------------------------------
+
+    @property
+    def run_id(self) -> str | None:
+        """The server's id of the run once it is created (None before, or when it could not be)."""
+        return self.run["id"] if self.run else None
+
+    def submit_rank_dir(self, step: int, rank: int, rank_dir: Path) -> None:
+        """Queue ``rank_dir`` (``{root}/step{step}/rank{rank}``) for upload; never raises nor waits long."""
+        if self._closed:
+            log.debug("uploader closed, step %s rank %s not uploaded: %s", step, rank, rank_dir)
+            return
+        try:
+            self._queue.put((int(step), int(rank), Path(rank_dir)), timeout=self.enqueue_timeout_s)
+        except queue.Full:
+            self.stats.items_dropped += 1
+            self._warn(
+                f"upload queue full for {self.enqueue_timeout_s:g} s: step {step} rank {rank} not uploaded "
+                f"(the dump stays at {rank_dir}; `parity upload` can send it later)"
+            )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued rank directory was handled; False when ``timeout`` ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(remaining)
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        """Drain the queue, mark the run complete, stop the thread; at most ``timeout`` seconds in all."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        atexit.unregister(self._close_at_exit)
+        assert self._thread is not None
+        start = time.monotonic()
+        try:
+            self._queue.put(_STOP, timeout=timeout)
+        except queue.Full:
+            pass
+        remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        self._thread.join(remaining)
+        if self._thread.is_alive():
+            self._abort.set()
+            self._warn(
+                f"upload to {self.server} not finished after {timeout:g} s; "
+                f"{self._queue.qsize()} rank directories left (the dump stays on disk)"
+            )
+        elif self._api is not None:
+            self._api.close()
+
+    def _close_at_exit(self) -> None:
+        self.close(self.close_timeout_s)
+
+    # -- the upload thread ------------------------------------------------------------------------------
+
+    def _warn(self, message: str) -> None:
+        """The one warning an uploader gives; the rest goes to DEBUG so a down server never floods the log."""
+        self.stats.errors.append(message)
+        if self._warned:
+            log.debug("%s", message)
+        else:
+            self._warned = True
+            log.warning("parity upload: %s", message)
+
+    def _budget(self) -> float:
+        return 0.0 if self._server_down or self._abort.is_set() else self.retry_budget_s
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            result = retry_call(
+                fn,
+                what=what,
+                budget_s=self._budget(),
+                initial_backoff_s=self.initial_backoff_s,
+                max_backoff_s=self.max_backoff_s,
+                wait=self._abort.wait,
+            )
+        except UploadError as exc:
+            if not isinstance(exc, ApiError):  # retries ran out (an ApiError here is a definite 4xx refusal)
+                self._server_down = True
+            raise
+        self._server_down = False
+        return result
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    self._finish()
+                    return
+                self._upload_rank_dir(*item)
+            except Exception as exc:  # a bug here must not kill the thread silently nor reach training
+                self.stats.items_failed += 1
+                log.debug("upload thread error", exc_info=True)
+                self._warn(f"upload failed unexpectedly: {type(exc).__name__}: {exc}")
+            finally:
+                self._queue.task_done()
+
+    def _ensure_run(self, rank_dir: Path) -> RunInfo:
+        if self.run is not None:
+            return self.run
+        from parity.client.run_metadata import capture_metadata, detect_device
+
+        root = rank_dir.resolve().parent.parent
+        self.dump_root = root
+        device = self.device or detect_device()
+        name = self.run_name or f"{root.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        metadata = {**capture_metadata(device, cwd=Path.cwd()), "dump_path": str(root), **self.extra_metadata}
+        assert self._api is not None
+        api = self._api
+
+        def create() -> RunInfo:
+            return api.create_run(
+                name, project=self.project, device=device, tags=self.tags, metadata=metadata
+            )
+
+        self.run = self._call("create run", create)
+        self.run_name = name
+        log.info("parity upload: run %s (%s) created on %s", self.run["id"], name, self.server)
+        return self.run
+
+    def _upload_rank_dir(self, step: int, rank: int, rank_dir: Path) -> None:
+        try:
+            run = self._ensure_run(rank_dir)
+        except UploadError as exc:
+            self.stats.items_failed += 1
+            self._warn(
+                f"could not create the run on {self.server}: {exc}; step {step} rank {rank} not uploaded "
+                f"(the dump stays at {rank_dir})"
+            )
+            return
+        assert self._api is not None
+        api = self._api
+        failed = 0
+        for file_path in iter_dump_files(rank_dir):
+            rel = f"step{step}/rank{rank}/{file_path.relative_to(rank_dir).as_posix()}"
+            try:
+                digest = sha256_file(file_path)
+                if self._sent.get(rel) == digest:
+                    continue
+                stored = self._call(f"upload {rel}", _bind_upload(api, run["id"], rel, file_path, digest))
+            except (UploadError, OSError) as exc:
+                failed += 1
+                self.stats.files_failed += 1
+                self._warn(f"{rel}: not uploaded: {exc} (the dump stays at {rank_dir})")
+                if self._server_down:
+                    break  # the rest of this directory would fail the same way, each one after a try
+                continue
+            self._sent[rel] = digest
+            if stored:
+                self.stats.files_uploaded += 1
+                self.stats.bytes_uploaded += file_path.stat().st_size
+            else:
+                self.stats.files_present += 1
+        if failed:
+            self.stats.items_failed += 1
+        log.debug("step %d rank %d uploaded from %s (%d failures)", step, rank, rank_dir, failed)
+
+    def _finish(self) -> None:
+        """After the last item: complete the run when every file reached the server, else leave it open."""
+        s = self.stats
+        if self.run is None:
+            log.info("parity upload: nothing uploaded (%d rank directories failed or dropped)",
+                     s.items_failed + s.items_dropped)
+            return
+        resume = (
+            f"parity upload {self.dump_root} --server {self.server} --name {self.run_name} "
+            f"--project {self.project}"
+        )
+        if s.items_failed or s.items_dropped or s.files_failed:
+            log.info("parity upload: run %s left uploading (%d files failed, %d directories dropped); "
+                     "finish it with: %s", self.run_id, s.files_failed, s.items_dropped, resume)
+            return
+        assert self._api is not None
+        api = self._api
+        run_id = self.run["id"]
+        try:
+            self.run = self._call("complete run", lambda: api.complete_run(run_id))
+        except UploadError as exc:
+            self._warn(f"run {run_id} could not be completed: {exc}; finish it with: {resume}")
+            return
+        log.info("parity upload: run %s complete, %d files (%.1f MB) uploaded, %d already there",
+                 run_id, s.files_uploaded, s.bytes_uploaded / 1e6, s.files_present)
