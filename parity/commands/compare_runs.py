@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def report_names(ranks: Sequence[int], stamp: str) -> list[tuple[int | None, str, str]]:
-    """``(rank to ask for, xlsx name, advisor name)``: msprobe's names, per rank only when there are several."""
+    """``(rank to ask for, xlsx name, advisor name)``: msprobe's names, per rank when there are several."""
     if len(ranks) <= 1:
         return [(None, f"compare_result_{stamp}.xlsx", f"advisor_{stamp}.txt")]
     return [(r, f"compare_result_rank{r}_{stamp}.xlsx", f"advisor_rank{r}_{stamp}.txt") for r in ranks]
