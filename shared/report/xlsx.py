@@ -1,0 +1,249 @@
+"""The compare table as an xlsx workbook, laid out as msprobe v1 writes it (compare.md §8).
+
+What the sheet guarantees:
+
+* the header is ``result.header`` (msprobe v1's exact order, then Parity's extra columns);
+* a highlighted row is filled over its whole width, red ``FFFF0000`` or yellow ``FFFF00`` (§7.2);
+* no cell is ever a formula: strings are written as text cells whatever they start with, and a string that
+  a spreadsheet would read as a formula when retyped (``= + - @``, tab, CR, and the full-width ``＝＋－＠``)
+  also carries Excel's quote prefix, so editing the cell keeps it text (msprobe aborts on such values; Parity
+  escapes them instead, compare.md §14.7);
+* numbers stay numbers; NaN and ±Inf, which a workbook cannot hold as numbers, become the text ``nan``,
+  ``inf``, ``-inf`` (the spelling msprobe's sheets use);
+* past ``row_limit`` data rows the table is split over sheets ``part_0, part_1, ...``, each with the header;
+  otherwise there is one sheet, ``Sheet1``.
+
+Two engines write the same workbook. ``rust`` (rustpy-xlsxwriter, a binding of rust_xlsxwriter) is the
+default because it measured about four times faster than the next best on the 60,000-row statistics table
+(``benchmarks/bench_xlsx.py``), and the xlsx writer is what caps the end-to-end statistics-mode figure.
+``xlsxwriter`` in constant-memory mode is the fallback when the Rust wheel is not installed, and writes
+header-only sheets (the Rust writer derives the header from the first record, so it cannot write none).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight
+from parity.shared.errors import ReportError
+from parity.shared.report import publish_atomically
+
+logger = logging.getLogger(__name__)
+
+#: msprobe splits a sheet past this many data rows (Excel's limit is 1,048,576 rows including the header).
+EXCEL_DATA_ROW_LIMIT = 1_048_500
+#: Excel's limit on the characters of one cell; longer text is cut (and logged) rather than refused.
+EXCEL_CELL_CHAR_LIMIT = 32_767
+
+RED_FILL = "FFFF0000"
+YELLOW_FILL = "FFFF00"
+_FILL_HEX = {Highlight.RED: "#FF0000", Highlight.YELLOW: "#FFFF00"}
+
+#: First characters that make a spreadsheet treat typed text as a formula (or DDE), incl. full-width forms.
+FORMULA_PREFIXES = frozenset("=+-@\t\r＝＋－＠")
+
+Engine = Literal["auto", "rust", "xlsxwriter"]
+XlsxValue = str | float | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Sheet:
+    name: str
+    start: int  # index into result.rows of the sheet's first data row
+    stop: int
+
+
+def is_formula_like(text: str) -> bool:
+    """True when ``text`` would start a formula if typed into a spreadsheet cell."""
+    return bool(text) and text[0] in FORMULA_PREFIXES
+
+
+def excel_value(value: Cell) -> tuple[XlsxValue, bool]:
+    """The value to store for one table cell, and whether it is text that needs the quote prefix.
+
+    Booleans stay booleans, finite numbers stay numbers, NaN/±Inf become ``nan``/``inf``/``-inf`` text,
+    anything else is its ``str``. Over-long text is cut to Excel's cell limit.
+    """
+    if value is None or isinstance(value, bool):
+        return value, False
+    if isinstance(value, (int, float)):
+        number = float(value)
+        if math.isfinite(number):
+            return (value if isinstance(value, float) else number), False
+        text = "nan" if math.isnan(number) else ("inf" if number > 0 else "-inf")
+        return text, text[0] == "-"
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > EXCEL_CELL_CHAR_LIMIT:
+        logger.warning("cell text of %d characters cut to Excel's %d", len(text), EXCEL_CELL_CHAR_LIMIT)
+        text = text[:EXCEL_CELL_CHAR_LIMIT]
+    return text, is_formula_like(text)
+
+
+def _needs_quote(cells: Sequence[Cell]) -> bool:
+    """Whether any cell of a row is written as formula-like text (the Rust engine formats whole rows)."""
+    for cell in cells:
+        if isinstance(cell, str):
+            if cell and cell[0] in FORMULA_PREFIXES:
+                return True
+        elif isinstance(cell, float) and cell == -math.inf:
+            return True
+    return False
+
+
+def plan_sheets(n_rows: int, row_limit: int = EXCEL_DATA_ROW_LIMIT) -> list[_Sheet]:
+    """How ``n_rows`` data rows spread over sheets: ``Sheet1`` when they fit, else ``part_0, part_1, ...``."""
+    if row_limit < 1:
+        raise ValueError(f"row_limit must be at least 1, got {row_limit}")
+    if n_rows <= row_limit:
+        return [_Sheet("Sheet1", 0, n_rows)]
+    return [
+        _Sheet(f"part_{i}", start, min(start + row_limit, n_rows))
+        for i, start in enumerate(range(0, n_rows, row_limit))
+    ]
+
+
+def _check_rows(result: CompareResult) -> list[str]:
+    header = result.header
+    for index, row in enumerate(result.rows):
+        if len(row.cells) != len(header):
+            raise ReportError(
+                f"compare table row {index} ({row.api}): {len(row.cells)} cells for {len(header)} columns"
+            )
+    return header
+
+
+def write_xlsx(
+    result: CompareResult,
+    path: Path,
+    *,
+    highlight: bool = True,
+    row_limit: int = EXCEL_DATA_ROW_LIMIT,
+    engine: Engine = "auto",
+) -> list[str]:
+    """Write ``result`` as an xlsx workbook at ``path`` (atomically); returns the sheet names in order.
+
+    ``highlight=False`` writes no fills (the rows keep their status in the ``Parity Status`` column).
+    ``row_limit`` is the number of data rows per sheet before splitting (msprobe's 1,048,500 by default).
+    """
+    header = _check_rows(result)
+    sheets = plan_sheets(len(result.rows), row_limit)
+    chosen = _choose_engine(engine, header, len(result.rows))
+    writer = _write_rust if chosen == "rust" else _write_xlsxwriter
+    with publish_atomically(Path(path)) as tmp:
+        try:
+            writer(tmp, header, result.rows, sheets, highlight)
+        except ReportError:
+            raise
+        except Exception as exc:  # a writer library failing on odd data must name the report, not crash
+            raise ReportError(f"{path}: the {chosen} xlsx writer failed: {exc}") from exc
+    logger.debug("wrote %s (%d rows, sheets %s, engine %s)", path, len(result.rows), sheets, chosen)
+    return [sheet.name for sheet in sheets]
+
+
+def _choose_engine(engine: Engine, header: Sequence[str], n_rows: int) -> str:
+    if engine == "xlsxwriter":
+        return engine
+    try:
+        import rustpy_xlsxwriter  # noqa: F401
+    except ImportError:
+        if engine == "rust":
+            raise ReportError("the rust xlsx engine needs the rustpy-xlsxwriter package") from None
+        return "xlsxwriter"
+    # The Rust writer takes rows as dicts keyed by column name and takes its header from the first row.
+    if n_rows == 0 or len(set(header)) != len(header):
+        if engine == "rust":
+            raise ReportError("the rust xlsx engine cannot write an empty table or repeated column names")
+        return "xlsxwriter"
+    return "rust"
+
+
+def _write_rust(
+    tmp: Path, header: list[str], rows: list[CompareRow], sheets: list[_Sheet], highlight: bool
+) -> None:
+    import rustpy_xlsxwriter as rx
+
+    formats: dict[tuple[Highlight | None, bool], Any] = {}
+
+    def row_format(fill: Highlight | None, quote: bool) -> Any:
+        key = (fill, quote)
+        if key not in formats:
+            fmt = rx.Format()
+            if fill is not None:
+                fmt = fmt.set_background_color(_FILL_HEX[fill])
+            if quote:
+                fmt = fmt.set_quote_prefix()
+            formats[key] = fmt
+        return formats[key]
+
+    def records(sheet: _Sheet) -> Iterator[dict[str, XlsxValue]]:
+        # Converted lazily while the writer pulls them, so a million-row table is never doubled in memory.
+        for row in rows[sheet.start : sheet.stop]:
+            yield {name: excel_value(cell)[0] for name, cell in zip(header, row.cells, strict=True)}
+
+    # The binding reads the row formats when called, before it pulls a record, so they are decided first in a
+    # cheap pass that only looks at fills and first characters.
+    row_formats: dict[str, dict[int, Any]] = {}
+    for sheet in sheets:
+        fmt_map: dict[int, Any] = {}
+        for offset, row in enumerate(rows[sheet.start : sheet.stop], start=1):
+            fill = row.highlight if highlight else None
+            quote = _needs_quote(row.cells)
+            if fill is not None or quote:
+                fmt_map[offset] = row_format(fill, quote)
+        row_formats[sheet.name] = fmt_map
+    entries: list[tuple[str, Any]] = [(sheet.name, records(sheet)) for sheet in sheets]
+    rx.write_worksheets(entries, str(tmp), row_formats=row_formats)
+
+
+def _write_xlsxwriter(
+    tmp: Path, header: list[str], rows: list[CompareRow], sheets: list[_Sheet], highlight: bool
+) -> None:
+    import xlsxwriter
+
+    workbook = xlsxwriter.Workbook(
+        str(tmp), {"constant_memory": True, "strings_to_formulas": False, "strings_to_urls": False}
+    )
+    formats: dict[tuple[Highlight | None, bool], Any] = {(None, False): None}
+
+    def cell_format(fill: Highlight | None, quote: bool) -> Any:
+        key = (fill, quote)
+        if key not in formats:
+            props: dict[str, Any] = {}
+            if fill is not None:
+                props.update(bg_color=_FILL_HEX[fill], pattern=1)
+            if quote:
+                props["quote_prefix"] = True
+            formats[key] = workbook.add_format(props)
+        return formats[key]
+
+    try:
+        for sheet in sheets:
+            worksheet = workbook.add_worksheet(sheet.name)
+            write_string, write_number = worksheet.write_string, worksheet.write_number
+            write_boolean, write_blank = worksheet.write_boolean, worksheet.write_blank
+            for col, name in enumerate(header):
+                write_string(0, col, name)
+            for r, row in enumerate(rows[sheet.start : sheet.stop], start=1):
+                fill = row.highlight if highlight else None
+                plain = cell_format(fill, False)
+                if fill is not None:
+                    worksheet.set_row(r, None, plain)  # the fill spans the row past the last column too
+                for col, cell in enumerate(row.cells):
+                    value, quote = excel_value(cell)
+                    fmt = cell_format(fill, True) if quote else plain
+                    if value is None:
+                        if fmt is not None:
+                            write_blank(r, col, None, fmt)
+                    elif isinstance(value, bool):
+                        write_boolean(r, col, value, fmt)
+                    elif isinstance(value, float):
+                        write_number(r, col, value, fmt)
+                    else:
+                        write_string(r, col, value, fmt)
+    finally:
+        workbook.close()
