@@ -1,0 +1,130 @@
+"""The database tables (SQLAlchemy 2.0 ORM), portable between SQLite and PostgreSQL.
+
+Only portable types are used (``String``, ``Text``, ``JSON``, ``BigInteger``, ``DateTime``) so that one
+migration tree serves both backends. Row cells are kept as JSON *text* rather than ``JSON`` so the rows
+endpoint can splice them into its response without decoding and re-encoding 100,000 rows.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Named constraints, so Alembic's batch mode on SQLite can find and rebuild them.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Run(Base):
+    """One uploaded dump (every step and rank of one training run)."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), index=True)
+    project: Mapped[str] = mapped_column(String(255), index=True)
+    device: Mapped[str] = mapped_column(String(16))
+    tags: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="uploading")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class RunTag(Base):
+    """A run's tags again, one row each, so ``tag=k:v`` filters are indexed on both backends."""
+
+    __tablename__ = "run_tags"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[str] = mapped_column(String(1024))
+
+    __table_args__ = (Index("ix_run_tags_key_value", "key", "value"),)
+
+
+class RunFile(Base):
+    """One stored file of a run; ``step``/``rank`` are parsed from ``stepN/rankR/...`` paths."""
+
+    __tablename__ = "run_files"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    path: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Comparison(Base):
+    """A compare job and, once it succeeded, its summary. The job queue *is* this table."""
+
+    __tablename__ = "comparisons"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    target_run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    bench_run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    ranks: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # rank (as a string key) -> column header of that rank's rows; the ranks that have reports.
+    headers: Mapped[dict[str, list[str]] | None] = mapped_column(JSON, nullable=True)
+    # Bumped each time a worker claims the job, so a stale worker cannot overwrite a newer attempt.
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class ComparisonRow(Base):
+    """One row of a finished comparison's table (revision 0002)."""
+
+    __tablename__ = "comparison_rows"
+
+    comparison_id: Mapped[str] = mapped_column(
+        ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
+    )
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    idx: Mapped[int] = mapped_column("index", Integer, primary_key=True)
+    api: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    highlight: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    name: Mapped[str] = mapped_column(Text)
+    failing: Mapped[bool] = mapped_column(Boolean)
+    cells: Mapped[str] = mapped_column(Text)  # JSON text of the cell list
+
+    __table_args__ = (Index("ix_comparison_rows_failing", "comparison_id", "failing", "rank", "index"),)

@@ -1,0 +1,163 @@
+"""Statement builders and small queries over the tables; services compose them inside one session."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Select, and_, delete, func, or_, select
+from sqlalchemy.orm import Session, aliased
+
+from parity.server.models import Comparison, ComparisonRow, Run, RunFile, RunTag
+
+
+@dataclass
+class RunStats:
+    """What the Run body reports beside the table's own columns."""
+
+    file_count: int = 0
+    total_bytes: int = 0
+    steps: set[int] = field(default_factory=set)
+    ranks: set[int] = field(default_factory=set)
+
+
+class RunRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, run_id: str, *, for_update: bool = False) -> Run | None:
+        stmt = select(Run).where(Run.id == run_id)
+        if for_update:
+            stmt = stmt.with_for_update()  # PostgreSQL: serialise writers of one run; SQLite ignores it
+        return self.session.scalars(stmt).first()
+
+    def filtered(
+        self,
+        *,
+        project: str | None = None,
+        name: str | None = None,
+        device: str | None = None,
+        status: str | None = None,
+        tags: Sequence[tuple[str, str]] = (),
+    ) -> Select[tuple[Run]]:
+        stmt = select(Run)
+        if project is not None:
+            stmt = stmt.where(Run.project == project)
+        if name is not None:
+            stmt = stmt.where(Run.name == name)
+        if device is not None:
+            stmt = stmt.where(Run.device == device)
+        if status is not None:
+            stmt = stmt.where(Run.status == status)
+        for key, value in tags:
+            tag = aliased(RunTag)
+            stmt = stmt.join(tag, and_(tag.run_id == Run.id, tag.key == key, tag.value == value))
+        return stmt
+
+    def page(self, stmt: Select[tuple[Run]], limit: int, offset: int) -> tuple[list[Run], int]:
+        total = self.session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+        runs = self.session.scalars(
+            stmt.order_by(Run.created_at.desc(), Run.id).limit(limit).offset(offset)
+        ).all()
+        return list(runs), int(total)
+
+    def stats(self, run_ids: Sequence[str]) -> dict[str, RunStats]:
+        stats: dict[str, RunStats] = defaultdict(RunStats)
+        if not run_ids:
+            return stats
+        counts = self.session.execute(
+            select(RunFile.run_id, func.count(), func.coalesce(func.sum(RunFile.size), 0))
+            .where(RunFile.run_id.in_(run_ids))
+            .group_by(RunFile.run_id)
+        )
+        for run_id, count, total in counts:
+            stats[run_id].file_count = int(count)
+            stats[run_id].total_bytes = int(total)
+        pairs = self.session.execute(
+            select(RunFile.run_id, RunFile.step, RunFile.rank)
+            .where(RunFile.run_id.in_(run_ids), RunFile.step.is_not(None))
+            .distinct()
+        )
+        for run_id, step, rank in pairs:
+            stats[run_id].steps.add(int(step))
+            if rank is not None:
+                stats[run_id].ranks.add(int(rank))
+        return stats
+
+    def files(self, run_id: str) -> list[RunFile]:
+        return list(self.session.scalars(select(RunFile).where(RunFile.run_id == run_id).order_by(RunFile.path)))
+
+    def file(self, run_id: str, path: str) -> RunFile | None:
+        return self.session.get(RunFile, (run_id, path))
+
+    def step_files(self, run_id: str, step: int, ranks: Sequence[int] | None) -> list[RunFile]:
+        stmt = select(RunFile).where(RunFile.run_id == run_id, RunFile.step == step)
+        if ranks is not None:
+            stmt = stmt.where(RunFile.rank.in_(list(ranks)))
+        return list(self.session.scalars(stmt.order_by(RunFile.path)))
+
+    def step_ranks(self, run_id: str) -> dict[int, set[int]]:
+        out: dict[int, set[int]] = defaultdict(set)
+        rows = self.session.execute(
+            select(RunFile.step, RunFile.rank)
+            .where(RunFile.run_id == run_id, RunFile.step.is_not(None), RunFile.rank.is_not(None))
+            .distinct()
+        )
+        for step, rank in rows:
+            out[int(step)].add(int(rank))
+        return out
+
+    def delete(self, run_id: str) -> None:
+        cids = select(Comparison.id).where(
+            or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id)
+        )
+        self.session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id.in_(cids)))
+        self.session.execute(
+            delete(Comparison).where(or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id))
+        )
+        self.session.execute(delete(RunFile).where(RunFile.run_id == run_id))
+        self.session.execute(delete(RunTag).where(RunTag.run_id == run_id))
+        self.session.execute(delete(Run).where(Run.id == run_id))
+
+    def comparison_ids(self, run_id: str) -> list[str]:
+        return list(
+            self.session.scalars(
+                select(Comparison.id).where(
+                    or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id)
+                )
+            )
+        )
+
+
+class ComparisonRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, comparison_id: str) -> Comparison | None:
+        return self.session.get(Comparison, comparison_id)
+
+    def filtered(
+        self, *, run: str | None = None, project: str | None = None, status: str | None = None
+    ) -> Select[tuple[Comparison]]:
+        stmt = select(Comparison)
+        if run is not None:
+            stmt = stmt.where(or_(Comparison.target_run_id == run, Comparison.bench_run_id == run))
+        if project is not None:
+            stmt = stmt.join(Run, Run.id == Comparison.target_run_id).where(Run.project == project)
+        if status is not None:
+            stmt = stmt.where(Comparison.status == status)
+        return stmt
+
+    def page(self, stmt: Select[tuple[Comparison]], limit: int, offset: int) -> tuple[list[Comparison], int]:
+        total = self.session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+        items = self.session.scalars(
+            stmt.order_by(Comparison.created_at.desc(), Comparison.id).limit(limit).offset(offset)
+        ).all()
+        return list(items), int(total)
+
+    def queued_ids(self, limit: int, exclude: Sequence[str] = ()) -> list[str]:
+        stmt = select(Comparison.id).where(Comparison.status == "queued")
+        if exclude:
+            stmt = stmt.where(Comparison.id.not_in(list(exclude)))
+        return list(self.session.scalars(stmt.order_by(Comparison.created_at, Comparison.id).limit(limit)))

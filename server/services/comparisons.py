@@ -1,0 +1,217 @@
+"""Comparisons: queue a job, read its state and summary, page its rows, hand out its reports."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import func, select
+
+from parity.server.db import Database
+from parity.server.errors import BadRequest, Conflict, NotFound, Unprocessable
+from parity.server.jobs.base import JobQueue
+from parity.server.models import Comparison, ComparisonRow, utcnow
+from parity.server.repositories import ComparisonRepository, RunRepository
+from parity.server.schemas import (
+    CompareOptions,
+    ComparisonCreate,
+    ComparisonPublic,
+    ComparisonsPublic,
+    ComparisonSummary,
+)
+from parity.server.store import BlobStore, comparison_key
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILES = {"report.xlsx": "report.xlsx", "advisor.txt": "advisor.txt"}
+
+
+def comparison_public(c: Comparison) -> ComparisonPublic:
+    return ComparisonPublic(
+        id=c.id, status=c.status, error=c.error, progress=c.progress,  # type: ignore[arg-type]
+        target_run=c.target_run_id, bench_run=c.bench_run_id, step=c.step, ranks=c.ranks,
+        options=CompareOptions(**(c.options or {})), created_at=c.created_at, started_at=c.started_at,
+        finished_at=c.finished_at,
+        summary=ComparisonSummary(**c.summary) if c.summary else None,
+    )  # fmt: skip
+
+
+class _Finished:
+    """What never changes once a comparison succeeded: kept in memory for the hot rows endpoint."""
+
+    def __init__(self, headers: dict[str, list[str]]) -> None:
+        self.headers = headers
+        self.header_json = {rank: json.dumps(h) for rank, h in headers.items()}
+        self.counts: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+
+
+class ComparisonService:
+    def __init__(self, db: Database, store: BlobStore, queue: JobQueue) -> None:
+        self.db = db
+        self.store = store
+        self.queue = queue
+        self._finished: OrderedDict[str, _Finished] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def create(self, body: ComparisonCreate) -> ComparisonPublic:
+        with self.db.read() as session:
+            runs = RunRepository(session)
+            step_ranks = {}
+            for field, run_id in (("target_run", body.target_run), ("bench_run", body.bench_run)):
+                run = runs.get(run_id)
+                if run is None:
+                    raise NotFound(f"{field}: run {run_id!r} not found")
+                if run.status != "complete":
+                    raise Conflict(f"{field}: run {run_id} is {run.status}, not complete")
+                step_ranks[field] = runs.step_ranks(run_id)
+        target, bench = step_ranks["target_run"], step_ranks["bench_run"]
+        common = sorted(set(target) & set(bench))
+        if body.step is None:
+            if not common:
+                raise Unprocessable(
+                    f"no step in both runs (target has {sorted(target)}, bench has {sorted(bench)})"
+                )
+            step = common[0]
+        else:
+            step = body.step
+            if step not in common:
+                raise Unprocessable(f"step: {step} is not in both runs (common steps: {common})")
+        if body.ranks is not None:
+            missing = sorted(set(body.ranks) - target[step])
+            if not body.ranks or missing:
+                raise Unprocessable(
+                    f"ranks: {missing or body.ranks} not in step {step} of the target run "
+                    f"(it has {sorted(target[step])})"
+                )
+        comparison = Comparison(
+            id=uuid.uuid4().hex, target_run_id=body.target_run, bench_run_id=body.bench_run, step=step,
+            ranks=sorted(set(body.ranks)) if body.ranks is not None else None,
+            options=body.options.model_dump(), status="queued", progress=0.0, created_at=utcnow(), attempt=0,
+        )  # fmt: skip
+        with self.db.write() as session:
+            session.add(comparison)
+        # Enqueued only after the commit, so a worker always finds the row it is given.
+        self.queue.submit(comparison.id)
+        logger.info("comparison %s queued (%s vs %s, step %s)", comparison.id, body.target_run,
+                    body.bench_run, step)  # fmt: skip
+        return comparison_public(comparison)
+
+    def _require(self, session: Any, comparison_id: str) -> Comparison:
+        c = ComparisonRepository(session).get(comparison_id)
+        if c is None:
+            raise NotFound(f"comparison {comparison_id!r} not found")
+        return c
+
+    def get(self, comparison_id: str) -> ComparisonPublic:
+        with self.db.read() as session:
+            return comparison_public(self._require(session, comparison_id))
+
+    def list(
+        self, *, run: str | None, project: str | None, status: str | None, limit: int, offset: int
+    ) -> ComparisonsPublic:
+        with self.db.read() as session:
+            repo = ComparisonRepository(session)
+            items, total = repo.page(repo.filtered(run=run, project=project, status=status), limit, offset)
+            return ComparisonsPublic(data=[comparison_public(c) for c in items], count=total)
+
+    def forget(self, comparison_ids: list[str]) -> None:
+        """Drop cached state and report blobs of deleted comparisons."""
+        with self._lock:
+            for cid in comparison_ids:
+                self._finished.pop(cid, None)
+        for cid in comparison_ids:
+            self.store.delete_prefix(comparison_key(cid))
+
+    # -- rows -------------------------------------------------------------------------------------------
+    def _finished_state(self, comparison_id: str) -> _Finished:
+        with self._lock:
+            state = self._finished.get(comparison_id)
+            if state is not None:
+                self._finished.move_to_end(comparison_id)
+                return state
+        with self.db.read() as session:
+            c = self._require(session, comparison_id)
+            if c.status != "succeeded":
+                raise Conflict(f"comparison {comparison_id} is {c.status}; rows exist once it succeeded")
+            state = _Finished(dict(c.headers or {}))
+        with self._lock:
+            self._finished[comparison_id] = state
+            while len(self._finished) > 256:
+                self._finished.popitem(last=False)
+        return state
+
+    def rows_json(
+        self,
+        comparison_id: str,
+        *,
+        failing: bool | None,
+        name: str | None,
+        rank: int | None,
+        limit: int,
+        offset: int,
+    ) -> bytes:
+        """The rows page as JSON bytes, assembled from the stored cell text without decoding it."""
+        state = self._finished_state(comparison_id)
+        if rank is not None and str(rank) not in state.headers:
+            raise BadRequest(f"rank: {rank} is not in comparison {comparison_id} (ranks: "
+                             f"{sorted(int(r) for r in state.headers)})")  # fmt: skip
+        t = ComparisonRow.__table__.c
+        where = [t.comparison_id == comparison_id]
+        if failing is not None:
+            where.append(t.failing == failing)
+        if rank is not None:
+            where.append(t.rank == rank)
+        if name:
+            escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where.append(t.name.like(f"%{escaped}%", escape="\\"))
+        key = (failing, name, rank)
+        with self.db.read_engine.connect() as conn:
+            with self._lock:
+                total = state.counts.get(key)
+            if total is None:
+                total = int(conn.execute(select(func.count()).where(*where)).scalar_one())
+                with self._lock:
+                    state.counts[key] = total
+                    while len(state.counts) > 512:
+                        state.counts.popitem(last=False)
+            result = conn.execute(
+                select(t.index, t.rank, t.api, t.status, t.highlight, t.cells)
+                .where(*where)
+                .order_by(t.rank, t.index)
+                .limit(limit)
+                .offset(offset)
+            ).all()
+        dumps = json.dumps
+        rows = ",".join(
+            f'{{"index":{i},"rank":{r},"api":{dumps(api)},"status":{dumps(status)},'
+            f'"highlight":{dumps(hl)},"cells":{cells}}}'
+            for i, r, api, status, hl, cells in result
+        )
+        header_rank = str(rank) if rank is not None else min(state.headers, key=int, default=None)
+        header = state.header_json.get(header_rank, "[]") if header_rank is not None else "[]"
+        return f'{{"header":{header},"data":[{rows}],"count":{total}}}'.encode()
+
+    # -- reports ----------------------------------------------------------------------------------------
+    def report(self, comparison_id: str, file_name: str, rank: int | None) -> tuple[str, Iterator[bytes]]:
+        """(download name, bytes) of one rank's report or advisor."""
+        with self.db.read() as session:
+            c = self._require(session, comparison_id)
+            if c.status != "succeeded":
+                raise Conflict(f"comparison {comparison_id} is {c.status}; reports exist once it succeeded")
+            ranks = sorted(int(r) for r in (c.headers or {}))
+        if rank is None:
+            if len(ranks) != 1:
+                raise BadRequest(f"rank: comparison {comparison_id} has ranks {ranks}; choose one with ?rank=N")
+            rank = ranks[0]
+        elif rank not in ranks:
+            raise BadRequest(f"rank: {rank} is not in comparison {comparison_id} (ranks: {ranks})")
+        key = comparison_key(comparison_id, f"rank{rank}/{file_name}")
+        if not self.store.exists(key):
+            raise NotFound(f"comparison {comparison_id}: rank {rank} has no {file_name}")
+        stem, ext = file_name.rsplit(".", 1)
+        return f"{stem}_{comparison_id[:8]}_rank{rank}.{ext}", self.store.iter_bytes(key)

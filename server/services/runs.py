@@ -1,0 +1,267 @@
+"""Runs: create, list, read, delete, upload files (streamed, verified, published atomically), complete."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio.to_thread
+
+from parity.server.db import Database
+from parity.server.errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    PayloadTooLarge,
+    Unprocessable,
+)
+from parity.server.models import Run, RunFile, RunTag, utcnow
+from parity.server.repositories import RunRepository, RunStats
+from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic
+from parity.server.services.paths import check_sha256, check_upload_path
+from parity.server.store import BlobStore, run_key
+
+logger = logging.getLogger(__name__)
+
+#: Body bytes gathered before one hand-off to a thread that hashes and writes them (hashlib releases the GIL).
+WRITE_BATCH = 1024 * 1024
+
+
+def run_public(run: Run, stats: RunStats) -> RunPublic:
+    return RunPublic(
+        id=run.id, name=run.name, project=run.project, device=run.device, tags=dict(run.tags or {}),
+        metadata=dict(run.meta or {}), status=run.status,  # type: ignore[arg-type]
+        error=run.error, created_at=run.created_at, completed_at=run.completed_at,
+        file_count=stats.file_count, total_bytes=stats.total_bytes,
+        steps=sorted(stats.steps), ranks=sorted(stats.ranks),
+    )  # fmt: skip
+
+
+def parse_tag_filters(tags: Sequence[str]) -> list[tuple[str, str]]:
+    out = []
+    for tag in tags:
+        key, sep, value = tag.partition(":")
+        if not sep or not key:
+            raise BadRequest(f"query tag={tag!r}: expected KEY:VALUE")
+        out.append((key, value))
+    return out
+
+
+@dataclass
+class UploadResult:
+    file: FilePublic
+    created: bool  # False: the same content was already stored under that path
+
+
+class RunService:
+    def __init__(self, db: Database, store: BlobStore, max_upload_bytes: int) -> None:
+        self.db = db
+        self.store = store
+        self.max_upload_bytes = max_upload_bytes
+
+    # -- runs -------------------------------------------------------------------------------------------
+    def create(self, body: RunCreate) -> RunPublic:
+        run = Run(
+            id=uuid.uuid4().hex, name=body.name, project=body.project, device=body.device, tags=body.tags,
+            meta=body.metadata, status="uploading", created_at=utcnow(),
+        )  # fmt: skip
+        with self.db.write() as session:
+            session.add(run)
+            session.flush()
+            session.add_all(RunTag(run_id=run.id, key=k, value=v) for k, v in body.tags.items())
+        logger.info("run %s created (%s/%s)", run.id, run.project, run.name)
+        return run_public(run, RunStats())
+
+    def _require(self, repo: RunRepository, run_id: str, *, for_update: bool = False) -> Run:
+        run = repo.get(run_id, for_update=for_update)
+        if run is None:
+            raise NotFound(f"run {run_id!r} not found")
+        return run
+
+    def get(self, run_id: str) -> RunPublic:
+        with self.db.read() as session:
+            repo = RunRepository(session)
+            run = self._require(repo, run_id)
+            return run_public(run, repo.stats([run.id])[run.id])
+
+    def list(
+        self,
+        *,
+        project: str | None,
+        name: str | None,
+        device: str | None,
+        status: str | None,
+        tags: Sequence[str],
+        limit: int,
+        offset: int,
+    ) -> RunsPublic:
+        with self.db.read() as session:
+            repo = RunRepository(session)
+            stmt = repo.filtered(
+                project=project, name=name, device=device, status=status, tags=parse_tag_filters(tags)
+            )
+            runs, total = repo.page(stmt, limit, offset)
+            stats = repo.stats([r.id for r in runs])
+            return RunsPublic(data=[run_public(r, stats[r.id]) for r in runs], count=total)
+
+    def delete(self, run_id: str) -> list[str]:
+        """Delete the run, its files and every comparison that used it; returns those comparisons' ids."""
+        with self.db.write() as session:
+            repo = RunRepository(session)
+            self._require(repo, run_id, for_update=True)
+            comparison_ids = repo.comparison_ids(run_id)
+            repo.delete(run_id)
+        self.store.delete_prefix(run_key(run_id))
+        logger.info("run %s deleted with %d comparisons", run_id, len(comparison_ids))
+        return comparison_ids
+
+    def files(self, run_id: str) -> FilesPublic:
+        with self.db.read() as session:
+            repo = RunRepository(session)
+            self._require(repo, run_id)
+            files = [FilePublic(path=f.path, size=f.size, sha256=f.sha256) for f in repo.files(run_id)]
+        return FilesPublic(data=files, count=len(files))
+
+    # -- uploads ----------------------------------------------------------------------------------------
+    def _precheck(self, run_id: str, path: str, sha256: str) -> None:
+        with self.db.read() as session:
+            repo = RunRepository(session)
+            run = self._require(repo, run_id)
+            if run.status == "complete":
+                raise Conflict(f"run {run_id}: already complete, {path} cannot be added")
+            existing = repo.file(run_id, path)
+            if existing is not None and existing.sha256 != sha256:
+                raise Conflict(f"run {run_id}: {path} already exists with sha256 {existing.sha256}")
+
+    async def upload(
+        self,
+        run_id: str,
+        path: str,
+        sha256_header: str | None,
+        content_length: str | None,
+        body: AsyncIterator[bytes],
+    ) -> UploadResult:
+        """Stream ``body`` into a temp blob while hashing it, verify it, then publish it and record it.
+
+        Every check that can be made before reading the body is made first (path, header, declared length,
+        run state); a refused upload never leaves its temp file behind.
+        """
+        step, rank = check_upload_path(path)
+        sha256 = check_sha256(sha256_header)
+        if content_length is not None:
+            try:
+                declared = int(content_length)
+            except ValueError:
+                raise BadRequest(f"header Content-Length: not a number: {content_length!r}") from None
+            if declared > self.max_upload_bytes:
+                raise PayloadTooLarge(
+                    f"{path}: Content-Length {declared} exceeds the limit of {self.max_upload_bytes} bytes"
+                )
+        await anyio.to_thread.run_sync(self._precheck, run_id, path, sha256)
+
+        temp = self.store.new_temp()
+        try:
+            size, digest = await self._stream_to(temp, path, body)
+            if digest != sha256:
+                raise Unprocessable(f"{path}: sha256 mismatch: header {sha256}, body {digest}")
+            return await anyio.to_thread.run_sync(self._publish, run_id, path, step, rank, size, sha256, temp)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    async def _stream_to(self, temp: Path, path: str, body: AsyncIterator[bytes]) -> tuple[int, str]:
+        hasher = hashlib.sha256()
+        size = 0
+        with open(temp, "wb") as fh:
+
+            def write(data: bytes) -> None:
+                hasher.update(data)
+                fh.write(data)
+
+            pending: list[bytes] = []
+            pending_bytes = 0
+            async for chunk in body:
+                size += len(chunk)
+                if size > self.max_upload_bytes:
+                    raise PayloadTooLarge(f"{path}: body exceeds the limit of {self.max_upload_bytes} bytes")
+                pending.append(chunk)
+                pending_bytes += len(chunk)
+                if pending_bytes >= WRITE_BATCH:
+                    await anyio.to_thread.run_sync(write, b"".join(pending))
+                    pending, pending_bytes = [], 0
+            if pending:
+                await anyio.to_thread.run_sync(write, b"".join(pending))
+        return size, hasher.hexdigest()
+
+    def _publish(
+        self, run_id: str, path: str, step: int | None, rank: int | None, size: int, sha256: str, temp: Path
+    ) -> UploadResult:
+        # One write transaction per run (BEGIN IMMEDIATE on SQLite, a row lock on PostgreSQL), so that two
+        # uploads of one path cannot both publish, and a run cannot complete half way through an upload.
+        with self.db.write() as session:
+            repo = RunRepository(session)
+            run = self._require(repo, run_id, for_update=True)
+            if run.status == "complete":
+                raise Conflict(f"run {run_id}: already complete, {path} cannot be added")
+            existing = repo.file(run_id, path)
+            public = FilePublic(path=path, size=size, sha256=sha256)
+            if existing is not None:
+                if existing.sha256 != sha256:
+                    raise Conflict(f"run {run_id}: {path} already exists with sha256 {existing.sha256}")
+                return UploadResult(public, created=False)
+            self.store.publish(temp, run_key(run_id, path))
+            session.add(RunFile(run_id=run_id, path=path, size=size, sha256=sha256, step=step, rank=rank,
+                                created_at=utcnow()))  # fmt: skip
+        return UploadResult(public, created=True)
+
+    # -- complete ---------------------------------------------------------------------------------------
+    def complete(self, run_id: str) -> RunPublic:
+        """Validate every dump.json with the shared reader; a broken one is a 422 naming file and problem."""
+        from parity.shared.dump.reader import load_dump
+        from parity.shared.errors import ParityError
+
+        with self.db.read() as session:
+            repo = RunRepository(session)
+            run = self._require(repo, run_id)
+            if run.status == "complete":
+                return run_public(run, repo.stats([run.id])[run.id])
+            dump_files = [f.path for f in repo.files(run_id) if f.path.rsplit("/", 1)[-1] == "dump.json"]
+        if not dump_files:
+            raise Unprocessable(f"run {run_id}: no dump.json uploaded")
+
+        problem: str | None = None
+        with tempfile.TemporaryDirectory(prefix="parity-validate-") as tmp:
+            for rel in dump_files:
+                local = self.store.local_path(run_key(run_id, rel))
+                if local is None:
+                    local = Path(tmp) / rel.replace("/", "__")
+                    self.store.download(run_key(run_id, rel), local)
+                try:
+                    load_dump(local)
+                except ParityError as exc:
+                    problem = f"{rel}: {_describe(exc)}"
+                    break
+        with self.db.write() as session:
+            repo = RunRepository(session)
+            run = self._require(repo, run_id, for_update=True)
+            if problem is not None:
+                run.error = problem
+            elif run.status != "complete":
+                run.status, run.error, run.completed_at = "complete", None, utcnow()
+        if problem is not None:
+            raise Unprocessable(problem)
+        logger.info("run %s complete (%d dump.json files)", run_id, len(dump_files))
+        return self.get(run_id)
+
+
+def _describe(exc: Exception) -> str:
+    """The problem without the server-side path the reader names (the client knows the file by ``rel``)."""
+    where = getattr(exc, "where", None)
+    problem = getattr(exc, "problem", None)
+    if problem is None:
+        return str(exc)
+    return f"{where}: {problem}" if where else str(problem)

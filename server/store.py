@@ -1,0 +1,196 @@
+"""Blob stores: where uploaded dump files and generated reports live, chosen by ``PARITY_STORE_URL``.
+
+``file:///path`` keeps blobs as plain files laid out like the dump (``runs/{run}/step0/rank0/dump.json``), so
+workers read them in place. ``s3://bucket/prefix`` uses boto3 with the usual ``AWS_*`` variables
+(``AWS_ENDPOINT_URL`` for a local S3-compatible server); workers download what they need first.
+
+Uploads are written to a local temp file first (``new_temp``) and made visible with ``publish``, which is
+atomic on both stores, so a reader never sees half a file and a refused upload leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import unquote, urlparse
+
+from parity.server.errors import StoreError
+
+logger = logging.getLogger(__name__)
+
+CHUNK = 1024 * 1024
+
+
+class BlobStore(Protocol):
+    """What the services and workers need from a store; keys are ``/``-separated relative paths."""
+
+    url: str
+
+    def new_temp(self) -> Path:
+        """A fresh, empty local file to stream an upload into (on the same filesystem as the store when
+        that makes ``publish`` a rename)."""
+        ...
+
+    def publish(self, temp: Path, key: str) -> None:
+        """Move ``temp`` to ``key`` atomically, replacing what was there; ``temp`` is gone afterwards."""
+        ...
+
+    def put_file(self, source: Path, key: str) -> None:
+        """Copy a local file to ``key`` (reports); ``source`` stays."""
+        ...
+
+    def local_path(self, key: str) -> Path | None:
+        """A local path to read ``key`` in place, or None when the store is remote."""
+        ...
+
+    def download(self, key: str, dest: Path) -> None: ...
+
+    def iter_bytes(self, key: str) -> Iterator[bytes]: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove every blob under ``prefix/`` (a run's files, a comparison's reports)."""
+        ...
+
+
+class FileStore:
+    """Blobs as files under one root directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.url = self.root.as_uri()
+        self._tmp = self.root / ".tmp"
+        self._tmp.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root not in path.parents:
+            raise StoreError(f"blob key {key!r} leaves the store")
+        return path
+
+    def new_temp(self) -> Path:
+        fd, name = tempfile.mkstemp(dir=self._tmp, prefix="upload-")
+        os.close(fd)
+        return Path(name)
+
+    def publish(self, temp: Path, key: str) -> None:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(temp, dest)
+
+    def put_file(self, source: Path, key: str) -> None:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        temp = self.new_temp()
+        shutil.copyfile(source, temp)
+        os.replace(temp, dest)
+
+    def local_path(self, key: str) -> Path | None:
+        return self._path(key)
+
+    def download(self, key: str, dest: Path) -> None:
+        shutil.copyfile(self._path(key), dest)
+
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        with open(self._path(key), "rb") as fh:
+            while chunk := fh.read(CHUNK):
+                yield chunk
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete_prefix(self, prefix: str) -> None:
+        shutil.rmtree(self._path(prefix.rstrip("/")), ignore_errors=True)
+
+
+class S3Store:
+    """Blobs as objects under ``s3://bucket/prefix``; uploads are staged locally, then sent in one
+    (multipart) upload, which S3 makes visible atomically."""
+
+    def __init__(self, bucket: str, prefix: str, temp_dir: Path) -> None:
+        import boto3
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}"
+        self._tmp = temp_dir
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        self._s3 = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def new_temp(self) -> Path:
+        fd, name = tempfile.mkstemp(dir=self._tmp, prefix="upload-")
+        os.close(fd)
+        return Path(name)
+
+    def publish(self, temp: Path, key: str) -> None:
+        try:
+            self._s3.upload_file(str(temp), self.bucket, self._key(key))
+        except Exception as exc:  # boto3 raises many unrelated types
+            raise StoreError(f"s3 upload of {key} to {self.url} failed: {exc}") from exc
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def put_file(self, source: Path, key: str) -> None:
+        try:
+            self._s3.upload_file(str(source), self.bucket, self._key(key))
+        except Exception as exc:
+            raise StoreError(f"s3 upload of {key} to {self.url} failed: {exc}") from exc
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+    def download(self, key: str, dest: Path) -> None:
+        try:
+            self._s3.download_file(self.bucket, self._key(key), str(dest))
+        except Exception as exc:
+            raise StoreError(f"s3 download of {key} from {self.url} failed: {exc}") from exc
+
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        body = self._s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        yield from body.iter_chunks(CHUNK)
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._s3.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError:
+            return False
+        return True
+
+    def delete_prefix(self, prefix: str) -> None:
+        full = self._key(prefix.rstrip("/")) + "/"
+        paginator = self._s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            objects = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if objects:
+                self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects})
+
+
+def open_store(url: str, temp_dir: Path) -> BlobStore:
+    """The store for ``url``: ``file://`` or ``s3://``; anything else names the valid schemes."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return FileStore(Path(unquote(parsed.path)))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise StoreError(f"PARITY_STORE_URL {url!r}: no bucket (expected s3://bucket/prefix)")
+        return S3Store(parsed.netloc, parsed.path, temp_dir)
+    raise StoreError(f"PARITY_STORE_URL {url!r}: unknown scheme {parsed.scheme!r} (use file:// or s3://)")
+
+
+def run_key(run_id: str, path: str = "") -> str:
+    return f"runs/{run_id}/{path}" if path else f"runs/{run_id}"
+
+
+def comparison_key(comparison_id: str, name: str = "") -> str:
+    return f"comparisons/{comparison_id}/{name}" if name else f"comparisons/{comparison_id}"
