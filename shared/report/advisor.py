@@ -1,0 +1,65 @@
+"""The advisor file: msprobe v1's three lines, then Parity's ranked list of suspects (compare.md §7.3).
+
+The first three lines are exactly what msprobe writes to ``advisor_{ts}.txt`` (``Line``, ``Suspect Nodes``,
+``Expert Advice``, with ``NA`` when every row passed), so scripts that read msprobe's file keep working. What
+follows is the list msprobe lacks: the APIs, forward and backward, whose inputs agree but whose outputs do
+not, in the order they ran, each with the innermost user frame from stack.json when there is one.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from parity.shared.compare.result import CompareResult
+from parity.shared.report import write_text_atomically
+
+logger = logging.getLogger(__name__)
+
+NO_ERROR = "NA"
+NO_ERROR_ADVICE = "All data in comparison result meets the accuracy requirements."
+
+
+def advisor_lines(result: CompareResult) -> list[str]:
+    """msprobe's three advisor lines for ``result``."""
+    advice = result.advice
+    if advice.line is None:
+        return [f"Line: {NO_ERROR}", f"Suspect Nodes: {advice.suspect_node or NO_ERROR}",
+                f"Expert Advice: {advice.text or NO_ERROR_ADVICE}"]  # fmt: skip
+    return [f"Line: {advice.line}", f"Suspect Nodes: {advice.suspect_node or NO_ERROR}",
+            f"Expert Advice: {advice.text}"]  # fmt: skip
+
+
+def suspect_lines(result: CompareResult, *, limit: int | None = None) -> list[str]:
+    """The ranked suspects, one numbered entry each (plus an indented stack line when known)."""
+    suspects = result.suspects if limit is None else result.suspects[:limit]
+    if not suspects:
+        return ["Top suspects: none (no API whose inputs agree has outputs that differ)."]
+    lines = ["Top suspects (inputs agree, outputs do not), in execution order:"]
+    for suspect in suspects:
+        lines.append(
+            f"{suspect.rank}. [{suspect.direction}] {suspect.api} (row {suspect.row_index}): {suspect.reason}"
+        )
+        if suspect.stack:
+            # Frames are stored as "File x, line n, in f, \n source"; one line reads better in a text file.
+            lines.append(
+                f"   at {' '.join(part.strip() for part in suspect.stack.splitlines() if part.strip())}"
+            )
+    if limit is not None and len(result.suspects) > limit:
+        lines.append(f"... and {len(result.suspects) - limit} more")
+    return lines
+
+
+def advisor_text(result: CompareResult) -> str:
+    """The whole advisor file: msprobe's three lines, a blank line, the suspects."""
+    return "\n".join([*advisor_lines(result), "", *suspect_lines(result)]) + "\n"
+
+
+def write_advisor(result: CompareResult, path: Path) -> Path:
+    """Write the advisor file for ``result`` at ``path`` (atomically) and log the three lines, as msprobe."""
+    write_text_atomically(Path(path), advisor_text(result))
+    rank = f" (rank {result.rank})" if result.rank is not None else ""
+    logger.info("The summary of the expert advice is as follows%s:", rank)
+    for line in advisor_lines(result):
+        logger.info("%s", line)
+    return Path(path)
