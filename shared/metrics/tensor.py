@@ -1,0 +1,411 @@
+"""Tensor-mode metrics (compare.md §4): the §4.2 validation chain and one fused pass per tensor pair.
+
+msprobe computes each metric with its own numpy pass over float64 copies (a dozen passes, ~5x the tensor's
+bytes of temporaries). Here one numba loop reads both arrays in their own dtype (float16 and bfloat16 as raw
+bits, decoded exactly) and accumulates everything at once in float64: the dot product, both squared norms,
+the squared distance, the max absolute error (and where it is), the max relative error and the two ratio
+counts, plus the NaN/Inf position check. Nothing the size of the tensor is allocated.
+
+Numbers follow msprobe v2 to the printed digit (§4.3): the relative error is computed in
+``T = result_type(N, B, float32)`` (float64 once either side is an int or a bool) with ε_T substituted where
+the bench is 0, and the ratio thresholds compared in ``T``; everything else is float64. Where msprobe is
+wrong Parity is not: +inf against -inf at one position is a NaN/Inf position mismatch, not "equal".
+
+Sums are taken block by block (``_BLOCK`` elements, then added to running totals) over fixed
+``SEGMENT_ELEMENTS`` segments combined in order, so a tensor split across workers gives bit-identical results
+to the serial pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+from parity.shared.tensor_io import RawTensor
+
+UNSUPPORTED = "unsupported"
+SHAPE_UNMATCHED = "shape unmatched"
+NOT_AVAILABLE = "N/A"
+NAN = "Nan"
+
+MSG_NO_NPU_FILE = "NPU does not have data file."
+MSG_NO_BENCH_FILE = "Bench does not have data file."
+MSG_UNREADABLE = "Data is unreadable."
+MSG_EMPTY = "This is empty data, can not compare."
+MSG_SHAPE = "Shape of NPU and bench tensor do not match. Skipped."
+MSG_ZERO_D = (
+    "This is type of 0-d tensor, can not calculate 'Cosine', 'EucDist', 'One Thousandth Err Ratio' and "
+    "'Five Thousandths Err Ratio'."
+)
+MSG_NAN_INF_POSITION = "The position of inf or nan in NPU and bench Tensor do not match."
+MSG_DTYPE = "Dtype of NPU and bench tensor do not match."
+MSG_LENGTH_ONE = "This is a 1-d tensor of length 1."
+MSG_COSINE_NPU_ZERO = "Cannot compare by Cosine Similarity, All the data is Zero in npu dump data."
+MSG_COSINE_BENCH_ZERO = "Cannot compare by Cosine Similarity, All the data is Zero in Bench dump data."
+MSG_COSINE_NAN = "Cannot compare by Cosine Similarity, the dump data has NaN."
+MSG_MAX_ABS_NAN = "Cannot compare by MaxAbsError, the data contains nan/inf/-inf in dump data."
+MSG_MAX_REL_NAN = "Cannot compare by MaxRelativeError, the data contains nan/inf/-inf in dump data."
+
+#: Cosine values above this are shown with 6 decimals instead of 12 (msprobe's ``COSINE_THRESHOLD``).
+COSINE_THRESHOLD = 0.9999
+_EPS64 = float(np.finfo(np.float64).eps)
+_EPS32 = float(np.finfo(np.float32).eps)
+
+#: Elements per segment: the unit a large tensor is split into; results never depend on how segments are
+#: spread over workers because their partial sums are always combined in segment order.
+SEGMENT_ELEMENTS = 1 << 22
+_BLOCK = 1024
+
+Metric = float | str
+
+
+def missing_file_message(name: str) -> str:
+    """msprobe's message for a data file that is missing or fails to load."""
+    return f"Dump file: {name} not found or read failed."
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetrics:
+    """The six tensor-mode cells of one row, each a number or one of msprobe's sentinel strings.
+
+    ``messages`` are msprobe's Err_message fragments, each once, in the order msprobe produces them.
+    ``max_abs_err_index`` is Parity's own: the flat (C-order) index of the first largest absolute error
+    in the squeezed arrays, ``None`` when MaxAbsErr was not computed.
+    """
+
+    cosine: Metric
+    euc_dist: Metric
+    max_abs_err: Metric
+    max_relative_err: Metric
+    one_thousandth: Metric
+    five_thousandths: Metric
+    messages: tuple[str, ...] = ()
+    max_abs_err_index: int | None = None
+
+    @classmethod
+    def all_cells(cls, value: str, *messages: str) -> TensorMetrics:
+        """Every metric cell set to the same sentinel (``unsupported``, ``N/A``, ``shape unmatched``)."""
+        return cls(value, value, value, value, value, value, tuple(m for m in messages if m))
+
+
+def format_value(value: float) -> float:
+    """msprobe's 12-decimal rounding (``float('{:.12f}')``): anything below 5e-13 becomes 0.0."""
+    return float(f"{value:.12f}")
+
+
+# --- the fused kernel ----------------------------------------------------------------------------------------
+
+KIND_NATIVE = 0  # read the array's elements as they are (float32/64, ints, bools)
+KIND_BF16 = 1  # uint16 bit patterns of bfloat16
+KIND_FP16 = 2  # uint16 bit patterns of IEEE float16 (numba has no float16 arithmetic on CPU)
+
+# Indices into the accumulator vector the kernel returns.
+A_DOT, A_NN, A_BB, A_DD, A_MAX_ABS, A_MAX_ABS_IDX, A_MAX_RE, A_LT1, A_LT5, A_MISMATCH, A_FIRST_MISMATCH = range(11)
+N_ACC = 11
+
+
+@njit(cache=True, fastmath=False, nogil=True, inline="always")
+def _decode16(bits: int, kind: int) -> float:  # pragma: no cover - compiled
+    """Exact float value of a bfloat16 (kind 1) or float16 (kind 2) bit pattern."""
+    u = np.uint32(bits)
+    negative = (u >> 15) & 1
+    if kind == KIND_BF16:
+        exp = np.int64((u >> 7) & 0xFF)
+        man = np.int64(u & 0x7F)
+        if exp == 0xFF:
+            v = math.inf if man == 0 else math.nan
+        elif exp == 0:
+            v = math.ldexp(float(man), -133)
+        else:
+            v = math.ldexp(float(man + 128), int(exp - 134))
+    else:
+        exp = np.int64((u >> 10) & 0x1F)
+        man = np.int64(u & 0x3FF)
+        if exp == 0x1F:
+            v = math.inf if man == 0 else math.nan
+        elif exp == 0:
+            v = math.ldexp(float(man), -24)
+        else:
+            v = math.ldexp(float(man + 1024), int(exp - 25))
+    return -v if negative else v
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def _fused_pass(n, b, n_kind, b_kind, re_in_f32, start, stop):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Accumulate every tensor-mode statistic over ``n[start:stop]`` vs ``b[start:stop]`` in one pass.
+
+    NaN/Inf at identical positions (same class and, for inf, same sign) count as 0 == 0; any other
+    non-finite pairing is counted as a mismatch and left out.
+    """
+    acc = np.zeros(N_ACC)
+    acc[A_MAX_ABS_IDX] = -1.0
+    acc[A_FIRST_MISMATCH] = -1.0
+    eps32 = np.float32(_EPS32)
+    thr1_32 = np.float32(0.001)
+    thr5_32 = np.float32(0.005)
+    eps64 = _EPS64
+    max_abs = 0.0
+    max_abs_idx = -1
+    max_re = 0.0
+    lt1 = 0
+    lt5 = 0
+    mismatches = 0
+    first_mismatch = -1
+    dot = 0.0
+    nn = 0.0
+    bb = 0.0
+    dd = 0.0
+    i = start
+    while i < stop:
+        end = min(i + _BLOCK, stop)
+        s_dot = 0.0
+        s_nn = 0.0
+        s_bb = 0.0
+        s_dd = 0.0
+        for j in range(i, end):
+            x = _decode16(n[j], n_kind) if n_kind != KIND_NATIVE else float(n[j])
+            y = _decode16(b[j], b_kind) if b_kind != KIND_NATIVE else float(b[j])
+            if not (math.isfinite(x) and math.isfinite(y)):
+                if (math.isnan(x) and math.isnan(y)) or x == y:
+                    x = 0.0
+                    y = 0.0
+                else:
+                    mismatches += 1
+                    if first_mismatch < 0:
+                        first_mismatch = j
+                    continue
+            s_dot += x * y
+            s_nn += x * x
+            s_bb += y * y
+            d = x - y
+            s_dd += d * d
+            ad = abs(d)
+            if ad > max_abs or (ad != ad and max_abs == max_abs):
+                max_abs = ad
+                max_abs_idx = j
+            if re_in_f32:
+                xf = np.float32(x)
+                yf = np.float32(y)
+                if yf == np.float32(0.0):
+                    xf = xf + eps32
+                    yf = yf + eps32
+                re32 = abs((xf - yf) / yf)
+                if re32 < thr1_32:
+                    lt1 += 1
+                if re32 < thr5_32:
+                    lt5 += 1
+                re = float(re32)
+            else:
+                xd = x
+                yd = y
+                if yd == 0.0:
+                    xd = xd + eps64
+                    yd = yd + eps64
+                re = abs((xd - yd) / yd)
+                if re < 0.001:
+                    lt1 += 1
+                if re < 0.005:
+                    lt5 += 1
+            if re > max_re or (re != re and max_re == max_re):
+                max_re = re
+        dot += s_dot
+        nn += s_nn
+        bb += s_bb
+        dd += s_dd
+        i = end
+    acc[A_DOT] = dot
+    acc[A_NN] = nn
+    acc[A_BB] = bb
+    acc[A_DD] = dd
+    acc[A_MAX_ABS] = max_abs
+    acc[A_MAX_ABS_IDX] = max_abs_idx
+    acc[A_MAX_RE] = max_re
+    acc[A_LT1] = lt1
+    acc[A_LT5] = lt5
+    acc[A_MISMATCH] = mismatches
+    acc[A_FIRST_MISMATCH] = first_mismatch
+    return acc
+
+
+def combine_partials(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Combine per-segment accumulators, in segment order (so the result never depends on who ran what)."""
+    total = parts[0].copy()
+    for part in parts[1:]:
+        for k in (A_DOT, A_NN, A_BB, A_DD, A_LT1, A_LT5, A_MISMATCH):
+            total[k] += part[k]
+        pm, tm = part[A_MAX_ABS], total[A_MAX_ABS]
+        if pm > tm or (math.isnan(pm) and not math.isnan(tm)):
+            total[A_MAX_ABS] = pm
+            total[A_MAX_ABS_IDX] = part[A_MAX_ABS_IDX]
+        pr, tr = part[A_MAX_RE], total[A_MAX_RE]
+        if pr > tr or (math.isnan(pr) and not math.isnan(tr)):
+            total[A_MAX_RE] = pr
+        if total[A_FIRST_MISMATCH] < 0:
+            total[A_FIRST_MISMATCH] = part[A_FIRST_MISMATCH]
+    return total
+
+
+# --- preparing a pair ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPair:
+    """A validated pair ready for the fused pass: flat arrays, how to read them, and the dtype rule."""
+
+    n: np.ndarray
+    b: np.ndarray
+    n_kind: int
+    b_kind: int
+    re_in_f32: bool
+    size: int
+    messages: tuple[str, ...]
+
+
+def _logical_dtype(raw: RawTensor) -> np.dtype:  # type: ignore[type-arg]
+    """The dtype msprobe would see after loading (bfloat16 is widened to float32)."""
+    return np.dtype(np.float32) if raw.bfloat16 else raw.array.dtype
+
+
+def _kernel_view(raw: RawTensor) -> tuple[np.ndarray, int]:
+    arr = raw.array.reshape(-1)  # a view for the contiguous (memory-mapped) arrays dumps hold
+    if raw.bfloat16:
+        return arr, KIND_BF16
+    if arr.dtype == np.float16:
+        return arr.view(np.uint16), KIND_FP16
+    if arr.dtype == np.bool_:
+        return arr.view(np.uint8), KIND_NATIVE
+    return arr, KIND_NATIVE
+
+
+def relative_error_in_float32(n_dtype: np.dtype, b_dtype: np.dtype) -> bool:  # type: ignore[type-arg]
+    """Whether ``T = result_type(N, B, float32)`` is float32 (ints and bools are cast to float64 first)."""
+    if n_dtype.kind != "f" or b_dtype.kind != "f":
+        return False
+    return bool(np.result_type(n_dtype, b_dtype, np.float32) == np.float32)
+
+
+def validate(npu: RawTensor, bench: RawTensor) -> TensorMetrics | PreparedPair:
+    """The §4.2 chain in v2 order, after loading: a finished :class:`TensorMetrics` when the chain stops
+    the row (or for a 0-d pair, whose two metrics are computed here), else the pair for the fused pass."""
+    n_dtype, b_dtype = _logical_dtype(npu), _logical_dtype(bench)
+    if n_dtype.kind not in "biuf" or b_dtype.kind not in "biuf":
+        return TensorMetrics.all_cells(UNSUPPORTED, MSG_UNREADABLE)
+    if npu.array.size == 0:
+        return TensorMetrics.all_cells(UNSUPPORTED, MSG_EMPTY)
+    if npu.array.shape != bench.array.shape:
+        return TensorMetrics.all_cells(SHAPE_UNMATCHED, MSG_SHAPE)
+    if npu.array.ndim == 0:
+        return _zero_d(npu.to_numpy(), bench.to_numpy())
+    n, n_kind = _kernel_view(npu)
+    b, b_kind = _kernel_view(bench)
+    messages = (MSG_DTYPE,) if n_dtype != b_dtype else ()
+    return PreparedPair(n, b, n_kind, b_kind, relative_error_in_float32(n_dtype, b_dtype), int(n.size), messages)
+
+
+def segments(size: int) -> list[tuple[int, int]]:
+    """The fixed ``[start, stop)`` segments a pair of ``size`` elements is accumulated over."""
+    return [(s, min(s + SEGMENT_ELEMENTS, size)) for s in range(0, size, SEGMENT_ELEMENTS)] or [(0, 0)]
+
+
+def run_segment(pair: PreparedPair, start: int, stop: int) -> np.ndarray:
+    """Accumulators of one segment of a prepared pair (releases the GIL while it runs)."""
+    return _fused_pass(pair.n, pair.b, pair.n_kind, pair.b_kind, pair.re_in_f32, start, stop)  # type: ignore[no-any-return]
+
+
+def finish(pair: PreparedPair, acc: np.ndarray, *, ndim: int = 1) -> TensorMetrics:
+    """Turn combined accumulators into the six cells, with msprobe's special cases and rounding."""
+    if acc[A_MISMATCH] > 0:
+        return TensorMetrics.all_cells(NOT_AVAILABLE, MSG_NAN_INF_POSITION)
+    messages: list[str] = list(pair.messages)
+    size = pair.size
+
+    cosine: Metric
+    if size == 1:
+        cosine = UNSUPPORTED
+        messages.append(MSG_LENGTH_ONE)
+    else:
+        n_norm, b_norm = math.sqrt(acc[A_NN]), math.sqrt(acc[A_BB])
+        if n_norm <= _EPS64 and b_norm <= _EPS64:
+            cosine = 1.0
+        elif n_norm <= _EPS64 or b_norm <= _EPS64:
+            cosine = NAN
+            messages.append(MSG_COSINE_NPU_ZERO if n_norm <= _EPS64 else MSG_COSINE_BENCH_ZERO)
+        else:
+            with np.errstate(all="ignore"):
+                raw_cos = float(np.float64(acc[A_DOT]) / (np.float64(n_norm) * np.float64(b_norm)))
+            if math.isnan(raw_cos):
+                cosine = NAN
+                messages.append(MSG_COSINE_NAN)
+            else:
+                cosine = min(max(format_value(raw_cos), -1.0), 1.0)
+                if cosine > COSINE_THRESHOLD:
+                    cosine = round(cosine, 6)
+    euc_dist: Metric = math.sqrt(acc[A_DD])
+    max_abs, max_abs_msg = _max_metric(acc[A_MAX_ABS], MSG_MAX_ABS_NAN)
+    max_rel, max_rel_msg = _max_metric(acc[A_MAX_RE], MSG_MAX_REL_NAN)
+    messages += [m for m in (max_abs_msg, max_rel_msg) if m]
+    return TensorMetrics(
+        cosine=cosine,
+        euc_dist=euc_dist,
+        max_abs_err=max_abs,
+        max_relative_err=max_rel,
+        one_thousandth=format_value(acc[A_LT1] / size),
+        five_thousandths=format_value(acc[A_LT5] / size),
+        messages=_unique(messages),
+        max_abs_err_index=int(acc[A_MAX_ABS_IDX]) if acc[A_MAX_ABS_IDX] >= 0 else None,
+    )
+
+
+def _max_metric(value: float, nan_message: str) -> tuple[Metric, str]:
+    if math.isnan(value):
+        return NAN, nan_message
+    return format_value(value), ""
+
+
+def _unique(messages: Sequence[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(m for m in messages if m))
+
+
+def _zero_d(n: np.ndarray, b: np.ndarray) -> TensorMetrics:
+    """0-d pair: only MaxAbsErr and MaxRelativeErr; msprobe applies no NaN/Inf position rule here."""
+    x, y = float(n), float(b)
+    with np.errstate(all="ignore"):
+        if relative_error_in_float32(n.dtype, b.dtype):
+            xt, yt, eps = np.float32(x), np.float32(y), np.float32(np.finfo(np.float32).eps)
+        else:
+            xt, yt, eps = np.float64(x), np.float64(y), np.float64(_EPS64)
+        if yt == 0:
+            xt, yt = xt + eps, yt + eps
+        re = float(np.abs((xt - yt) / yt))
+    max_abs, max_abs_msg = _max_metric(abs(x - y), MSG_MAX_ABS_NAN)
+    max_rel, max_rel_msg = _max_metric(re, MSG_MAX_REL_NAN)
+    return TensorMetrics(
+        cosine=UNSUPPORTED,
+        euc_dist=UNSUPPORTED,
+        max_abs_err=max_abs,
+        max_relative_err=max_rel,
+        one_thousandth=UNSUPPORTED,
+        five_thousandths=UNSUPPORTED,
+        messages=_unique([MSG_ZERO_D, max_abs_msg, max_rel_msg]),
+        max_abs_err_index=0 if max_abs_msg == "" else None,
+    )
+
+
+def compare_raw(npu: RawTensor, bench: RawTensor) -> TensorMetrics:
+    """Metrics of one loaded pair (as :func:`parity.shared.tensor_io.open_tensor` returns them)."""
+    prepared = validate(npu, bench)
+    if isinstance(prepared, TensorMetrics):
+        return prepared
+    parts = [run_segment(prepared, start, stop) for start, stop in segments(prepared.size)]
+    return finish(prepared, combine_partials(parts))
+
+
+def compare_arrays(npu: np.ndarray, bench: np.ndarray) -> TensorMetrics:
+    """Tensor-mode metrics of two arrays as loaded by :func:`parity.shared.tensor_io.load_tensor`.
+
+    The arrays are compared as given (loading already squeezed them); no copy of their size is made.
+    """
+    return compare_raw(RawTensor(np.asarray(npu)), RawTensor(np.asarray(bench)))
