@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
-
 from parity.server.models import Base
+from sqlalchemy import create_engine
 
 config = context.config
 target_metadata = Base.metadata

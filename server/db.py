@@ -25,7 +25,9 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def _sqlite_engine(url: str, begin: str) -> Engine:
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(
+        url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:

@@ -9,7 +9,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -55,4 +55,10 @@ def _safe(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-__all__ = ["MIGRATIONS_DIR", "alembic_config", "create_engine", "current_revision", "head_revision", "upgrade"]
+__all__ = [
+    "MIGRATIONS_DIR",
+    "alembic_config",
+    "current_revision",
+    "head_revision",
+    "upgrade",
+]

@@ -6,10 +6,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from parity.server.models import Comparison, ComparisonRow, Run, RunFile, RunTag
 from sqlalchemy import Select, and_, delete, func, or_, select
 from sqlalchemy.orm import Session, aliased
-
-from parity.server.models import Comparison, ComparisonRow, Run, RunFile, RunTag
 
 
 @dataclass
@@ -86,7 +85,9 @@ class RunRepository:
         return stats
 
     def files(self, run_id: str) -> list[RunFile]:
-        return list(self.session.scalars(select(RunFile).where(RunFile.run_id == run_id).order_by(RunFile.path)))
+        return list(
+            self.session.scalars(select(RunFile).where(RunFile.run_id == run_id).order_by(RunFile.path))
+        )
 
     def file(self, run_id: str, path: str) -> RunFile | None:
         return self.session.get(RunFile, (run_id, path))
@@ -114,7 +115,9 @@ class RunRepository:
         )
         self.session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id.in_(cids)))
         self.session.execute(
-            delete(Comparison).where(or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id))
+            delete(Comparison).where(
+                or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id)
+            )
         )
         self.session.execute(delete(RunFile).where(RunFile.run_id == run_id))
         self.session.execute(delete(RunTag).where(RunTag.run_id == run_id))

@@ -10,8 +10,6 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import func, select
-
 from parity.server.db import Database
 from parity.server.errors import BadRequest, Conflict, NotFound, Unprocessable
 from parity.server.jobs.base import JobQueue
@@ -25,6 +23,7 @@ from parity.server.schemas import (
     ComparisonSummary,
 )
 from parity.server.store import BlobStore, comparison_key
+from sqlalchemy import func, select
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +110,7 @@ class ComparisonService:
         with self.db.read() as session:
             return comparison_public(self._require(session, comparison_id))
 
-    def list(
+    def search(
         self, *, run: str | None, project: str | None, status: str | None, limit: int, offset: int
     ) -> ComparisonsPublic:
         with self.db.read() as session:
@@ -206,7 +205,9 @@ class ComparisonService:
             ranks = sorted(int(r) for r in (c.headers or {}))
         if rank is None:
             if len(ranks) != 1:
-                raise BadRequest(f"rank: comparison {comparison_id} has ranks {ranks}; choose one with ?rank=N")
+                raise BadRequest(
+                    f"rank: comparison {comparison_id} has ranks {ranks}; choose one with ?rank=N"
+                )
             rank = ranks[0]
         elif rank not in ranks:
             raise BadRequest(f"rank: {rank} is not in comparison {comparison_id} (ranks: {ranks})")

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio.to_thread
-
 from parity.server.db import Database
 from parity.server.errors import (
     BadRequest,
@@ -89,7 +88,7 @@ class RunService:
             run = self._require(repo, run_id)
             return run_public(run, repo.stats([run.id])[run.id])
 
-    def list(
+    def search(
         self,
         *,
         project: str | None,

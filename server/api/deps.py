@@ -1,0 +1,46 @@
+"""Dependencies: the services from ``app.state`` and the bearer-token check, as ``Annotated`` aliases."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+from parity.server.errors import Forbidden, Unauthorized
+from parity.server.services.comparisons import ComparisonService
+from parity.server.services.runs import RunService
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def get_run_service(request: Request) -> RunService:
+    service: RunService = request.app.state.run_service
+    return service
+
+
+def get_comparison_service(request: Request) -> ComparisonService:
+    service: ComparisonService = request.app.state.comparison_service
+    return service
+
+
+def authorize(request: Request) -> None:
+    """``PARITY_TOKENS`` set: a known bearer token on every request, and a read-write one for writes.
+
+    Runs before any body is read, so a refused upload stores nothing.
+    """
+    roles: dict[str, bool] = request.app.state.token_roles
+    if not roles:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("Authorization: a 'Bearer TOKEN' header is required")
+    can_write = next((w for known, w in roles.items() if hmac.compare_digest(known, token)), None)
+    if can_write is None:
+        raise Unauthorized("Authorization: unknown token")
+    if request.method in WRITE_METHODS and not can_write:
+        raise Forbidden(f"Authorization: a read-only token cannot {request.method} {request.url.path}")
+
+
+RunServiceDep = Annotated[RunService, Depends(get_run_service)]
+ComparisonServiceDep = Annotated[ComparisonService, Depends(get_comparison_service)]

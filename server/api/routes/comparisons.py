@@ -1,0 +1,89 @@
+"""``/comparisons``: queue a compare job, follow it, page its rows, download its reports."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+from fastapi.responses import StreamingResponse
+from parity.server.api.deps import ComparisonServiceDep
+from parity.server.schemas import ComparisonCreate, ComparisonPublic, ComparisonsPublic, JobStatus, RowsPublic
+
+router = APIRouter(prefix="/comparisons", tags=["comparisons"])
+
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, summary="Queue a comparison of two complete runs")
+def create_comparison(body: ComparisonCreate, comparisons: ComparisonServiceDep) -> ComparisonPublic:
+    return comparisons.create(body)
+
+
+@router.get("", summary="List comparisons")
+def list_comparisons(
+    comparisons: ComparisonServiceDep,
+    run: str | None = None,
+    project: str | None = None,
+    job_status: Annotated[JobStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> ComparisonsPublic:
+    return comparisons.search(run=run, project=project, status=job_status, limit=limit, offset=offset)
+
+
+@router.get("/{comparison_id}", summary="Read a comparison: status, progress, summary")
+def get_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> ComparisonPublic:
+    return comparisons.get(comparison_id)
+
+
+@router.get(
+    "/{comparison_id}/rows",
+    summary="Page a succeeded comparison's rows",
+    response_model=RowsPublic,
+    responses={409: {"description": "The comparison has not succeeded"}},
+)
+def get_rows(
+    comparison_id: str,
+    comparisons: ComparisonServiceDep,
+    failing: bool | None = None,
+    name: Annotated[str | None, Query(description="substring of the NPU (or bench) name")] = None,
+    rank: int | None = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Response:
+    # Assembled from stored JSON text (no model validation): this is the hot endpoint.
+    body = comparisons.rows_json(comparison_id, failing=failing, name=name, rank=rank, limit=limit,
+                                 offset=offset)  # fmt: skip
+    return Response(body, media_type="application/json")
+
+
+def _download(comparisons: ComparisonServiceDep, comparison_id: str, file_name: str, rank: int | None,
+              media_type: str) -> StreamingResponse:  # fmt: skip
+    name, chunks = comparisons.report(comparison_id, file_name, rank)
+    return StreamingResponse(
+        chunks, media_type=media_type, headers={"Content-Disposition": f'attachment; filename="{name}"'}
+    )
+
+
+@router.get(
+    "/{comparison_id}/report.xlsx",
+    summary="Download one rank's xlsx report",
+    response_class=StreamingResponse,
+    responses={200: {"content": {XLSX: {}}}},
+)
+def get_report(
+    comparison_id: str, comparisons: ComparisonServiceDep, rank: int | None = None
+) -> StreamingResponse:
+    return _download(comparisons, comparison_id, "report.xlsx", rank, XLSX)
+
+
+@router.get(
+    "/{comparison_id}/advisor.txt",
+    summary="Download one rank's advisor text",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+def get_advisor(
+    comparison_id: str, comparisons: ComparisonServiceDep, rank: int | None = None
+) -> StreamingResponse:
+    return _download(comparisons, comparison_id, "advisor.txt", rank, "text/plain; charset=utf-8")

@@ -1,0 +1,83 @@
+"""``/runs``: create, list, read, delete, upload files, complete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.responses import JSONResponse
+from parity.server.api.deps import ComparisonServiceDep, RunServiceDep
+from parity.server.schemas import Device, FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic, RunStatus
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+_RAW_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, summary="Create a run")
+def create_run(body: RunCreate, runs: RunServiceDep) -> RunPublic:
+    return runs.create(body)
+
+
+@router.get("", summary="List runs")
+def list_runs(
+    runs: RunServiceDep,
+    project: str | None = None,
+    name: str | None = None,
+    device: Device | None = None,
+    tag: Annotated[list[str], Query(description="KEY:VALUE; repeat to require several")] = [],  # noqa: B006
+    run_status: Annotated[RunStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> RunsPublic:
+    return runs.search(project=project, name=name, device=device, status=run_status, tags=tag, limit=limit,
+                     offset=offset)  # fmt: skip
+
+
+@router.get("/{run_id}", summary="Read a run")
+def get_run(run_id: str, runs: RunServiceDep) -> RunPublic:
+    return runs.get(run_id)
+
+
+@router.delete(
+    "/{run_id}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a run, its files and comparisons"
+)
+def delete_run(run_id: str, runs: RunServiceDep, comparisons: ComparisonServiceDep) -> Response:
+    comparisons.forget(runs.delete(run_id))
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("/{run_id}/files", summary="List a run's stored files (to resume an upload)")
+def list_files(run_id: str, runs: RunServiceDep) -> FilesPublic:
+    return runs.files(run_id)
+
+
+@router.put(
+    "/{run_id}/files/{path:path}",
+    status_code=status.HTTP_201_CREATED,
+    summary="Upload one dump file (streamed; sha256 verified; idempotent)",
+    openapi_extra=_RAW_BODY,
+    responses={200: {"model": FilePublic, "description": "Already stored with the same sha256"}},
+)
+async def put_file(
+    run_id: str,
+    path: str,
+    request: Request,
+    runs: RunServiceDep,
+    x_content_sha256: Annotated[str, Header(alias="X-Content-SHA256", description="sha256 of the body, hex")],
+    content_length: Annotated[str | None, Header(alias="Content-Length")] = None,
+) -> FilePublic:
+    result = await runs.upload(run_id, path, x_content_sha256, content_length, request.stream())
+    if not result.created:
+        return JSONResponse(result.file.model_dump(), status_code=status.HTTP_200_OK)  # type: ignore[return-value]
+    return result.file
+
+
+@router.post("/{run_id}/complete", summary="Validate every dump.json and mark the run complete")
+def complete_run(run_id: str, runs: RunServiceDep) -> RunPublic:
+    return runs.complete(run_id)
