@@ -1,0 +1,23 @@
+"""``parity server``: the Parity server under uvicorn, configured from ``PARITY_*`` environment variables."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from parity.server.main import create_app
+    from parity.server.settings import Settings
+
+    app = create_app(Settings())
+    # One process: the job pool lives in it, and uvicorn's --workers would start one pool per process.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
