@@ -1,0 +1,139 @@
+"""``parity compare -i compare.json -o OUT [-s] [-c] [-f]``: msprobe v1's compare, run locally.
+
+Exit codes: 0 whenever the compare ran, whatever it found (the findings are in the reports and printed at
+the end); 2 for a bad input, as one ``parity compare: error: ...`` line (``parity.cli`` turns every
+``ParityError`` into that line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from parity.progress import ProgressBar
+
+logger = logging.getLogger(__name__)
+
+TOP_SUSPECTS = 5
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """msprobe v1's flags (underscore long forms), plus the same names with dashes."""
+    parser.add_argument(
+        "-i",
+        "--input_path",
+        "--input-path",
+        dest="input_path",
+        required=True,
+        type=Path,
+        metavar="COMPARE_JSON",
+        help="compare.json naming the NPU and bench dumps",
+    )
+    parser.add_argument(
+        "-o",
+        "--output_path",
+        "--output-path",
+        dest="output_path",
+        type=Path,
+        default=Path("./output"),
+        metavar="DIR",
+        help="directory for the reports (created; same-named files replaced; default ./output)",
+    )
+    parser.add_argument(
+        "-s",
+        "--stack_mode",
+        "--stack-mode",
+        dest="stack_mode",
+        action="store_true",
+        help="add the NPU_Stack_Info column (with stack_path in compare.json; a stack.json "
+        "next to the NPU dump.json turns it on by itself)",
+    )
+    parser.add_argument(
+        "-c",
+        "--compare_only",
+        "--compare-only",
+        dest="compare_only",
+        action="store_true",
+        help="do not write the advisor file",
+    )
+    parser.add_argument(
+        "-f",
+        "--fuzzy_match",
+        "--fuzzy-match",
+        dest="fuzzy_match",
+        action="store_true",
+        help="pair APIs ignoring their call counts",
+    )
+    parser.add_argument(
+        "-j",
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes for tensor metrics (default: automatic)",
+    )
+    parser.add_argument(
+        "--no-highlight",
+        dest="highlight",
+        action="store_false",
+        help="write the xlsx without red/yellow row fills",
+    )
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="never draw the progress bar on stderr"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Parse compare.json, run the compare, print the top suspects and the report paths."""
+    from parity.shared.compare.job import run_compare
+    from parity.shared.compare.options import CompareOptions
+    from parity.shared.compare.spec import load_compare_spec
+    from parity.shared.errors import CompareInputError
+
+    if args.workers is not None and args.workers < 1:
+        raise CompareInputError(f"--workers must be at least 1, got {args.workers}")
+    spec = load_compare_spec(args.input_path)
+    options = CompareOptions(fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, workers=args.workers)
+    bar = ProgressBar("compare") if args.progress else None
+    try:
+        outputs = run_compare(
+            spec,
+            args.output_path,
+            options,
+            progress=bar,
+            advisor=not args.compare_only,
+            highlight=args.highlight,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+
+    out = sys.stdout
+    for result in outputs.results:
+        where = f"rank {result.rank}: " if result.rank is not None else ""
+        counts = result.summary()["status_counts"]
+        assert isinstance(counts, dict)
+        shown = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+        out.write(f"{where}{len(result.rows)} rows ({shown or 'none'}), {result.mode.value} mode\n")
+        if result.suspects:
+            out.write(f"{where}top suspects (inputs agree, outputs do not):\n")
+            for suspect in result.suspects[:TOP_SUSPECTS]:
+                out.write(f"  {suspect.rank}. [{suspect.direction}] {suspect.api}: {suspect.reason}\n")
+                if suspect.stack:
+                    out.write(
+                        f"     at {' '.join(p.strip() for p in suspect.stack.splitlines() if p.strip())}\n"
+                    )
+            if len(result.suspects) > TOP_SUSPECTS:
+                out.write(f"  ... and {len(result.suspects) - TOP_SUSPECTS} more (see the advisor file)\n")
+        else:
+            out.write(f"{where}no suspect: {result.advice.text}\n")
+    for rank in outputs.npu_only_ranks:
+        out.write(f"rank {rank}: only in the NPU dump, not compared\n")
+    for rank in outputs.bench_only_ranks:
+        out.write(f"rank {rank}: only in the bench dump, not compared\n")
+    out.write("reports:\n")
+    for path in outputs.files:
+        out.write(f"  {path}\n")
+    return 0
