@@ -1,0 +1,393 @@
+"""The compare engine: two dumps in, one ``CompareResult`` out (compare.md §1.4-§7).
+
+A pure library: it reads files, computes and returns values; no HTTP, SQL or threads of its own (tensor mode
+hands its file pairs to ``parity.shared.metrics.parallel``, which owns the worker processes). The pipeline is
+read → rows → pair → cells and verdicts → tensor metrics (tensor mode) → highlight → messages and status →
+advice and suspects, each step one pass over plain lists.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parity.shared.compare import md5 as md5_mode
+from parity.shared.compare import statistics as stats_mode
+from parity.shared.compare import verdicts as v
+from parity.shared.compare.advisor import advise
+from parity.shared.compare.headers import CompareMode, full_header
+from parity.shared.compare.highlight import apply_highlights
+from parity.shared.compare.options import CompareOptions
+from parity.shared.compare.pairing import dtypes_compatible, pair_rows
+from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, RowStatus
+from parity.shared.compare.rows import SideRows, data_file, side_rows
+from parity.shared.compare.suspects import find_suspects
+from parity.shared.dump.layout import find_rank_dirs, sibling_stack_json
+from parity.shared.dump.reader import STATE_INPUT, Dump, Leaf, load_dump, load_stack
+from parity.shared.errors import CompareInputError
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+NA = "N/A"
+_fc = stats_mode.finite_cell
+
+
+@dataclass(slots=True)
+class RankCompare:
+    """A multi-rank compare: one result per rank present on both sides, ranks paired by their number."""
+
+    results: list[CompareResult] = field(default_factory=list)
+    npu_only_ranks: list[int | None] = field(default_factory=list)
+    bench_only_ranks: list[int | None] = field(default_factory=list)
+    skipped_ranks: list[int | None] = field(default_factory=list)  # a side lacks dump.json (logged)
+
+
+def detect_mode(npu: Dump, bench: Dump) -> CompareMode:
+    """§1.4: equal tasks; ``tensor`` → tensor mode; ``statistics`` → md5 mode if checksums were dumped."""
+    if npu.task != bench.task:
+        raise CompareInputError(
+            f"{npu.path} has task {npu.task!r} but {bench.path} has task {bench.task!r}: "
+            "dumps of different tasks cannot be compared"
+        )
+    if npu.task == "tensor":
+        return CompareMode.TENSOR
+    if npu.task == "statistics":
+        if npu.has_md5 != bench.has_md5:
+            with_md5 = npu.path if npu.has_md5 else bench.path
+            raise CompareInputError(
+                f"{with_md5} carries md5 checksums but the other dump does not: dump both with the same "
+                "summary_mode"
+            )
+        return CompareMode.MD5 if npu.has_md5 else CompareMode.STATISTICS
+    raise CompareInputError(
+        f"{npu.path}: task {npu.task!r} cannot be compared (expected tensor or statistics)"
+    )
+
+
+def compare_dumps(
+    npu_dump_json: Path,
+    bench_dump_json: Path,
+    options: CompareOptions,
+    *,
+    stack_path: Path | None = None,
+    progress: Progress | None = None,
+) -> CompareResult:
+    """Compare one NPU dump.json against one bench dump.json.
+
+    With ``stack_path`` the stack column follows ``options.stack_mode`` (``-s``); without it a stack.json
+    next to the NPU dump.json is auto-detected and turns the column on (compare.md §1.1). ``progress`` gets
+    ``(done, total)`` in tensor pairs (tensor mode) or rows (other modes, once at the end).
+    """
+    npu = load_dump(npu_dump_json)
+    bench = load_dump(bench_dump_json)
+    mode = detect_mode(npu, bench)
+    stacks: dict[str, list[str]] | None
+    if stack_path is not None:
+        stacks = load_stack(stack_path)
+        stack_mode = options.stack_mode
+    else:
+        found = sibling_stack_json(npu_dump_json)
+        stacks = load_stack(found) if found is not None else None
+        stack_mode = found is not None
+    result = compare_loaded(
+        npu, bench, mode, options, stacks=stacks, stack_mode=stack_mode, progress=progress
+    )
+    result.npu_path = str(npu_dump_json)
+    result.bench_path = str(bench_dump_json)
+    return result
+
+
+def compare_ranks(
+    npu_step_dir: Path,
+    bench_step_dir: Path,
+    options: CompareOptions,
+    progress: Progress | None = None,
+) -> RankCompare:
+    """Compare every rank of two step directories, pairing ``rankN`` with ``rankN`` (not by position).
+
+    Ranks found on one side only are listed in the result; a rank whose dump.json is missing on a side is
+    skipped with a warning (as msprobe). ``progress`` gets ``(ranks done, ranks to compare)``.
+    """
+    npu_ranks = {r.rank: r for r in find_rank_dirs(npu_step_dir)}
+    bench_ranks = {r.rank: r for r in find_rank_dirs(bench_step_dir)}
+    out = RankCompare(
+        npu_only_ranks=[r for r in npu_ranks if r not in bench_ranks],
+        bench_only_ranks=[r for r in bench_ranks if r not in npu_ranks],
+    )
+    for rank in out.npu_only_ranks:
+        logger.warning("rank %s is in %s only", rank, npu_step_dir)
+    for rank in out.bench_only_ranks:
+        logger.warning("rank %s is in %s only", rank, bench_step_dir)
+    common = [r for r in npu_ranks if r in bench_ranks]
+    for done, rank in enumerate(common, start=1):
+        npu_dir, bench_dir = npu_ranks[rank], bench_ranks[rank]
+        missing = [d.dump_json for d in (npu_dir, bench_dir) if not d.dump_json.is_file()]
+        if missing:
+            logger.warning("skipping rank %s: %s not found", rank, ", ".join(map(str, missing)))
+            out.skipped_ranks.append(rank)
+        else:
+            result = compare_dumps(npu_dir.dump_json, bench_dir.dump_json, options)
+            result.rank = rank
+            out.results.append(result)
+        if progress is not None:
+            progress(done, len(common))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# the table
+
+
+class _Table:
+    """The rows being built, with the per-row facts later passes need but the table does not show."""
+
+    __slots__ = ("rows", "states", "messages", "jobs")
+
+    def __init__(self) -> None:
+        self.rows: list[CompareRow] = []
+        self.states: list[str] = []
+        self.messages: list[list[str]] = []
+        self.jobs: list[tuple[int, Leaf, Leaf]] = []  # tensor mode: (row, npu leaf, bench leaf)
+
+
+def _same_scalar(a: Any, b: Any) -> bool:
+    return a == b or (a != a and b != b)  # NaN equals NaN here
+
+
+def compare_loaded(
+    npu: Dump,
+    bench: Dump,
+    mode: CompareMode,
+    options: CompareOptions,
+    *,
+    stacks: Mapping[str, list[str]] | None = None,
+    stack_mode: bool = False,
+    progress: Progress | None = None,
+) -> CompareResult:
+    """Compare two already-read dumps in ``mode`` (see ``compare_dumps``)."""
+    tensor = mode is CompareMode.TENSOR
+    npu_rows = side_rows(npu, tensor_mode=tensor)
+    bench_rows = side_rows(bench, tensor_mode=tensor)
+    pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
+    header = full_header(mode, stack=stack_mode)
+    table = _Table()
+    stack_lookup = stacks if (stack_mode and stacks is not None) else None
+    _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack_mode,
+                stack_lookup)  # fmt: skip
+    _build_bench_only(table, mode, bench_rows, pairing.bench_only, stack_mode)
+    if tensor:
+        _run_tensor_metrics(table, header, npu, bench, options, progress)
+    elif progress is not None:
+        progress(len(table.rows), len(table.rows))
+    apply_highlights(table.rows, table.states, mode, header, table.messages)
+    disagree, reasons = _finish_rows(table, header, mode)
+    advice = advise(table.rows, header, mode)
+    suspects = find_suspects(table.rows, table.states, disagree, reasons, stacks)
+    return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects)
+
+
+def _stack_cell(stack_lookup: Mapping[str, list[str]] | None, api: str) -> Cell:
+    if stack_lookup is None:
+        return NA
+    frames = stack_lookup.get(api)
+    return repr(frames) if frames is not None else NA
+
+
+def _build_rows(
+    table: _Table,
+    mode: CompareMode,
+    npu_rows: SideRows,
+    bench_rows: SideRows,
+    bench_index: list[int],
+    fuzzy: bool,
+    stack_mode: bool,
+    stack_lookup: Mapping[str, list[str]] | None,
+) -> None:
+    rows, states, messages = table.rows, table.states, table.messages
+    b_names, b_leaves = bench_rows.names, bench_rows.leaves
+    tensor, statistics = mode is CompareMode.TENSOR, mode is CompareMode.STATISTICS
+    fail, passed, unmatched = RowStatus.FAIL, RowStatus.PASS, RowStatus.UNMATCHED
+    previous_api = None
+    for i, (name, n, api) in enumerate(zip(npu_rows.names, npu_rows.leaves, npu_rows.apis, strict=True)):
+        j = bench_index[i]
+        msgs: list[str] = []
+        status = passed
+        if j >= 0:
+            b = b_leaves[j]
+            b_name = b_names[j]
+            cells: list[Cell] = [name, b_name, n.dtype, b.dtype, n.shape, b.shape, n.requires_grad,
+                                 b.requires_grad]  # fmt: skip
+            rg_consistent = n.requires_grad == b.requires_grad
+            compatible = dtypes_compatible(n.dtype, b.dtype)
+            if fuzzy and b_name != name:
+                msgs.append(v.MSG_FUZZY)
+            if not compatible:
+                msgs.append(v.MSG_DTYPE_MISMATCH)
+                status = fail
+            if not rg_consistent:
+                msgs.append(v.MSG_REQUIRES_GRAD)
+            if (n.state == STATE_INPUT and not n.is_tensor and not b.is_tensor and n.dtype is not None
+                    and n.dtype.startswith("<class") and not _same_scalar(n.max, b.max)):  # fmt: skip
+                msgs.append(v.MSG_SCALAR_MISMATCH)  # v2's "Parameters" rule: a changed scalar argument
+                status = fail
+        else:
+            b = None
+            cells = [name, NA, n.dtype, NA, n.shape, NA, n.requires_grad, NA]
+            rg_consistent = False  # msprobe compares "True" with "N/A" [checked]
+            compatible = False
+            status = unmatched
+        npu_stats = [_fc(n.max), _fc(n.min), _fc(n.mean), _fc(n.norm)]
+        bench_stats = [_fc(b.max), _fc(b.min), _fc(b.mean), _fc(b.norm)] if b is not None else [NA] * 4
+        if statistics:
+            metric, warn = stats_mode.statistics_cells(
+                (n.max, n.min, n.mean, n.norm), (b.max, b.min, b.mean, b.norm) if b is not None else None
+            )
+            if b is None:
+                result: str = NA
+                msgs.append(stats_mode.NO_BENCH)
+            elif warn or status is fail:
+                result = stats_mode.WARNING
+                msgs.insert(0, stats_mode.NEED_DOUBLE_CHECK)
+                status = fail
+            else:
+                result = ""
+            cells += metric
+            cells += npu_stats
+            cells += bench_stats
+            cells += (rg_consistent, result, None)
+        elif tensor:
+            if b is None:
+                accuracy = NA
+                msgs.append(v.MSG_BENCH_UNMATCHED)
+            elif not compatible:
+                accuracy = v.NO
+            else:
+                accuracy = v.NONE  # set once the metrics are in
+                table.jobs.append((i, n, b))
+            cells += [v.UNSUPPORTED] * 6
+            cells += npu_stats
+            cells += bench_stats
+            cells += (rg_consistent, accuracy, None)
+        else:
+            md5_result = md5_mode.md5_result(n.md5, b.md5 if b is not None else None, matched=b is not None)
+            if md5_result == md5_mode.DIFFERENT:
+                status = fail
+            cells += (n.md5, b.md5 if b is not None else NA, rg_consistent, md5_result)
+        if stack_mode:
+            cells.append(_stack_cell(stack_lookup, api) if api != previous_api else NA)
+        if tensor:
+            cells.append(repr([data_file(n), data_file(b) if b is not None else NA]))
+        cells += (status.value, api)
+        previous_api = api
+        rows.append(CompareRow(cells, api, status))
+        states.append(n.state)
+        messages.append(msgs)
+
+
+def _build_bench_only(table: _Table, mode: CompareMode, bench_rows: SideRows, bench_only: list[int],
+                      stack_mode: bool) -> None:  # fmt: skip
+    """Bench rows nobody paired with: reported after the NPU rows with every NPU column ``N/A``."""
+    status = RowStatus.BENCH_ONLY
+    for j in bench_only:
+        b = bench_rows.leaves[j]
+        cells: list[Cell] = [NA, bench_rows.names[j], NA, b.dtype, NA, b.shape, NA, b.requires_grad]
+        bench_stats = [_fc(b.max), _fc(b.min), _fc(b.mean), _fc(b.norm)]
+        if mode is CompareMode.STATISTICS:
+            cells += [NA] * 12
+            cells += bench_stats
+            cells += (False, NA, None)
+        elif mode is CompareMode.TENSOR:
+            cells += [NA] * 10
+            cells += bench_stats
+            cells += (False, NA, None)
+        else:
+            cells += (NA, b.md5, False, NA)
+        if stack_mode:
+            cells.append(NA)
+        if mode is CompareMode.TENSOR:
+            cells.append(repr([NA, data_file(b)]))
+        cells += (status.value, bench_rows.apis[j])
+        table.rows.append(CompareRow(cells, bench_rows.apis[j], status))
+        table.states.append(b.state)
+        table.messages.append([v.MSG_NPU_UNMATCHED])
+
+
+def _run_tensor_metrics(table: _Table, header: list[str], npu: Dump, bench: Dump, options: CompareOptions,
+                        progress: Progress | None) -> None:  # fmt: skip
+    """Tensor mode: hand every compatible matched pair to the metric workers, then judge each row."""
+    if table.jobs:
+        # Imported here: statistics and md5 compares never pay for numba and torch.
+        from parity.shared.metrics.parallel import TensorPairJob, compare_tensor_files
+
+        npu_dir, bench_dir = npu.tensor_dir, bench.tensor_dir
+        jobs = [
+            TensorPairJob(
+                index=i,
+                npu_file=npu_dir / n.data_name if n.data_name else None,
+                bench_file=bench_dir / b.data_name if b.data_name else None,
+            )
+            for i, n, b in table.jobs
+        ]
+        first = header.index("Cosine")
+        total = len(jobs)
+        for done, (i, metrics) in enumerate(compare_tensor_files(jobs, workers=options.workers), start=1):
+            cells = table.rows[i].cells
+            cells[first : first + 6] = [
+                _fc(metrics.cosine), _fc(metrics.euc_dist), _fc(metrics.max_abs_err),
+                _fc(metrics.max_relative_err), _fc(metrics.one_thousandth), _fc(metrics.five_thousandths),
+            ]  # fmt: skip
+            table.messages[i].extend(metrics.messages)
+            if progress is not None:
+                progress(done, total)
+    cos_col, err_col = header.index("Cosine"), header.index("MaxAbsErr")
+    acc_col = header.index("Accuracy Reached or Not")
+    for i, _n, _b in table.jobs:
+        row = table.rows[i]
+        accuracy = v.tensor_accuracy(row.cells[cos_col], row.cells[err_col])
+        row.cells[acc_col] = accuracy
+        row.status = v.escalate(v.tensor_status(accuracy), row.status)
+    for row in table.rows:
+        if row.status is RowStatus.FAIL and row.cells[acc_col] not in (v.NO, NA):
+            row.cells[acc_col] = v.NO  # a failure found outside the metrics (a changed scalar argument)
+
+
+def _finish_rows(table: _Table, header: list[str], mode: CompareMode) -> tuple[list[bool], list[str]]:
+    """Fold highlights into statuses, write Err_message and Parity Status; return suspects' inputs."""
+    pos = {name: i for i, name in enumerate(header)}
+    msg_col = pos.get("Err_message", -1)
+    status_col = pos["Parity Status"]
+    shape_col = pos.get("Cosine", -1)
+    disagree: list[bool] = []
+    reasons: list[str] = []
+    for row, msgs in zip(table.rows, table.messages, strict=True):
+        if row.highlight is Highlight.RED:
+            row.status = v.escalate(row.status, RowStatus.FAIL)
+        elif row.highlight is Highlight.YELLOW:
+            row.status = v.escalate(row.status, RowStatus.WARNING)
+        text = v.join_messages(msgs) if msgs else ""
+        if msg_col >= 0:
+            row.cells[msg_col] = text
+        row.cells[status_col] = row.status.value
+        bad = row.status is RowStatus.FAIL or (shape_col >= 0 and row.cells[shape_col] == v.SHAPE_UNMATCHED)
+        disagree.append(bad)
+        reasons.append(_reason(row, pos, mode, text) if bad else "")
+    return disagree, reasons
+
+
+def _reason(row: CompareRow, pos: Mapping[str, int], mode: CompareMode, text: str) -> str:
+    """One line saying why a failing row fails, for the suspects list."""
+    cells = row.cells
+    if mode is CompareMode.TENSOR:
+        facts = (f"Cosine {cells[pos['Cosine']]}, MaxAbsErr {cells[pos['MaxAbsErr']]}, "
+                 f"One Thousandth Err Ratio {cells[pos['One Thousandth Err Ratio']]}")  # fmt: skip
+    elif mode is CompareMode.STATISTICS:
+        facts = (f"MaxRelativeErr {cells[pos['MaxRelativeErr']]}, "
+                 f"NormRelativeErr {cells[pos['NormRelativeErr']]}")  # fmt: skip
+    else:
+        facts = f"MD5 {cells[pos['NPU MD5']]} vs {cells[pos['BENCH MD5']]}"
+    reason = f"{cells[0]}: {facts}"
+    return f"{reason} ({text})" if text else reason

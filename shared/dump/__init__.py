@@ -1,0 +1,1 @@
+"""The msprobe dump layout: reading dump.json / stack.json / construct.json and finding rank directories."""

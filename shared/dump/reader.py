@@ -1,0 +1,359 @@
+"""Read msprobe's dump.json, stack.json and construct.json (dump-format.md §4) into plain Python objects.
+
+The reader validates and flattens in one walk: every entry becomes the list of its leaves (one per tensor or
+non-tensor argument, named by msprobe's ``.index`` / ``.key`` recursion, compare.md §2), so the compare engine
+never walks the JSON again. It is lenient where msprobe dumps legitimately vary (bare NaN/Infinity tokens,
+missing Mean/Norm, null leaves, every non-tensor encoding of §4.3) and strict where a value would silently
+break a comparison (a shape that is not a list, a non-bool requires_grad): those raise a ``DumpError`` naming
+the file, the entry and the field.
+
+Only the standard library is used: ``json`` accepts the bare NaN/Infinity/-Infinity tokens msprobe writes, and
+no pandas frame is built (the engine must read ~60k rows a side in well under a second).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parity.shared.errors import DumpError
+
+logger = logging.getLogger(__name__)
+
+#: msprobe refuses deeper nesting (compare.md §2); so do we, with a clear error instead of a RecursionError.
+MAX_DEPTH = 400
+
+#: entry keys that hold leaves, in the row order of compare.md §2 (inputs + kwargs → parameters → outputs),
+#: with the name suffix and the row state each one maps to.
+_CONTAINERS: tuple[tuple[str, str, str], ...] = (
+    ("input_args", ".input", "input"),
+    ("input_kwargs", ".input", "input"),
+    ("input", ".input", "input"),
+    ("parameters", ".parameters", "parameters"),
+    ("output", ".output", "output"),
+)
+STATE_INPUT = "input"
+STATE_PARAMETERS = "parameters"
+STATE_OUTPUT = "output"
+STATE_PARAMETERS_GRAD = "parameters_grad"
+
+_P2POP = "torch.distributed.P2POp"
+_RANK_ARGS = frozenset({"src", "dst", "group_src", "group_dst"})
+_STAT_TYPES = frozenset({type(None), bool, int, float, str})
+_PY_TYPE_NAMES: dict[type, str] = {t: str(t) for t in (bool, int, float, str, type(None), list, dict)}
+
+
+class Leaf:
+    """One leaf of one dump entry: the raw material of one compare row (compare.md §2).
+
+    ``name`` is the recursion name (``Functional.linear.0.forward.input.0``); the tensor-mode row name comes
+    from ``data_name`` instead (see ``parity.shared.compare.rows``). Statistics are kept as dumped (float,
+    int, bool, str or None); ``shape`` is already the string msprobe shows (``[2, 4]``) and ``requires_grad``
+    the string ``"True"``/``"False"`` or None.
+    """
+
+    __slots__ = ("name", "state", "dtype", "shape", "requires_grad", "max", "min", "mean", "norm", "md5",
+                 "data_name", "is_tensor", "p2p")  # fmt: skip
+
+    def __init__(
+        self,
+        name: str,
+        state: str,
+        dtype: str | None,
+        shape: str | None,
+        requires_grad: str | None,
+        stats: tuple[Any, Any, Any, Any],
+        md5: str | None,
+        data_name: str | None,
+        is_tensor: bool,
+        p2p: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.state = state
+        self.dtype = dtype
+        self.shape = shape
+        self.requires_grad = requires_grad
+        self.max, self.min, self.mean, self.norm = stats
+        self.md5 = md5
+        self.data_name = data_name
+        self.is_tensor = is_tensor
+        self.p2p = p2p
+
+    def __repr__(self) -> str:
+        return f"Leaf({self.name!r}, dtype={self.dtype!r}, shape={self.shape!r})"
+
+
+@dataclass(slots=True)
+class DumpEntry:
+    """One API or module call of the dump (``Functional.linear.0.forward``) and its leaves in row order."""
+
+    name: str
+    leaves: list[Leaf]
+
+
+@dataclass(slots=True)
+class Dump:
+    """A whole dump.json: its header and its entries in file order (the order compare uses, §3.1)."""
+
+    path: Path
+    task: str
+    level: str | None
+    framework: str
+    dump_data_dir: str | None
+    entries: list[DumpEntry] = field(default_factory=list)
+    has_md5: bool = False  # some leaf carries an ``md5`` key: selects md5 mode for statistics dumps (§1.4)
+
+    @property
+    def tensor_dir(self) -> Path:
+        """Where compare looks for tensors: ``dump_tensor_data`` next to dump.json (not dump_data_dir)."""
+        return self.path.parent / "dump_tensor_data"
+
+    def leaf_count(self) -> int:
+        """How many rows this dump yields."""
+        return sum(len(e.leaves) for e in self.entries)
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> Any:
+    """Parse one JSON file; a missing file or malformed JSON becomes a ``DumpError`` with line and column."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DumpError(path, f"{what} not found") from None
+    except IsADirectoryError:
+        raise DumpError(path, f"is a directory, expected a {what}") from None
+    except OSError as exc:
+        raise DumpError(path, f"cannot read {what}: {exc.strerror or exc}") from None
+    try:
+        # stdlib json accepts the bare NaN / Infinity / -Infinity tokens msprobe writes (allow_nan=True).
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise DumpError(path, f"malformed JSON: {exc.msg}", where=where) from None
+    except UnicodeDecodeError as exc:
+        raise DumpError(path, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+
+
+class _Walker:
+    """Flattens the entries of one dump.json; holds the file path only so errors can name it."""
+
+    __slots__ = ("path", "entry", "has_md5")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entry = ""
+        self.has_md5 = False
+
+    def error(self, field_path: str, problem: str) -> DumpError:
+        return DumpError(self.path, problem, where=f"entry {self.entry!r} field {field_path!r}")
+
+    def entry_leaves(self, name: str, data: Any) -> list[Leaf]:
+        self.entry = name
+        if not isinstance(data, dict):
+            raise DumpError(self.path, "must be an object", where=f"entry {name!r}")
+        out: list[Leaf] = []
+        if "parameters_grad" in name.split("."):
+            # ``{param_name: [leaf]}``: the whole entry is one container (compare.md §2).
+            self.walk(data, name, STATE_PARAMETERS_GRAD, out, 0)
+            return out
+        for key, suffix, state in _CONTAINERS:
+            node = data.get(key)
+            if node is None:
+                continue
+            if not isinstance(node, (list, dict)):
+                raise self.error(key, f"must be a list or an object, not {type(node).__name__}")
+            self.walk(node, name + suffix, state, out, 0)
+        return out
+
+    def walk(self, node: Any, path: str, state: str, out: list[Leaf], depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise self.error(path, f"nested deeper than {MAX_DEPTH} levels")
+        kind = type(node)
+        if kind is list:
+            for i, item in enumerate(node):
+                sub = f"{path}.{i}"
+                if type(item) is dict and type(item.get("type")) is str:
+                    out.append(self.leaf(item, sub, state))  # the common case, without a recursive call
+                else:
+                    self.walk(item, sub, state, out, depth + 1)
+        elif kind is dict:
+            if type(node.get("type")) is str:
+                out.append(self.leaf(node, path, state))
+            elif node.get("class_type") == _P2POP:
+                out.append(self.p2p_leaf(node, path, state))
+            else:  # a plain container (kwargs, nested dicts, namedtuples); ``{}`` yields no row
+                for key, value in node.items():
+                    self.walk(value, f"{path}.{key}", state, out, depth + 1)
+        elif node is None:
+            out.append(Leaf(path, state, None, None, None, (None, None, None, None), None, None, False))
+        else:
+            raise self.error(path, f"expected an object, a list or null, not {kind.__name__} {node!r}")
+
+    def leaf(self, rec: dict[str, Any], path: str, state: str) -> Leaf:
+        dtype = rec.get("dtype")
+        rg = rec.get("requires_grad")
+        if rg is None:
+            requires_grad = None
+        elif rg is True:
+            requires_grad = "True"
+        elif rg is False:
+            requires_grad = "False"
+        else:
+            raise self.error(f"{path}.requires_grad", f"must be a bool, not {rg!r}")
+        md5 = rec.get("md5")
+        if md5 is not None:
+            if type(md5) is not str:
+                raise self.error(f"{path}.md5", f"must be a string, not {md5!r}")
+            self.has_md5 = True
+        data_name = rec.get("data_name")
+        if data_name is not None and type(data_name) is not str:
+            raise self.error(f"{path}.data_name", f"must be a string, not {data_name!r}")
+        if dtype is not None:
+            # A tensor-like leaf: torch.Tensor and its subclasses (DTensor, ...), numpy.ndarray.
+            if type(dtype) is not str:
+                raise self.error(f"{path}.dtype", f"must be a string, not {dtype!r}")
+            shape = rec.get("shape")
+            if type(shape) is not list:
+                if shape is None and "shape" not in rec:
+                    raise self.error(f"{path}.shape", "missing (a tensor leaf needs its shape)")
+                raise self.error(f"{path}.shape", f"must be a list, not {shape!r}")
+            stats = (rec.get("Max"), rec.get("Min"), rec.get("Mean"), rec.get("Norm"))
+            for stat_name, value in zip(("Max", "Min", "Mean", "Norm"), stats, strict=True):
+                if type(value) not in _STAT_TYPES:
+                    problem = f"must be a number, a bool or null, not {value!r}"
+                    raise self.error(f"{path}.{stat_name}", problem)
+            if stats[0] is None and "tensor_stat_index" in rec:
+                raise self.error(path, "holds a 'tensor_stat_index' placeholder: the dump was never flushed "
+                                       "(was PrecisionDebugger.stop() or step() called?)")  # fmt: skip
+            return Leaf(path, state, dtype, str(shape), requires_grad, stats, md5, data_name, True)
+        return self.scalar_leaf(rec, path, state, requires_grad, md5, data_name)
+
+    def scalar_leaf(
+        self, rec: dict[str, Any], path: str, state: str, requires_grad: str | None, md5: str | None,
+        data_name: str | None,
+    ) -> Leaf:  # fmt: skip
+        """A non-tensor argument (dump-format.md §4.3): stats = the value, shape ``[]`` (compare.md §2)."""
+        kind = rec["type"]
+        value = rec.get("value")
+        shape = "[]"
+        if kind == "torch.Size":
+            dtype, shape, stat = kind, str(value), None
+        elif kind == "slice":
+            dtype, stat = kind, None
+            shape = f"({len(value)},)" if isinstance(value, list) else "()"  # msprobe: str(np.shape(value))
+        elif kind == "ellipsis":
+            dtype, stat = kind, value
+        elif kind == "torch.ProcessGroup":
+            dtype, stat = kind, str(rec.get("group_ranks"))
+        elif kind == "torch.memory_format":
+            # msprobe stores the format under "format" and reads "value" (always None); keep what was dumped.
+            stat = rec.get("format", value)
+            dtype = _PY_TYPE_NAMES.get(type(stat)) or str(type(stat))
+        elif path.rsplit(".", 1)[-1] in _RANK_ARGS:
+            dtype, stat = kind, value
+        else:
+            dtype = _PY_TYPE_NAMES.get(type(value)) or str(type(value))
+            stat = value
+        if isinstance(stat, (list, dict)):
+            stat = str(stat)  # a cell holds scalars only: an odd container value is shown as Python prints it
+        if md5 is None:
+            # msprobe hashes str(value); we hash what the row shows, so two different process groups (whose
+            # "value" is absent) do not get the same checksum.
+            md5 = f"{zlib.crc32(str(stat if stat is not None else value).encode()) & 0xFFFFFFFF:08x}"
+        return Leaf(path, state, dtype, shape, requires_grad, (stat, stat, stat, stat), md5, data_name, False)
+
+    def p2p_leaf(self, rec: dict[str, Any], path: str, state: str) -> Leaf:
+        """A ``torch.distributed.P2POp``: the row is its tensor, with op/peer/tag kept for diff analysis."""
+        tensor = rec.get("tensor")
+        p2p = {k: rec.get(k) for k in ("op", "peer", "tag", "group_id")}
+        if isinstance(tensor, dict) and type(tensor.get("type")) is str:
+            leaf = self.leaf(tensor, path, state)
+        elif tensor is None:
+            leaf = Leaf(path, state, None, None, None, (None, None, None, None), None, None, False)
+        else:
+            raise self.error(f"{path}.tensor", f"must be a tensor record, not {tensor!r}")
+        leaf.p2p = p2p
+        return leaf
+
+
+def load_dump(path: str | Path) -> Dump:
+    """Read one dump.json: header fields and every entry's leaves, in file order.
+
+    Raises ``DumpError`` naming the file (and line/column, or entry/field) for a missing or malformed file.
+    """
+    path = Path(path)
+    doc = read_json(path, "dump.json")
+    if not isinstance(doc, dict):
+        raise DumpError(path, f"top level must be an object, not {type(doc).__name__}")
+    task = doc.get("task")
+    if not isinstance(task, str):
+        raise DumpError(path, f"must be a string, not {task!r}", where="field 'task'")
+    data = doc.get("data")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise DumpError(path, f"must be an object, not {type(data).__name__}", where="field 'data'")
+    level = doc.get("level")
+    framework = doc.get("framework") or "pytorch"
+    dump_data_dir = doc.get("dump_data_dir")
+    walker = _Walker(path)
+    entries = [DumpEntry(name, walker.entry_leaves(name, value)) for name, value in data.items()]
+    logger.debug("read %s: task %s, %d entries", path, task, len(entries))
+    return Dump(
+        path=path,
+        task=task,
+        level=level if isinstance(level, str) else None,
+        framework=framework if isinstance(framework, str) else "pytorch",
+        dump_data_dir=dump_data_dir if isinstance(dump_data_dir, str) else None,
+        entries=entries,
+        has_md5=walker.has_md5,
+    )
+
+
+def load_stack(path: str | Path) -> dict[str, list[str]]:
+    """Read stack.json into ``{entry name: [frames, innermost first]}``.
+
+    Accepts the current deduplicated form ``{"0": [[names], [frames]], ...}`` (recognised, as msprobe does,
+    by the key ``"0"``) and the old ``{entry name: [frames]}`` form.
+    """
+    path = Path(path)
+    doc = read_json(path, "stack.json")
+    if not isinstance(doc, dict):
+        raise DumpError(path, f"top level must be an object, not {type(doc).__name__}")
+    stacks: dict[str, list[str]] = {}
+    if "0" in doc:
+        for key, value in doc.items():
+            if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
+                    and isinstance(value[1], list)):  # fmt: skip
+                raise DumpError(path, "must be [[entry names], [frames]]", where=f"stack {key!r}")
+            frames = [str(f) for f in value[1]]
+            for name in value[0]:
+                stacks[str(name)] = frames
+        return stacks
+    for name, frames in doc.items():
+        if not isinstance(frames, list):
+            raise DumpError(path, "must be a list of frames", where=f"entry {name!r}")
+        stacks[name] = [str(f) for f in frames]
+    return stacks
+
+
+def load_construct(path: str | Path) -> dict[str, str | None]:
+    """Read construct.json into ``{node: parent or None}`` (``""``, Megatron's ``[parent, step]`` normalised)."""
+    path = Path(path)
+    doc = read_json(path, "construct.json")
+    if not isinstance(doc, dict):
+        raise DumpError(path, f"top level must be an object, not {type(doc).__name__}")
+    out: dict[str, str | None] = {}
+    for node, parent in doc.items():
+        if node == "megatron_micro_step_number":
+            continue
+        if isinstance(parent, list):
+            parent = parent[0] if parent else None
+        if parent is not None and not isinstance(parent, str):
+            raise DumpError(path, f"parent must be a string or null, not {parent!r}", where=f"node {node!r}")
+        out[node] = parent or None
+    return out
