@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -96,14 +97,15 @@ def format_value(value: float) -> float:
     return float(f"{value:.12f}")
 
 
-# --- the fused kernel ----------------------------------------------------------------------------------------
+# --- the fused kernel --------------------------------------------------------------------------------
 
 KIND_NATIVE = 0  # read the array's elements as they are (float32/64, ints, bools)
 KIND_BF16 = 1  # uint16 bit patterns of bfloat16
 KIND_FP16 = 2  # uint16 bit patterns of IEEE float16 (numba has no float16 arithmetic on CPU)
 
 # Indices into the accumulator vector the kernel returns.
-A_DOT, A_NN, A_BB, A_DD, A_MAX_ABS, A_MAX_ABS_IDX, A_MAX_RE, A_LT1, A_LT5, A_MISMATCH, A_FIRST_MISMATCH = range(11)
+(A_DOT, A_NN, A_BB, A_DD, A_MAX_ABS, A_MAX_ABS_IDX, A_MAX_RE, A_LT1, A_LT5, A_MISMATCH,
+ A_FIRST_MISMATCH) = range(11)  # fmt: skip
 N_ACC = 11
 
 
@@ -248,7 +250,7 @@ def combine_partials(parts: Sequence[np.ndarray]) -> np.ndarray:
     return total
 
 
-# --- preparing a pair ------------------------------------------------------------------------------------------
+# --- preparing a pair --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +304,8 @@ def validate(npu: RawTensor, bench: RawTensor) -> TensorMetrics | PreparedPair:
     n, n_kind = _kernel_view(npu)
     b, b_kind = _kernel_view(bench)
     messages = (MSG_DTYPE,) if n_dtype != b_dtype else ()
-    return PreparedPair(n, b, n_kind, b_kind, relative_error_in_float32(n_dtype, b_dtype), int(n.size), messages)
+    re_in_f32 = relative_error_in_float32(n_dtype, b_dtype)
+    return PreparedPair(n, b, n_kind, b_kind, re_in_f32, int(n.size), messages)
 
 
 def segments(size: int) -> list[tuple[int, int]]:
@@ -373,10 +376,10 @@ def _zero_d(n: np.ndarray, b: np.ndarray) -> TensorMetrics:
     """0-d pair: only MaxAbsErr and MaxRelativeErr; msprobe applies no NaN/Inf position rule here."""
     x, y = float(n), float(b)
     with np.errstate(all="ignore"):
-        if relative_error_in_float32(n.dtype, b.dtype):
-            xt, yt, eps = np.float32(x), np.float32(y), np.float32(np.finfo(np.float32).eps)
-        else:
-            xt, yt, eps = np.float64(x), np.float64(y), np.float64(_EPS64)
+        t = np.float32 if relative_error_in_float32(n.dtype, b.dtype) else np.float64
+        xt: Any = t(x)
+        yt: Any = t(y)
+        eps: Any = t(np.finfo(t).eps)
         if yt == 0:
             xt, yt = xt + eps, yt + eps
         re = float(np.abs((xt - yt) / yt))

@@ -1,0 +1,365 @@
+"""Tensor-mode metrics against an independent plain-numpy reference, §12's worked example, §4.2's cases."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from parity.shared.metrics import tensor as tm
+from parity.shared.metrics.tensor import TensorMetrics, compare_arrays, compare_raw
+from parity.shared.tensor_io import RawTensor
+
+# --- the reference: msprobe v2's numpy pipeline, written out plainly (with the ±inf fix) ----------
+
+
+def _fmt(x: float) -> float:
+    return float(f"{x:.12f}")
+
+
+def reference(n: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+    """Raw (unrounded where that matters) metrics as msprobe's numpy code computes them."""
+    if n.dtype.kind not in "biuf" or b.dtype.kind not in "biuf":
+        return {"all": "unsupported", "messages": [tm.MSG_UNREADABLE]}
+    if n.size == 0:
+        return {"all": "unsupported", "messages": [tm.MSG_EMPTY]}
+    if n.shape != b.shape:
+        return {"all": "shape unmatched", "messages": [tm.MSG_SHAPE]}
+    floats = n.dtype.kind == "f" and b.dtype.kind == "f"
+    t = np.result_type(n.dtype, b.dtype, np.float32) if floats else np.dtype(np.float64)
+    messages: list[str] = []
+    if n.ndim == 0:
+        messages.append(tm.MSG_ZERO_D)
+    else:
+        n, b = n.copy(), b.copy()
+        n_bad, b_bad = ~np.isfinite(n.astype(np.float64)), ~np.isfinite(b.astype(np.float64))
+        if n_bad.any() or b_bad.any():
+            same = all(
+                np.array_equal(f(n.astype(np.float64)), f(b.astype(np.float64)))
+                for f in (np.isnan, np.isposinf, np.isneginf)
+            )
+            if not same:
+                return {"all": "N/A", "messages": [tm.MSG_NAN_INF_POSITION]}
+            n[n_bad] = 0
+            b[b_bad] = 0
+        if n.dtype != b.dtype:
+            messages.append(tm.MSG_DTYPE)
+    with np.errstate(all="ignore"):
+        nt, bt = n.astype(t), b.astype(t)
+        nt, bt = np.atleast_1d(nt).copy(), np.atleast_1d(bt).copy()
+        zero = bt == 0
+        eps = np.finfo(t).eps
+        nt[zero] += eps
+        bt[zero] += eps
+        re = np.abs((nt - bt) / bt)
+        n64, b64 = n.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
+        out: dict[str, Any] = {"max_abs": float(np.max(np.abs(n64 - b64))), "max_rel": float(np.max(re))}
+        if n.ndim == 0:
+            out["messages"] = messages
+            return out
+        out["euc"] = float(np.linalg.norm(n64 - b64))
+        out["lt1"] = float(np.sum(re < 0.001) / re.size)
+        out["lt5"] = float(np.sum(re < 0.005) / re.size)
+        if n64.size == 1:
+            out["cos"] = "unsupported"
+        else:
+            na, nb = np.linalg.norm(n64), np.linalg.norm(b64)
+            e = np.finfo(float).eps
+            if na <= e and nb <= e:
+                out["cos"] = 1.0
+            elif na <= e or nb <= e:
+                out["cos"] = "Nan"
+            else:
+                out["cos"] = float(np.dot(n64, b64) / (na * nb))
+    out["messages"] = messages
+    return out
+
+
+def assert_matches_reference(got: TensorMetrics, n: np.ndarray, b: np.ndarray) -> None:
+    ref = reference(n, b)
+    if "all" in ref:
+        assert got == TensorMetrics.all_cells(ref["all"], *ref["messages"])
+        return
+    assert tuple(m for m in got.messages if m in ref["messages"]) == tuple(ref["messages"])
+    for name, key in (("max_abs_err", "max_abs"), ("max_relative_err", "max_rel")):
+        value = getattr(got, name)
+        if math.isnan(ref[key]):
+            assert value == "Nan"
+        else:
+            assert value == _fmt(ref[key]), name
+    if n.ndim == 0:
+        assert (got.cosine, got.euc_dist, got.one_thousandth, got.five_thousandths) == ("unsupported",) * 4
+        return
+    assert got.one_thousandth == _fmt(ref["lt1"])
+    assert got.five_thousandths == _fmt(ref["lt5"])
+    assert got.euc_dist == pytest.approx(ref["euc"], rel=1e-12, abs=1e-300) or (
+        math.isinf(ref["euc"]) and got.euc_dist == ref["euc"]
+    )
+    if isinstance(ref["cos"], str):
+        assert got.cosine == ref["cos"]
+    elif math.isnan(ref["cos"]):
+        assert got.cosine == "Nan"
+    else:
+        expected = min(max(_fmt(ref["cos"]), -1.0), 1.0)
+        tol = 1.01e-6 if expected > 0.9999 else 2e-12
+        assert isinstance(got.cosine, float) and abs(got.cosine - expected) <= tol
+
+
+# --- hypothesis pairs -----------------------------------------------------------------------------
+
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "bool"]
+SPECIALS = [0.0, -0.0, 1.0, math.nan, math.inf, -math.inf, 1e-3, 65504.0]
+
+
+def _cast(values: np.ndarray, dtype: str) -> np.ndarray:
+    values = np.asarray(values)
+    if dtype == "bfloat16":  # what load_tensor returns for a bf16 file: bf16 values widened to float32
+        return torch.from_numpy(np.array(values, np.float32)).to(torch.bfloat16).float().numpy()
+    if dtype == "bool":
+        return values != 0
+    if dtype in ("int32", "int64", "uint8"):
+        clean = np.nan_to_num(values, nan=0.0, posinf=100.0, neginf=-100.0)
+        clean = np.clip(clean, 0 if dtype == "uint8" else -1e6, 255 if dtype == "uint8" else 1e6)
+        return clean.astype(dtype)
+    with np.errstate(over="ignore"):
+        return values.astype(dtype)
+
+
+@st.composite
+def pairs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, str, str]:
+    shape = draw(st.sampled_from([(), (0,), (1,), (2,), (7,), (3, 5), (1, 40), (300,)]))
+    elements = st.one_of(
+        st.floats(-1e4, 1e4, allow_nan=False, width=32), st.sampled_from(SPECIALS), st.floats(-1.0, 1.0)
+    )
+    n = draw(hnp.arrays(np.float64, shape, elements=elements))
+    mode = draw(st.sampled_from(["perturb", "independent", "equal"]))
+    if mode == "perturb":  # relative errors around the 0.001 / 0.005 thresholds
+        rel = draw(hnp.arrays(np.float64, shape, elements=st.floats(-0.01, 0.01)))
+        b = n * (1 + rel)
+    elif mode == "independent":
+        b = draw(hnp.arrays(np.float64, shape, elements=elements))
+    else:
+        b = n.copy()
+    n_dtype = draw(st.sampled_from(DTYPES))
+    b_dtype = draw(st.sampled_from([n_dtype, n_dtype, *DTYPES]))
+    return _cast(n, n_dtype), _cast(b, b_dtype), n_dtype, b_dtype
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pairs())
+def test_fused_pass_matches_numpy_reference(pair: tuple[np.ndarray, np.ndarray, str, str]) -> None:
+    n, b, _, _ = pair
+    assert_matches_reference(compare_arrays(n, b), n, b)
+
+
+def _bf16_raw(values: np.ndarray) -> RawTensor:
+    bits = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(torch.bfloat16)
+    return RawTensor(bits.view(torch.int16).numpy().view(np.uint16), bfloat16=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hnp.arrays(np.float32, st.integers(1, 200), elements=st.floats(-1e3, 1e3, width=32)),
+    st.floats(-0.02, 0.02),
+)
+def test_raw_bfloat16_bits_match_widened_float32(values: np.ndarray, rel: float) -> None:
+    n_raw, b_raw = _bf16_raw(values), _bf16_raw(values * np.float32(1 + rel))
+    widened = compare_arrays(n_raw.to_numpy(), b_raw.to_numpy())
+    assert compare_raw(n_raw, b_raw) == widened
+    assert_matches_reference(widened, n_raw.to_numpy(), b_raw.to_numpy())
+
+
+def test_bfloat16_decoding_is_exact_for_every_bit_pattern() -> None:
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    widened = RawTensor(bits, bfloat16=True).to_numpy()
+    finite = np.isfinite(widened)
+    # pair each value with itself shifted: any decoding error would change MaxAbsErr/position checks
+    got = compare_raw(RawTensor(bits[finite], bfloat16=True), RawTensor(widened[finite]))
+    assert got.max_abs_err == 0.0 and got.euc_dist == 0.0
+
+
+def test_float16_decoding_is_exact_for_every_bit_pattern() -> None:
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    finite = values[np.isfinite(values)]
+    got = compare_arrays(finite, finite.astype(np.float64))
+    assert got.max_abs_err == 0.0 and got.euc_dist == 0.0
+    assert got.messages == (tm.MSG_DTYPE,)
+
+
+def test_large_pair_spanning_segments_matches_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(0)
+    n = rng.standard_normal(300_000).astype(np.float32)
+    b = (n * (1 + rng.normal(0, 2e-3, n.size))).astype(np.float32)
+    b[::1000] = 0
+    whole = compare_arrays(n, b)
+    assert_matches_reference(whole, n, b)
+    monkeypatch.setattr(tm, "SEGMENT_ELEMENTS", 65_536)
+    assert len(tm.segments(n.size)) == 5
+    assert compare_arrays(n, b).max_abs_err == whole.max_abs_err
+    assert_matches_reference(compare_arrays(n, b), n, b)
+
+
+def test_segments_in_order_are_bit_identical_however_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tm, "SEGMENT_ELEMENTS", 4096)
+    rng = np.random.default_rng(1)
+    n, b = rng.standard_normal(20_000), rng.standard_normal(20_000)
+    prepared = tm.validate(RawTensor(n), RawTensor(b))
+    assert isinstance(prepared, tm.PreparedPair)
+    segs = tm.segments(prepared.size)
+    forward = [tm.run_segment(prepared, s, e) for s, e in segs]
+    backward = [tm.run_segment(prepared, s, e) for s, e in reversed(segs)][::-1]
+    assert np.array_equal(tm.combine_partials(forward), tm.combine_partials(backward))
+    assert tm.finish(prepared, tm.combine_partials(forward)) == compare_arrays(n, b)
+
+
+# --- §12 worked example, to the printed digits ----------------------------------------------------
+
+N12 = [1, 2, 3, 4, 0]
+B12 = [1.0008, 2, 2.99, 4.1, 0]
+
+
+def test_worked_example_float64() -> None:
+    got = compare_arrays(np.array(N12, np.float64), np.array(B12, np.float64))
+    assert got == TensorMetrics(0.99991, 0.10050194027977731, 0.1, 0.024390243902, 0.6, 0.8, (), 3)
+
+
+def test_worked_example_float32() -> None:
+    got = compare_arrays(np.array(N12, np.float32), np.array(B12, np.float32))
+    assert (got.cosine, got.euc_dist, got.max_abs_err, got.max_relative_err) == (
+        0.99991, 0.10050184454752888, 0.099999904633, 0.024390220642)  # fmt: skip
+    assert (got.one_thousandth, got.five_thousandths, got.messages) == (0.6, 0.8, ())
+
+
+def test_worked_example_float16_v2_figures() -> None:
+    got = compare_arrays(np.array(N12, np.float16), np.array(B12, np.float16))
+    assert (got.cosine, got.euc_dist, got.max_abs_err, got.max_relative_err) == (
+        0.999908, 0.10203559433946092, 0.1015625, 0.024761904031)  # fmt: skip
+    assert (got.one_thousandth, got.five_thousandths) == (0.6, 0.8)  # v1 printed Nan / 0.4 / 0.6 here
+
+
+# --- §4.2, one case each --------------------------------------------------------------------------
+
+
+def test_not_float_convertible_is_unreadable() -> None:
+    got = compare_arrays(np.array(["a", "b"]), np.array(["a", "b"]))
+    assert got == TensorMetrics.all_cells("unsupported", tm.MSG_UNREADABLE)
+
+
+def test_empty_npu_is_unsupported() -> None:
+    got = compare_arrays(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32))
+    assert got == TensorMetrics.all_cells("unsupported", "This is empty data, can not compare.")
+
+
+def test_shape_mismatch() -> None:
+    got = compare_arrays(np.ones((2, 3)), np.ones((3, 2)))
+    assert got.cosine == got.max_abs_err == got.five_thousandths == "shape unmatched"
+    assert got.messages == ("Shape of NPU and bench tensor do not match. Skipped.",)
+
+
+def test_zero_d_computes_only_max_errors_with_the_message_once() -> None:
+    got = compare_arrays(np.array(2.0, np.float32), np.array(2.5, np.float32))
+    assert (got.cosine, got.euc_dist, got.one_thousandth, got.five_thousandths) == ("unsupported",) * 4
+    re_fp32 = float(np.float32(0.5) / np.float32(2.5))  # RE in T = float32
+    assert (got.max_abs_err, got.max_relative_err) == (0.5, _fmt(re_fp32))
+    assert got.messages == (tm.MSG_ZERO_D,)
+
+
+def test_zero_d_nan_reports_nan_max_errors() -> None:
+    got = compare_arrays(np.array(np.nan), np.array(1.0))
+    assert (got.max_abs_err, got.max_relative_err) == ("Nan", "Nan")
+    assert got.messages == (tm.MSG_ZERO_D, tm.MSG_MAX_ABS_NAN, tm.MSG_MAX_REL_NAN)
+
+
+def test_nan_positions_differ_gives_na() -> None:
+    got = compare_arrays(np.array([1.0, np.nan, 3.0]), np.array([1.0, 2.0, np.nan]))
+    assert got == TensorMetrics.all_cells("N/A", tm.MSG_NAN_INF_POSITION)
+
+
+def test_nan_and_inf_at_identical_positions_are_zeroed_and_counted_equal() -> None:
+    n = np.array([1.0, np.nan, np.inf, -np.inf, 2.0])
+    b = np.array([1.0, np.nan, np.inf, -np.inf, 2.2])
+    got = compare_arrays(n, b)
+    assert got.messages == ()
+    assert got.one_thousandth == 0.8 and got.five_thousandths == 0.8  # 4 of 5 equal, over all 5 elements
+    assert got.max_abs_err == _fmt(0.2000000000000002) and got.max_abs_err_index == 4
+    assert got == compare_arrays(np.array([1.0, 0, 0, 0, 2.0]), np.array([1.0, 0, 0, 0, 2.2]))
+
+
+def test_plus_inf_against_minus_inf_is_a_difference() -> None:
+    got = compare_arrays(np.array([1.0, np.inf]), np.array([1.0, -np.inf]))
+    assert got == TensorMetrics.all_cells("N/A", tm.MSG_NAN_INF_POSITION)
+
+
+def test_nan_against_inf_is_a_difference() -> None:
+    got = compare_arrays(np.array([1.0, np.nan], np.float16), np.array([1.0, np.inf], np.float16))
+    assert got.cosine == "N/A"
+
+
+def test_dtype_mismatch_is_reported_and_metrics_computed() -> None:
+    got = compare_arrays(np.array([1.0, 2.0], np.float16), np.array([1.0, 2.0], np.float32))
+    assert got.messages == ("Dtype of NPU and bench tensor do not match.",)
+    assert got.cosine == 1.0 and got.max_abs_err == 0.0
+
+
+def test_cosine_of_length_one_vector_is_unsupported() -> None:
+    got = compare_arrays(np.array([3.0]), np.array([3.0]))
+    assert got.cosine == "unsupported" and got.messages == (tm.MSG_LENGTH_ONE,)
+    assert got.max_abs_err == 0.0 and got.one_thousandth == 1.0
+
+
+def test_cosine_of_two_zero_tensors_is_one() -> None:
+    got = compare_arrays(np.zeros(4, np.float32), np.zeros(4, np.float32))
+    assert got.cosine == 1.0 and got.messages == () and got.max_relative_err == 0.0
+
+
+@pytest.mark.parametrize(("n", "b", "message"), [
+    ([0.0, 0.0], [1.0, 2.0], tm.MSG_COSINE_NPU_ZERO),
+    ([1.0, 2.0], [0.0, 0.0], tm.MSG_COSINE_BENCH_ZERO),
+])  # fmt: skip
+def test_cosine_with_one_zero_side_is_nan(n: list[float], b: list[float], message: str) -> None:
+    got = compare_arrays(np.array(n), np.array(b))
+    assert got.cosine == "Nan" and got.messages == (message,)
+
+
+def test_cosine_overflow_to_nan_is_reported() -> None:
+    got = compare_arrays(np.array([1e300, 1e300]), np.array([1e300, 1e300]))
+    assert got.cosine == "Nan" and tm.MSG_COSINE_NAN in got.messages
+
+
+def test_float16_bench_zero_uses_float32_epsilon_not_nan() -> None:
+    # msprobe v1 added float64 eps in float16 (rounded away): 0/0 = NaN poisoned MaxRelativeErr
+    got = compare_arrays(np.array([0.0, 1e-3, 1.0], np.float16), np.array([0.0, 0.0, 1.0], np.float16))
+    expected_re = float(np.float32(np.float16(1e-3)) / np.float32(np.finfo(np.float32).eps))
+    assert got.max_relative_err == _fmt(float(np.float32(expected_re)))
+    assert got.one_thousandth == _fmt(2 / 3)
+
+
+def test_ratio_threshold_is_strict_and_compared_in_float32() -> None:
+    b = np.float32(1.0)
+    n = np.nextafter(np.float32(1.001), np.float32(0))  # RE just below 0.001 in float32 arithmetic
+    re = abs((n - b) / b)
+    got = compare_arrays(np.array([n, b], np.float32), np.array([b, b], np.float32))
+    assert got.one_thousandth == (1.0 if re < np.float32(0.001) else 0.5)
+    exact = compare_arrays(np.array([1005.0, 1.0]), np.array([1000.0, 1.0]))
+    assert exact.max_relative_err == 0.005 and exact.five_thousandths == 0.5  # 0.005 is not < 0.005
+    at_one = compare_arrays(np.array([1001.0, 1.0]), np.array([1000.0, 1.0]))
+    assert at_one.max_relative_err == 0.001 and at_one.one_thousandth == 0.5
+
+
+def test_cosine_rounding_six_and_twelve_decimals() -> None:
+    high = compare_arrays(np.array([1.0, 1.0, 1.0]), np.array([1.0, 1.0, 1.001]))
+    assert high.cosine == round(_fmt(3.001 / (math.sqrt(3) * math.sqrt(2 + 1.001**2))), 6)
+    low = compare_arrays(np.array([1.0, 0.0]), np.array([1.0, 1.0]))
+    assert low.cosine == _fmt(1 / math.sqrt(2))
+
+
+def test_int_and_bool_pairs_use_float64_relative_error() -> None:
+    got = compare_arrays(np.array([1, 0, 5], np.int64), np.array([1, 0, 4], np.int64))
+    assert got.max_relative_err == 0.25 and got.max_abs_err == 1.0 and got.max_abs_err_index == 2
+    flags = compare_arrays(np.array([True, False, True]), np.array([True, True, True]))
+    assert flags.max_abs_err == 1.0 and flags.one_thousandth == _fmt(2 / 3)
