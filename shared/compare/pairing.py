@@ -32,7 +32,7 @@ FLOAT_FAMILY = frozenset({
 
 @dataclass(slots=True)
 class Pairing:
-    """``bench_index[i]``: the bench row paired with NPU row ``i`` (-1: none); ``bench_only`` in bench order."""
+    """``bench_index[i]``: the bench row paired with NPU row ``i`` (-1: none); ``bench_only``: the rest."""
 
     bench_index: list[int]
     bench_only: list[int] = field(default_factory=list)
@@ -48,8 +48,8 @@ def renumber_backward(entry_names: Iterable[str]) -> dict[str, str]:
     entries of the same op seen before it in this dump. Returns only the names that change.
 
     ``Functional.linear.1.backward`` (shifted by a recomputed forward) becomes
-    ``Functional.linear.0.backward`` when it is the first linear backward of the dump; module backwards (``Module.fc.Linear.backward.3``)
-    are counted the same way. Forward names never change.
+    ``Functional.linear.0.backward`` when it is the first linear backward of the dump; module backwards
+    (``Module.fc.Linear.backward.3``) are counted the same way. Forward names never change.
     """
     seen: dict[tuple[str, str], int] = {}
     renamed: dict[str, str] = {}

@@ -1,10 +1,10 @@
 """Statistics mode (compare.md §5, msprobe v1 column): diffs of the dumped Max/Min/Mean/Norm, NPU − bench.
 
 Per statistic ``s`` the diff is ``s(N) - s(B)`` and the relative error the string
-``f"{abs(d / s(B) * 100)}%"`` (Python float repr, no rounding). The table cases fall out of IEEE arithmetic: a NaN diff (NaN on a side, or
-the same infinity on both) is ``Nan``/``Nan``; a zero bench gives ``N/A``; an infinite NPU gives ``inf%``; an
-infinite bench ``nan%``; +inf vs -inf gives an infinite diff (a difference, not "equal" as msprobe's tensor
-path thinks). Bool, strings and None are not numbers: ``N/A``/``N/A``.
+``f"{abs(d / s(B) * 100)}%"`` (Python float repr, no rounding). The table cases fall out of IEEE arithmetic:
+a NaN diff (NaN on a side, or the same infinity on both) is ``Nan``/``Nan``; a zero bench gives ``N/A``; an
+infinite NPU gives ``inf%``; an infinite bench ``nan%``; +inf vs -inf gives an infinite diff (a difference,
+not "equal" as msprobe's tensor path thinks). Bool, strings and None are not numbers: ``N/A``/``N/A``.
 """
 
 from __future__ import annotations

@@ -342,7 +342,7 @@ def load_stack(path: str | Path) -> dict[str, list[str]]:
 
 
 def load_construct(path: str | Path) -> dict[str, str | None]:
-    """Read construct.json into ``{node: parent or None}`` (``""``, Megatron's ``[parent, step]`` normalised)."""
+    """Read construct.json into ``{node: parent or None}`` (``""``, Megatron's ``[parent, n]`` normalised)."""
     path = Path(path)
     doc = read_json(path, "construct.json")
     if not isinstance(doc, dict):
