@@ -1,0 +1,114 @@
+"""API-level capture (L1, mix): one ``TorchFunctionMode`` sees every ``torch.*``, ``torch.nn.functional.*``
+and Tensor method call, with no API list and no monkeypatching.
+
+While ``__torch_function__`` runs, torch pops the mode, so the calls an API makes internally (and the
+tool's own statistics) are not seen: only outermost calls are recorded, as msprobe's depth guard does.
+
+torch.compile: ops run by a compiled graph are not captured. Dynamo traces ``__torch_function__`` with
+``is_compiling()`` true, and at run time the graph's ops come from generated code (``<eval_with_key>``,
+inductor or AOT-autograd files); each such graph call becomes one marker entry
+``Torch.compiled_region.{n}.forward`` and a warning is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode, resolve_name
+
+from parity.client.naming_rules import OPERATOR_METHODS, api_name, operator_dunder
+from parity.client.recorder import Recorder
+
+__all__ = ["ApiMode", "COMPILED_MARKER"]
+
+log = logging.getLogger(__name__)
+
+COMPILED_MARKER = "Torch.compiled_region"
+_COMPILED_FILES = ("<eval_with_key>", "torchinductor", f"{torch.__path__[0]}/_dynamo/",
+                   f"{torch.__path__[0]}/_inductor/", f"{torch.__path__[0]}/_functorch/")  # fmt: skip
+_is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
+_warned_compile = False
+
+# Cache per func object: (prefix.api, is_operator_candidate) or None for an ignored call.
+_Name = tuple[str, str, bool] | None
+
+
+class ApiMode(TorchFunctionMode):
+    """Routes each outermost torch call to :meth:`Recorder.record_api`."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self._names: dict[Any, _Name] = {}
+        self._compiled_code: dict[CodeType, bool] = {}
+        self._compiled_frame: FrameType | None = None
+
+    def _resolve(self, func: Any) -> _Name:
+        try:
+            resolved = resolve_name(func)
+        except Exception:  # resolve_name builds an index of torch's namespace; never fail a call over a name
+            resolved = None
+        pa = api_name(resolved, func)
+        name: _Name = None if pa is None else (pa[0], pa[1], pa[0] == "Tensor" and pa[1] in OPERATOR_METHODS)
+        self._names[func] = name
+        return name
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:  # fmt: skip
+        if kwargs is None:
+            kwargs = {}
+        if _is_compiling():
+            return func(*args, **kwargs)
+        try:
+            name = self._names[func]
+        except (KeyError, TypeError):
+            name = self._resolve(func) if _hashable(func) else None
+        if name is None:
+            return func(*args, **kwargs)
+        frame = sys._getframe(1)
+        code = frame.f_code
+        compiled = self._compiled_code.get(code)
+        if compiled is None:
+            compiled = self._compiled_code[code] = code.co_filename.startswith(_COMPILED_FILES) or (
+                "torchinductor" in code.co_filename
+            )
+        if compiled:
+            self._mark_compiled(frame)
+            return func(*args, **kwargs)
+        if self._compiled_frame is not None:
+            self._compiled_frame = None
+        prefix, api, operator = name
+        if operator:
+            api = operator_dunder(api, frame) or api
+        return self.recorder.record_api(f"{prefix}.{api}", func, args, kwargs, frame)
+
+    def _mark_compiled(self, frame: FrameType) -> None:
+        """One marker per compiled-graph call (the graph's frame); its ops are not captured."""
+        global _warned_compile
+        if frame is self._compiled_frame:
+            return
+        self._compiled_frame = frame  # held (not an id) so a new call cannot reuse the address
+        if not _warned_compile:
+            _warned_compile = True
+            log.warning("parity: ops inside torch.compile regions are not captured; each compiled call is "
+                        "recorded as one '%s' marker entry", COMPILED_MARKER)  # fmt: skip
+        rec = self.recorder
+        n = rec.api_counts.get(COMPILED_MARKER, 0)
+        rec.api_counts[COMPILED_MARKER] = n + 1
+        name = f"{COMPILED_MARKER}.{n}.forward"
+        if rec.selected(name):
+            rec.data[name] = {"input_args": [], "input_kwargs": {}, "output": []}
+            rec.dirty = True
+
+
+def _hashable(func: Any) -> bool:
+    try:
+        hash(func)
+    except TypeError:
+        return False
+    return True

@@ -1,0 +1,211 @@
+"""config.json (dump-format.md §2) parsed and validated once, at ``PrecisionDebugger`` construction.
+
+Every field is checked against its allowed values, and an unknown field is an error rather than a silent
+no-op, so a typo (``"levle"``) fails before training starts instead of producing an empty dump hours later.
+Constructor arguments win over the file; ``PARITY_SERVER`` / ``PARITY_TOKEN`` fill in ``server`` / ``token``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parity.client.errors import ConfigError
+
+__all__ = ["DebuggerConfig", "load_config", "parse_index_list"]
+
+TASKS = ("statistics", "tensor")
+LEVELS = ("L0", "L1", "mix")
+SUMMARY_MODES = ("statistics", "md5")
+DATA_MODES = ("all", "forward", "backward", "input", "output")
+COMMON_FIELDS = (
+    "task", "dump_path", "rank", "step", "level", "async_dump", "extra_info",
+    "server", "run_name", "project", "tags", *TASKS,
+)  # fmt: skip
+TASK_FIELDS = ("scope", "list", "data_mode", "summary_mode")
+
+
+@dataclass(frozen=True)
+class DebuggerConfig:
+    """The validated configuration; ``steps``/``ranks`` of None mean "all"."""
+
+    task: str = "statistics"
+    dump_path: Path = Path("./dump_path")
+    level: str = "L1"
+    ranks: frozenset[int] | None = None
+    steps: frozenset[int] | None = None
+    async_dump: bool = False
+    extra_info: bool = True
+    scope: tuple[str, ...] = ()
+    api_list: tuple[str, ...] = ()
+    data_mode: frozenset[str] = frozenset({"all"})
+    summary_mode: str = "statistics"
+    server: str | None = None
+    run_name: str | None = None
+    project: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    token: str | None = None
+
+    def wants(self, direction: str, io: str) -> bool:
+        """Whether ``data_mode`` keeps this direction (forward/backward) and side (input/output)."""
+        modes = self.data_mode
+        if "all" in modes:
+            return True
+        dirs = modes & {"forward", "backward"} or {"forward", "backward"}
+        ios = modes & {"input", "output"} or {"input", "output"}
+        return direction in dirs and io in ios
+
+    @property
+    def max_step(self) -> int | None:
+        return max(self.steps) if self.steps else None
+
+
+def parse_index_list(value: Any, field_name: str, source: str | None = None) -> frozenset[int] | None:
+    """Parse ``rank``/``step``: a list of ints, ``"N"`` or inclusive ``"a-b"`` ranges; ``[]`` = all."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError(field_name, f'must be a list of ints, "N" or "a-b" strings, got {value!r}', source=source)
+    out: set[int] = set()
+    for item in value:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            out.add(item)
+            continue
+        if isinstance(item, str):
+            text = item.strip()
+            lo, sep, hi = text.partition("-")
+            try:
+                if not sep:
+                    out.add(int(text))
+                    if int(text) < 0:
+                        raise ValueError
+                    continue
+                a, b = int(lo), int(hi)
+            except ValueError:
+                a, b = -1, -1
+            if 0 <= a <= b:
+                out.update(range(a, b + 1))
+                continue
+        raise ConfigError(
+            field_name, f'bad item {item!r}: allowed are ints >= 0, "N" and ranges "a-b" with a <= b', source=source
+        )
+    return frozenset(out) if out else None
+
+
+def _choice(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str, where: str, src: str | None) -> str:
+    value = raw.get(key, default)
+    if value not in allowed:
+        raise ConfigError(where, f"{value!r} is not allowed; allowed: {', '.join(allowed)}", source=src)
+    return str(value)
+
+
+def _bool(raw: Mapping[str, Any], key: str, default: bool, src: str | None) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"must be true or false, got {value!r}", source=src)
+    return value
+
+
+def _str_list(value: Any, where: str, src: str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(where, f"must be a list of strings, got {value!r}", source=src)
+    return tuple(value)
+
+
+def _opt_str(raw: Mapping[str, Any], key: str, src: str | None) -> str | None:
+    value = raw.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(key, f"must be a string, got {value!r}", source=src)
+    return value
+
+
+def _task_section(raw: Any, task: str, src: str | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(task, f"must be an object with fields {', '.join(TASK_FIELDS)}", source=src)
+    for key in raw:
+        if key not in TASK_FIELDS:
+            raise ConfigError(
+                f"{task}.{key}", f"unknown field; allowed: {', '.join(TASK_FIELDS)}", source=src
+            )
+    return raw
+
+
+def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: Any) -> DebuggerConfig:
+    """Read ``config_path`` (optional), apply non-None ``overrides`` (constructor arguments), validate."""
+    src = str(config_path) if config_path is not None else None
+    raw: dict[str, Any] = {}
+    if config_path is not None:
+        try:
+            raw = json.loads(Path(config_path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError("config_path", f"cannot read the config file: {exc}", source=src) from exc
+        except json.JSONDecodeError as exc:
+            raise ConfigError("config_path", f"not valid JSON: {exc}", source=src) from exc
+        if not isinstance(raw, dict):
+            raise ConfigError("config_path", "the top level must be a JSON object", source=src)
+    for key in raw:
+        if key not in COMMON_FIELDS:
+            raise ConfigError(key, f"unknown field; allowed: {', '.join(COMMON_FIELDS)}", source=src)
+    token = overrides.pop("token", None)
+    for key, value in overrides.items():
+        if key not in COMMON_FIELDS:
+            raise ConfigError(key, f"unknown argument; allowed: {', '.join(COMMON_FIELDS)}")
+        if value is not None:
+            raw[key] = value
+    task = _choice(raw, "task", TASKS, "statistics", "task", src)
+    level = _choice(raw, "level", LEVELS, "L1", "level", src)
+    for other in TASKS:
+        if other != task and other in raw:
+            _task_section(raw[other], other, src)  # still validated: a typo there is a typo
+    section = _task_section(raw.get(task), task, src)
+    scope = _str_list(section.get("scope"), f"{task}.scope", src)
+    if len(scope) not in (0, 2):
+        raise ConfigError(f"{task}.scope", f"must list exactly 2 entry names (first, last), got {len(scope)}",
+                          source=src)  # fmt: skip
+    data_mode = _str_list(section.get("data_mode", ["all"]), f"{task}.data_mode", src)
+    bad = [m for m in data_mode if m not in DATA_MODES]
+    if bad or not data_mode:
+        raise ConfigError(f"{task}.data_mode", f"{bad or data_mode!r} not allowed; allowed: "
+                          f"{', '.join(DATA_MODES)} (\"all\" alone)", source=src)  # fmt: skip
+    if "all" in data_mode and len(data_mode) > 1:
+        raise ConfigError(f"{task}.data_mode", '"all" cannot be combined with other modes', source=src)
+    summary_mode = _choice(section, "summary_mode", SUMMARY_MODES, "statistics", f"{task}.summary_mode", src)
+    async_dump = _bool(raw, "async_dump", False, src)
+    if async_dump and summary_mode == "md5":
+        raise ConfigError("async_dump", 'cannot be combined with summary_mode "md5"', source=src)
+    dump_path = raw.get("dump_path", "./dump_path")
+    if not isinstance(dump_path, (str, os.PathLike)) or not str(dump_path):
+        raise ConfigError("dump_path", f"must be a non-empty path string, got {dump_path!r}", source=src)
+    tags = raw.get("tags") or {}
+    if isinstance(tags, list) and all(isinstance(t, str) for t in tags):
+        tags = {t: "" for t in tags}
+    if not isinstance(tags, dict):
+        raise ConfigError("tags", f"must be an object of strings or a list of strings, got {tags!r}", source=src)
+    return DebuggerConfig(
+        task=task,
+        dump_path=Path(dump_path),
+        level=level,
+        ranks=parse_index_list(raw.get("rank"), "rank", src),
+        steps=parse_index_list(raw.get("step"), "step", src),
+        async_dump=async_dump,
+        extra_info=_bool(raw, "extra_info", True, src),
+        scope=scope,
+        api_list=_str_list(section.get("list"), f"{task}.list", src),
+        data_mode=frozenset(data_mode),
+        summary_mode=summary_mode,
+        server=_opt_str(raw, "server", src) or os.environ.get("PARITY_SERVER") or None,
+        run_name=_opt_str(raw, "run_name", src),
+        project=_opt_str(raw, "project", src),
+        tags={str(k): str(v) for k, v in tags.items()},
+        token=token or os.environ.get("PARITY_TOKEN") or None,
+    )

@@ -1,0 +1,229 @@
+"""``PrecisionDebugger``: msprobe's three-line interface over Parity's capture (dump-format.md §1).
+
+    debugger = PrecisionDebugger(dump_path="./dump", level="mix")
+    for batch in loader:
+        debugger.start(model); loss = model(batch).sum(); loss.backward(); debugger.stop(); debugger.step()
+
+A process-wide singleton whose ``start``/``stop``/``step`` are classmethods, so they can be called from any
+file. Output: ``dump_path/step{N}/rank{R}/`` (rank 0 unless torch.distributed is initialised).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from parity.client.api_mode import ApiMode
+from parity.client.config import DebuggerConfig, load_config
+from parity.client.distributed import DistributedPatch
+from parity.client.errors import CaptureError
+from parity.client.modules import ModuleHooks
+from parity.client.recorder import Recorder
+
+__all__ = ["PrecisionDebugger", "seed_all"]
+
+log = logging.getLogger(__name__)
+
+
+def seed_all(seed: int = 1234, mode: bool = False) -> None:
+    """Seed python, numpy and torch; ``mode=True`` also asks torch for deterministic algorithms."""
+    random.seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:  # numpy is optional for training scripts
+        pass
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    torch.use_deterministic_algorithms(mode)
+    if mode:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def _current_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+class PrecisionDebugger:
+    """Process-wide dump controller; see the module docstring."""
+
+    _instance: PrecisionDebugger | None = None
+    _lock = threading.Lock()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PrecisionDebugger:
+        with cls._lock:
+            if cls._instance is None:
+                inst = super().__new__(cls)
+                inst._initialised = False
+                cls._instance = inst
+            return cls._instance
+
+    def __init__(
+        self,
+        config_path: str | os.PathLike[str] | None = None,
+        task: str | None = None,
+        dump_path: str | os.PathLike[str] | None = None,
+        level: str | None = None,
+        step: Any = None,
+        *,
+        server: str | None = None,
+        run_name: str | None = None,
+        project: str | None = None,
+        tags: Any = None,
+        token: str | None = None,
+    ) -> None:
+        if self._initialised:  # msprobe: a second construction is a no-op
+            return
+        self.config: DebuggerConfig = load_config(
+            config_path, task=task, dump_path=str(dump_path) if dump_path is not None else None, level=level,
+            step=step, server=server, run_name=run_name, project=project, tags=tags, token=token,
+        )  # fmt: skip
+        self._initialised = True
+        self.current_step = 0
+        self.recorder: Recorder | None = None
+        self.running = False
+        self.finished = False  # past the last configured step: nothing more is ever dumped
+        self._mode: ApiMode | None = None
+        self._modules = ModuleHooks(self._active_recorder)
+        self._dist = DistributedPatch(self._active_recorder)
+        self._uploader: Any = None
+        self._submitted: set[tuple[int, int]] = set()
+        atexit.register(self._at_exit)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    @classmethod
+    def _get(cls) -> PrecisionDebugger:
+        inst = cls._instance
+        if inst is None or not inst._initialised:
+            raise CaptureError("PrecisionDebugger() must be constructed before start/stop/step")
+        return inst
+
+    def _active_recorder(self) -> Recorder | None:
+        return self.recorder if self.running else None
+
+    def _step_enabled(self, rank: int) -> bool:
+        cfg = self.config
+        if self.finished:
+            return False
+        if cfg.steps is not None and self.current_step not in cfg.steps:
+            return False
+        return cfg.ranks is None or rank in cfg.ranks
+
+    # --------------------------------------------------------------------------------------- public API
+    @classmethod
+    def start(cls, model: nn.Module | list[nn.Module] | tuple[nn.Module, ...] | None = None) -> None:
+        """Start (or resume) dumping the current step; ``model`` is required at L0 and mix."""
+        self = cls._get()
+        cfg = self.config
+        if cfg.level in ("L0", "mix") and model is None:
+            raise CaptureError(f"level {cfg.level} records modules: pass the model, start(model)")
+        if self.running:
+            return
+        rank = _current_rank()
+        if not self._step_enabled(rank):
+            return
+        if self.recorder is None or self.recorder.rank != rank or self.recorder.step != self.current_step:
+            if self.recorder is not None:
+                self.recorder.close()
+            self.recorder = Recorder(cfg, rank, self.current_step)
+        if model is not None and cfg.level in ("L0", "mix"):
+            self._modules.attach(model)
+        self.running = True
+        if cfg.level in ("L1", "mix"):
+            self._dist.install()
+            self._mode = ApiMode(self.recorder)
+            self._mode.__enter__()
+
+    @classmethod
+    def stop(cls) -> None:
+        """Stop dumping and flush what the step holds so far (start may be called again in the same step)."""
+        self = cls._get()
+        if not self.running:
+            return
+        self.running = False
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        self._dist.restore()
+        if self.recorder is not None:
+            self.recorder.flush()
+
+    @classmethod
+    def step(cls) -> None:
+        """Finish the step: flush, hand the rank directory to the uploader, reset counters, step += 1."""
+        self = cls._get()
+        was_running = self.running
+        if was_running:
+            cls.stop()
+        self._finish_step()
+        self.current_step += 1
+        max_step = self.config.max_step
+        if max_step is not None and self.current_step > max_step and not self.finished:
+            self.finished = True
+            self._modules.detach()
+            log.info("parity: last configured step %d dumped; capture is off from now on", max_step)
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    def _finish_step(self) -> None:
+        rec = self.recorder
+        if rec is None or rec.step != self.current_step:
+            return
+        rank_dir = rec.flush()  # catches API backward hooks that fired after stop() (§1.3)
+        if rank_dir is not None:
+            self._submit(rec.step, rec.rank, rank_dir)
+        rec.close()
+        self.recorder = None
+
+    def _submit(self, step: int, rank: int, rank_dir: Path) -> None:
+        cfg = self.config
+        if not cfg.server or (step, rank) in self._submitted:
+            return
+        self._submitted.add((step, rank))
+        try:
+            if self._uploader is None:
+                from parity.client.uploader import BackgroundUploader
+
+                self._uploader = BackgroundUploader(cfg.server, run_name=cfg.run_name, project=cfg.project,
+                                                    tags=dict(cfg.tags), token=cfg.token)  # fmt: skip
+            self._uploader.submit_rank_dir(step, rank, rank_dir)
+        except Exception as exc:  # the upload is best effort: never break the training loop over it
+            log.warning("parity: could not hand %s to the uploader: %s", rank_dir, exc)
+
+    def _at_exit(self) -> None:
+        try:
+            if self.running:
+                type(self).stop()
+            self._finish_step()
+        except Exception as exc:  # interpreter shutdown: report, do not raise
+            log.warning("parity: final flush failed: %s", exc)
+        if self._uploader is not None:
+            try:
+                self._uploader.close()
+            except Exception as exc:
+                log.warning("parity: closing the uploader failed: %s", exc)
+            self._uploader = None
+
+    @classmethod
+    def reset(cls) -> None:
+        """Flush, remove every hook and forget the singleton (tests, or a second independent dump)."""
+        inst = cls._instance
+        if inst is not None and inst._initialised:
+            inst._at_exit()
+            inst._modules.detach()
+            atexit.unregister(inst._at_exit)
+        cls._instance = None

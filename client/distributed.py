@@ -1,0 +1,116 @@
+"""``Distributed.*`` capture: the few collectives that bypass ``TorchFunctionMode``, wrapped while running.
+
+``torch.distributed`` functions call into C++ directly, so the function mode never sees them; this is the
+one place with a (short, documented) list, msprobe's ``Distributed`` namespace. Each wrapper records the
+inputs before the call and, as ``output``, the post-call values of all args then all kwarg values (the
+communication is in place, §4.2). For ``async_op=True`` (and ``isend``/``irecv``) the output is recorded when
+the returned ``Work`` is waited on: ``Work.wait`` is wrapped for that, and everything is restored at stop.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from parity.client.recorder import Recorder
+from parity.client.stats import quiet
+
+__all__ = ["COLLECTIVES", "DistributedPatch"]
+
+#: The wrapped ``torch.distributed`` functions.
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
+    "isend", "irecv", "barrier",
+)  # fmt: skip
+_ASYNC_ALWAYS = ("isend", "irecv")
+
+
+class DistributedPatch:
+    """Installs the wrappers on ``torch.distributed`` and ``distributed_c10d``; :meth:`restore` undoes it."""
+
+    def __init__(self, get_recorder: Callable[[], Recorder | None]) -> None:
+        self._get = get_recorder
+        self._saved: list[tuple[Any, str, Any]] = []
+        # id(Work) -> (the Work, kept alive so its id is not reused; recorder, entry, name, args, kwargs)
+        self._pending: dict[int, tuple[Any, Recorder, dict[str, Any], str, tuple[Any, ...], dict[str, Any]]] = {}
+
+    def install(self) -> None:
+        import torch.distributed as dist
+
+        if self._saved or not dist.is_available():
+            return
+        c10d = dist.distributed_c10d
+        for name in COLLECTIVES:
+            orig = getattr(c10d, name, None)
+            if orig is None:
+                continue
+            wrapper = self._wrap(name, orig)
+            for ns in (dist, c10d):
+                if getattr(ns, name, None) is orig:
+                    self._saved.append((ns, name, orig))
+                    setattr(ns, name, wrapper)
+        work = getattr(c10d, "Work", None)
+        if work is not None:
+            orig_wait = work.wait
+            self._saved.append((work, "wait", orig_wait))
+            patch = self
+
+            def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+                result = orig_wait(self, *args, **kwargs)
+                patch._complete(self)
+                return result
+
+            work.wait = wait
+
+    def restore(self) -> None:
+        for ns, name, orig in reversed(self._saved):
+            setattr(ns, name, orig)
+        self._saved.clear()
+
+    def _wrap(self, api: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        prefix_api = f"Distributed.{api}"
+
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            rec = self._get()
+            if rec is None:
+                return orig(*args, **kwargs)
+            n = rec.api_counts.get(prefix_api, 0)
+            name = f"{prefix_api}.{n}.forward"
+            if rec.mix:
+                rec.api_parent(name)
+            selected = rec.selected(name)
+            entry: dict[str, Any] = {}
+            if selected:
+                with rec.lock, quiet():
+                    if rec.want_fwd_in:
+                        entry.update(rec.encode_inputs(name, args, kwargs))
+                    rec.data[name] = entry
+            with torch._C.DisableTorchFunction():  # the collective's own tensor calls are not APIs
+                result = orig(*args, **kwargs)
+            rec.api_counts[prefix_api] = n + 1
+            if selected and rec.want_fwd_out:
+                if result is not None and (kwargs.get("async_op") or api in _ASYNC_ALWAYS):
+                    self._pending[id(result)] = (result, rec, entry, name, args, kwargs)
+                else:
+                    self._record_output(rec, entry, name, args, kwargs)
+            return result
+
+        return wrapper
+
+    @staticmethod
+    def _record_output(rec: Recorder, entry: dict[str, Any], name: str, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> None:  # fmt: skip
+        with rec.lock, quiet():
+            values = [*args, *kwargs.values()]
+            entry["output"] = [rec.encode(v, name, "output", (i,)) for i, v in enumerate(values)]
+
+    def _complete(self, work: Any) -> None:
+        pending = self._pending.pop(id(work), None)
+        if pending is not None:
+            _, rec, entry, name, args, kwargs = pending
+            self._record_output(rec, entry, name, args, kwargs)

@@ -1,0 +1,317 @@
+"""The per-process dump state of one step: entries, counters, filters, stacks, construct, and the flush.
+
+Capture front-ends (the function mode in :mod:`parity.client.api_mode`, module hooks in
+:mod:`parity.client.modules`, collective wrappers in :mod:`parity.client.distributed`) call into one
+:class:`Recorder`; it owns naming (§5), the ``scope``/``list``/``data_mode`` filters, value encoding (§4.3)
+and writing the rank directory (§3) through :class:`parity.shared.dump.writer.RankDirWriter`.
+"""
+
+from __future__ import annotations
+
+import linecache
+import logging
+import os
+import sys
+import threading
+import zlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+
+from parity.client.config import DebuggerConfig
+from parity.client.stats import StatsBuffer, quiet
+from parity.client.tensor_writer import TensorWriter
+from parity.shared.dump.naming import backward_of, tensor_file
+from parity.shared.dump.writer import RankDirWriter
+
+__all__ = ["Recorder"]
+
+log = logging.getLogger(__name__)
+
+Tensor = torch.Tensor
+_SCALARS = (bool, int, float, str)
+# Frames of the tool itself are dropped from stack.json (the user wants their own code, not ours).
+_TOOL_DIRS = tuple(
+    os.path.dirname(os.path.abspath(p)) + os.sep
+    for p in (__file__, sys.modules["parity.shared.dump.writer"].__file__ or "")
+)
+
+
+def first_tensor(value: Any) -> Tensor | None:
+    """The first tensor of an output, walking tuples/lists/dicts in order (msprobe's backward anchor)."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            t = first_tensor(v)
+            if t is not None:
+                return t
+    elif isinstance(value, dict):
+        for v in value.values():
+            t = first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
+    """Every tensor in ``value`` that requires grad, flattened in order."""
+    if isinstance(value, Tensor):
+        if value.requires_grad:
+            out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            grad_tensors(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            grad_tensors(v, out)
+    return out
+
+
+class Recorder:
+    """Entries of the current step for one rank, and everything needed to name and flush them."""
+
+    def __init__(self, cfg: DebuggerConfig, rank: int, step: int) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.step = step
+        self.tensors = cfg.task == "tensor"
+        self.writer = TensorWriter() if self.tensors else None
+        self.lock = threading.RLock()
+        self.want_fwd_in = cfg.wants("forward", "input")
+        self.want_fwd_out = cfg.wants("forward", "output")
+        self.want_bwd = cfg.wants("backward", "input") or cfg.wants("backward", "output")
+        self.want_bwd_in = cfg.wants("backward", "input")
+        self.want_bwd_out = cfg.wants("backward", "output")
+        self.mix = cfg.level == "mix"
+        self.modules_on = cfg.level in ("L0", "mix")
+        self.filtered = bool(cfg.scope or cfg.api_list)
+        self._reset()
+
+    # ----------------------------------------------------------------------------------------- step state
+    def _reset(self) -> None:
+        self.data: dict[str, Any] = {}
+        self.api_counts: dict[str, int] = {}
+        self.module_counts: dict[str, int] = {}
+        self.grad_counts: dict[str, int] = {}
+        self.grad_current: dict[str, dict[str, Any]] = {}
+        self.construct: dict[str, str | None] = {}
+        self.module_stack: list[str] = []
+        self.list_depth = 0  # > 0 while inside a module that matched ``list`` (mix: dump all inside)
+        self.in_scope = False
+        self.scope_done = False
+        self.selected_modules: set[str] = set()
+        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5")
+        self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
+        self.stacks: list[tuple[list[str], list[str]]] = []
+        self.rank_dir = self.cfg.dump_path / f"step{self.step}" / f"rank{self.rank}"
+        self.dir_writer = RankDirWriter(self.rank_dir)
+        self.dirty = False
+        if self.tensors:
+            self.dir_writer.prepare(tensors=True)
+
+    def next_step(self, step: int) -> None:
+        """Start a new step: counters, caches and entries all reset (§1.4)."""
+        self.step = step
+        self._reset()
+
+    # ------------------------------------------------------------------------------------------ filters
+    def selected(self, name: str) -> bool:
+        """``scope`` (inclusive range in call order) and ``list`` (full names or substrings) for one entry.
+
+        Called for every outermost call, filtered or not, because the scope range is positional."""
+        if not self.filtered:
+            return True
+        cfg = self.cfg
+        if cfg.scope:
+            if not self.in_scope and not self.scope_done and name == cfg.scope[0]:
+                self.in_scope = True
+            hit = self.in_scope
+            if self.in_scope and name == cfg.scope[1]:
+                self.in_scope, self.scope_done = False, True
+            if not hit:
+                return False
+        if cfg.api_list:
+            return self.list_depth > 0 or any(item == name or item in name for item in cfg.api_list)
+        return True
+
+    # ----------------------------------------------------------------------------------------- encoding
+    def tensor_leaf(self, t: Tensor, entry: str, category: str, path: tuple[int | str, ...]) -> dict[str, Any]:
+        data_name = None
+        if self.writer is not None:
+            data_name = tensor_file(entry, category, path)
+            self.writer.submit(self.dir_writer.tensor_dir / data_name, t)
+        self.dirty = True
+        return self.stats.leaf(t, data_name)
+
+    def encode(self, value: Any, entry: str, category: str, path: tuple[int | str, ...], key: str | None = None) -> Any:
+        """One value as a dump.json leaf (§4.3 table); ``key`` is the kwarg name (dtype/device quirks)."""
+        if isinstance(value, Tensor):
+            return self.tensor_leaf(value, entry, category, path)
+        if value is None:
+            return None
+        if isinstance(value, _SCALARS):
+            return {"type": type(value).__name__, "value": value}
+        if isinstance(value, torch.Size):
+            return {"type": "torch.Size", "value": list(value)}
+        if isinstance(value, (list, tuple)):
+            fields = getattr(value, "_fields", None)
+            if fields is not None:  # namedtuple -> object keyed by field
+                return {f: self.encode(v, entry, category, (*path, f)) for f, v in zip(fields, value)}
+            return [self.encode(v, entry, category, (*path, i)) for i, v in enumerate(value)]
+        if isinstance(value, dict):
+            return {str(k): self.encode(v, entry, category, (*path, str(k)), str(k)) for k, v in value.items()}
+        if isinstance(value, slice):
+            return {"type": "slice", "value": [_plain(value.start), _plain(value.stop), _plain(value.step)]}
+        if value is Ellipsis:
+            return {"type": "ellipsis", "value": "..."}
+        if isinstance(value, torch.dtype):
+            return {"type": "torch.dtype", "value": str(value)} if key in ("dtype", "output_dtype") else {}
+        if isinstance(value, torch.device):
+            return {"type": "torch.device", "value": f"{value.type}:{value.index}"} if key == "device" else {}
+        if isinstance(value, torch.memory_format):
+            return {"type": "torch.memory_format", "format": str(value).rsplit(".", 1)[-1]}
+        return _encode_special(value)
+
+    def encode_inputs(self, entry: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "input_args": [self.encode(v, entry, "input", (i,)) for i, v in enumerate(args)],
+            "input_kwargs": {k: self.encode(v, entry, "kwargs", (k,), k) for k, v in kwargs.items()},
+        }
+
+    def encode_output(self, entry: str, out: Any) -> list[Any]:
+        """``output`` is always a list: a lone tensor/None becomes a one-element list (§4.2)."""
+        if isinstance(out, (list, tuple)) and getattr(out, "_fields", None) is None:
+            return [self.encode(v, entry, "output", (i,)) for i, v in enumerate(out)]
+        return [self.encode(out, entry, "output", (0,))]
+
+    def encode_grads(self, entry: str, category: str, grads: Any) -> list[Any]:
+        return [self.encode(g, entry, category, (i,)) for i, g in enumerate(grads)]
+
+    # ----------------------------------------------------------------------------------- stack / construct
+    def record_stack(self, name: str, frame: FrameType | None) -> None:
+        """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped)."""
+        key: list[tuple[CodeType, int]] = []
+        f = frame
+        while f is not None:
+            code = f.f_code
+            if not code.co_filename.startswith(_TOOL_DIRS):
+                key.append((code, f.f_lineno))
+            f = f.f_back
+        k = tuple(key)
+        idx = self._stack_index.get(k)
+        if idx is None:
+            frames = [
+                f"File {c.co_filename}, line {ln}, in {c.co_name}, \n {linecache.getline(c.co_filename, ln).strip()}"
+                for c, ln in k
+            ]
+            idx = self._stack_index[k] = len(self.stacks)
+            self.stacks.append(([], frames))
+        self.stacks[idx][0].append(name)
+
+    def api_parent(self, fwd: str) -> None:
+        """mix: every API maps to the innermost active module, forward and backward (§4.5)."""
+        parent = self.module_stack[-1] if self.module_stack else None
+        self.construct[fwd] = parent
+        self.construct[backward_of(fwd)] = backward_of(parent) if parent else None
+
+    # ------------------------------------------------------------------------------------------ the API
+    def record_api(self, prefix_api: str, func: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any], frame: FrameType | None) -> Any:  # fmt: skip
+        """Run one outermost API call and record it (inputs before the call: in-place ops mutate them)."""
+        n = self.api_counts.get(prefix_api, 0)
+        fwd = f"{prefix_api}.{n}.forward"
+        if self.mix:
+            self.api_parent(fwd)
+        if not self.selected(fwd):
+            out = func(*args, **kwargs)
+            self.api_counts[prefix_api] = n + 1
+            return out
+        entry: dict[str, Any] | None = None
+        if self.want_fwd_in:
+            with torch.no_grad():
+                entry = self.encode_inputs(fwd, args, kwargs)
+            self.data[fwd] = entry
+        out = func(*args, **kwargs)
+        self.api_counts[prefix_api] = n + 1
+        if self.want_fwd_out:
+            with torch.no_grad():
+                encoded = self.encode_output(fwd, out)
+            if entry is None:
+                entry = self.data[fwd] = {}
+            entry["output"] = encoded
+        if entry is not None and self.cfg.extra_info:
+            self.record_stack(fwd, frame)
+        if self.want_bwd and torch.is_grad_enabled():
+            t = first_tensor(out)
+            if t is not None and t.grad_fn is not None:
+                t.grad_fn.register_hook(self._api_backward_hook(backward_of(fwd)))
+        return out
+
+    def _api_backward_hook(self, name: str) -> Callable[[Any, Any], None]:
+        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
+            # Node hook: grad_outputs are the grads of the API's outputs (msprobe "input"), grad_inputs the
+            # grads flowing to its inputs ("output").
+            with self.lock, quiet():
+                entry: dict[str, Any] = {}
+                if self.want_bwd_in:
+                    entry["input"] = self.encode_grads(name, "input", grad_outputs)
+                if self.want_bwd_out:
+                    entry["output"] = self.encode_grads(name, "output", grad_inputs)
+                self.data[name] = entry
+
+        return hook
+
+    # ------------------------------------------------------------------------------------------- flush
+    def flush(self) -> Path | None:
+        """Resolve statistics and rewrite the rank directory's JSON files; None when nothing was recorded."""
+        with self.lock, quiet():
+            if not self.data and not self.dirty:
+                return None
+            self.stats.resolve()
+            if self.writer is not None:
+                self.writer.drain()
+            extra = self.cfg.extra_info
+            self.dir_writer.write(
+                task=self.cfg.task,
+                level=self.cfg.level,
+                data=self.data,
+                tensors=self.tensors,
+                stacks=self.stacks if extra else None,
+                construct=(self.construct if self.modules_on else {}) if extra else None,
+            )
+            return self.rank_dir
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _plain(v: Any) -> Any:
+    return v if v is None or isinstance(v, _SCALARS) else None
+
+
+def _encode_special(value: Any) -> Any:
+    """Distributed objects, numpy values; anything else unsupported is ``null`` (§4.3)."""
+    cls = type(value).__name__
+    if cls in ("ProcessGroup", "ProcessGroupGloo", "ProcessGroupNCCL"):
+        try:
+            import torch.distributed as dist
+
+            ranks = dist.get_process_group_ranks(value)
+        except Exception:  # not a usable group (destroyed, or not a member): still a valid leaf
+            ranks = []
+        return {"type": "torch.ProcessGroup", "group_ranks": ranks,
+                "group_id": str(zlib.crc32(str(ranks).encode()) & 0xFFFFFFFF)}  # fmt: skip
+    if cls == "ReduceOp" or cls == "RedOpType":
+        return {"type": "torch.distributed.ReduceOp", "value": str(value)}
+    module = type(value).__module__
+    if module == "numpy":
+        if hasattr(value, "shape") and hasattr(value, "dtype") and cls == "ndarray":
+            return {"type": "numpy.ndarray", "dtype": str(value.dtype), "shape": list(value.shape)}
+        if hasattr(value, "item"):
+            return {"type": str(value.dtype), "value": value.item()}
+    return None

@@ -1,0 +1,85 @@
+"""Write one rank directory in the msprobe layout (dump-format.md §3, §4): dump.json, stack.json,
+construct.json, next to ``dump_tensor_data/``.
+
+Pure Python (no torch): the client hands over plain dicts whose tensor leaves are already resolved. Each file
+is written to a temporary name and renamed, so a reader (or the uploader) never sees half a JSON file; each
+flush rewrites the whole file, as msprobe does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from parity.shared.errors import DumpError
+
+__all__ = ["TENSOR_DIR", "RankDirWriter", "dump_document", "stack_document"]
+
+TENSOR_DIR = "dump_tensor_data"
+
+
+def dump_document(task: str, level: str, data: Mapping[str, Any], tensor_dir: Path | None) -> dict[str, Any]:
+    """The top-level dump.json object, keys in msprobe's order (§4.1)."""
+    return {
+        "task": task,
+        "level": level,
+        "framework": "pytorch",
+        "dump_data_dir": str(tensor_dir) if tensor_dir is not None else None,
+        "data": data,
+    }
+
+
+def stack_document(stacks: Sequence[tuple[Sequence[str], Sequence[str]]]) -> dict[str, list[list[str]]]:
+    """The deduplicated stack.json form: ``{"0": [[entry names], [frames, innermost first]], ...}``."""
+    return {str(i): [list(names), list(frames)] for i, (names, frames) in enumerate(stacks)}
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            # allow_nan (the default) writes bare NaN/Infinity tokens, exactly as msprobe does.
+            json.dump(doc, fh, indent=1)
+        os.replace(tmp, path)
+    except (OSError, TypeError, ValueError) as exc:
+        raise DumpError(path, f"cannot write: {exc}") from exc
+
+
+class RankDirWriter:
+    """Owns ``{dump_path}/step{N}/rank{R}`` and rewrites its JSON files on every flush."""
+
+    def __init__(self, rank_dir: Path) -> None:
+        self.rank_dir = Path(rank_dir)
+        self.tensor_dir = self.rank_dir / TENSOR_DIR
+
+    def prepare(self, *, tensors: bool) -> None:
+        """Create the directory (and ``dump_tensor_data/`` when tensors will be saved)."""
+        try:
+            self.rank_dir.mkdir(parents=True, exist_ok=True)
+            if tensors:
+                self.tensor_dir.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise DumpError(self.rank_dir, f"cannot create the dump directory: {exc}") from exc
+
+    def write(
+        self,
+        *,
+        task: str,
+        level: str,
+        data: Mapping[str, Any],
+        tensors: bool,
+        stacks: Sequence[tuple[Sequence[str], Sequence[str]]] | None,
+        construct: Mapping[str, str | None] | None,
+    ) -> Path:
+        """Write dump.json, and stack.json / construct.json when given (None = ``extra_info`` off)."""
+        self.prepare(tensors=tensors)
+        dump_json = self.rank_dir / "dump.json"
+        _write_json(dump_json, dump_document(task, level, data, self.tensor_dir.resolve() if tensors else None))
+        if stacks is not None:
+            _write_json(self.rank_dir / "stack.json", stack_document(stacks))
+        if construct is not None:
+            _write_json(self.rank_dir / "construct.json", dict(construct))
+        return dump_json
