@@ -1,0 +1,84 @@
+"""Fixtures of the end-to-end tests: a real ``parity server`` subprocess on 127.0.0.1 and a free port.
+
+The server runs on SQLite in a temporary data dir, and again on PostgreSQL when ``PARITY_TEST_POSTGRES_URL``
+is set (``scripts/test.sh`` exports it). One server per module and backend keeps the suite fast; tests use
+unique run names, so they never see each other's runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from parity.client.rest import ParityClient
+
+from parity.demo import ServerProcess
+from tests.factories import DumpBuilder
+
+BACKENDS = ["sqlite"] + (["postgres"] if os.environ.get("PARITY_TEST_POSTGRES_URL") else [])
+
+
+def _server_installed() -> bool:
+    return all(importlib.util.find_spec(m) for m in ("parity.commands.server", "parity.server.main"))
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A running server (module scope); its log is printed when it fails to start."""
+    if not _server_installed():
+        pytest.skip("parity.server is not installed in this checkout")
+    env = {"PARITY_WORKERS": "2"}
+    if request.param == "postgres":
+        env["PARITY_DATABASE_URL"] = os.environ["PARITY_TEST_POSTGRES_URL"]
+    extra = getattr(request.module, "SERVER_ENV", {})
+    proc = ServerProcess(tmp_path_factory.mktemp(f"server-{request.param}"), env={**env, **extra})
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def api(server: ServerProcess) -> Iterator[ParityClient]:
+    with ParityClient(server.url, token=getattr(server, "token", None)) as client:
+        yield client
+
+
+@pytest.fixture
+def unique() -> str:
+    """A suffix that makes run names unique across tests, modules and a shared PostgreSQL."""
+    return uuid.uuid4().hex[:8]
+
+
+def write_model_dump(
+    root: Path, *, ranks: tuple[int, ...] = (0,), step: int = 0, gelu_noise: float = 0.0
+) -> Path:
+    """A tensor dump of linear → gelu → linear per rank; ``gelu_noise`` perturbs gelu's output only."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    w1 = rng.standard_normal((8, 8)).astype(np.float32) * 0.3
+    w2 = rng.standard_normal((8, 8)).astype(np.float32) * 0.3
+    h = x @ w1.T
+    g = 0.5 * h * (1 + np.tanh(0.7978845608 * (h + 0.044715 * h**3)))
+    g_out = g * (1 + gelu_noise * rng.standard_normal(g.shape).astype(np.float32))
+    y = g_out @ w2.T
+    for rank in ranks:
+        b = DumpBuilder("tensor")
+        b.api("Functional.linear.0.forward", [x, w1], [h])
+        b.api("Functional.gelu.0.forward", [h], [g_out])
+        b.api("Functional.linear.1.forward", [g_out, w2], [y])
+        b.stack = {
+            "Functional.gelu.0.forward": ["File train.py, line 12, in forward, x = F.gelu(x)"],
+        }
+        b.write(root / f"step{step}" / f"rank{rank}")
+    return root
+
+
+def local_files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
