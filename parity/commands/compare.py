@@ -133,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
         out.write(f"rank {rank}: only in the NPU dump, not compared\n")
     for rank in outputs.bench_only_ranks:
         out.write(f"rank {rank}: only in the bench dump, not compared\n")
+    for rank in outputs.skipped_ranks:
+        out.write(f"rank {rank}: a dump.json is missing on one side, not compared\n")
     out.write("reports:\n")
     for path in outputs.files:
         out.write(f"  {path}\n")

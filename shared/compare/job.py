@@ -49,8 +49,9 @@ class CompareOutputs:
     xlsx: list[Path] = field(default_factory=list)
     advisors: list[Path] = field(default_factory=list)
     summary: Path | None = None
-    npu_only_ranks: list[int] = field(default_factory=list)
-    bench_only_ranks: list[int] = field(default_factory=list)
+    npu_only_ranks: list[int | None] = field(default_factory=list)
+    bench_only_ranks: list[int | None] = field(default_factory=list)
+    skipped_ranks: list[int | None] = field(default_factory=list)  # on both sides, but a dump.json is missing
 
     @property
     def files(self) -> list[Path]:
@@ -86,12 +87,10 @@ def run_compare(
     if spec.multi_rank:
         ranks = engine.compare_ranks(spec.npu_path, spec.bench_path, options, progress=progress)
         outputs.results = list(ranks.results)
-        outputs.npu_only_ranks = sorted(ranks.npu_only_ranks)
-        outputs.bench_only_ranks = sorted(ranks.bench_only_ranks)
-        for rank in outputs.npu_only_ranks:
-            logger.warning("rank %s is only in the NPU dump %s: not compared", rank, spec.npu_path)
-        for rank in outputs.bench_only_ranks:
-            logger.warning("rank %s is only in the bench dump %s: not compared", rank, spec.bench_path)
+        # The engine logs the one-sided and skipped ranks; they are kept here for the summary and the CLI.
+        outputs.npu_only_ranks = sorted(ranks.npu_only_ranks, key=_rank_order)
+        outputs.bench_only_ranks = sorted(ranks.bench_only_ranks, key=_rank_order)
+        outputs.skipped_ranks = sorted(getattr(ranks, "skipped_ranks", []), key=_rank_order)
     else:
         result = engine.compare_dumps(
             spec.npu_path, spec.bench_path, options, stack_path=spec.stack_path, progress=progress
@@ -122,6 +121,7 @@ def run_compare(
             list(zip(outputs.results, per_rank_files, strict=True)),
             npu_only_ranks=outputs.npu_only_ranks,
             bench_only_ranks=outputs.bench_only_ranks,
+            skipped_ranks=outputs.skipped_ranks,
             npu_path=str(spec.npu_path),
             bench_path=str(spec.bench_path),
         )
@@ -130,6 +130,10 @@ def run_compare(
     summary["timestamp"] = ts
     outputs.summary = write_summary(summary, out_dir / f"compare_summary_{ts}.json")
     return outputs
+
+
+def _rank_order(rank: int | None) -> int:
+    return -1 if rank is None else rank  # a bare ``rank`` directory (single process) sorts first
 
 
 def _prepare_out_dir(out_dir: Path) -> Path:

@@ -37,8 +37,9 @@ def single_rank_summary(result: CompareResult, files: Mapping[str, str | None]) 
 def multi_rank_summary(
     ranks: Sequence[tuple[CompareResult, Mapping[str, str | None]]],
     *,
-    npu_only_ranks: Sequence[int] = (),
-    bench_only_ranks: Sequence[int] = (),
+    npu_only_ranks: Sequence[int | None] = (),
+    bench_only_ranks: Sequence[int | None] = (),
+    skipped_ranks: Sequence[int | None] = (),
     npu_path: str | None = None,
     bench_path: str | None = None,
 ) -> dict[str, Any]:
@@ -56,6 +57,7 @@ def multi_rank_summary(
         "compared_ranks": [result.rank for result, _ in ranks],
         "npu_only_ranks": list(npu_only_ranks),
         "bench_only_ranks": list(bench_only_ranks),
+        "skipped_ranks": list(skipped_ranks),
         "status_counts": totals,
         "ranks": [rank_summary(result, files) for result, files in ranks],
     }
