@@ -1,0 +1,176 @@
+"""Comparisons: a real compare job in the worker pool, its rows, reports, failures and a server SIGKILL."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from sqlalchemy import create_engine, text
+
+from parity.shared.compare.headers import CompareMode, full_header
+from tests.server.conftest import (
+    ServerProcess,
+    build_dump,
+    fresh_postgres_database,
+    new_run,
+    postgres_url_or_skip,
+    upload_run,
+    wait_comparison,
+)
+
+
+def two_runs(api: httpx.Client, tmp_path: Path, ranks: tuple[int, ...] = (0,)) -> tuple[dict[str, Any], ...]:
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    target = upload_run(api, build_dump(tmp_path / "npu", perturb=0.5, ranks=ranks), project=project)
+    bench = upload_run(api, build_dump(tmp_path / "gpu", ranks=ranks), project=project, device="gpu")
+    return target, bench
+
+
+def all_rows(api: httpx.Client, cid: str, **params: Any) -> dict[str, Any]:
+    resp = api.get(f"/comparisons/{cid}/rows", params={"limit": 10000, **params})
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json())
+
+
+def test_comparison_of_two_runs(api: httpx.Client, tmp_path: Path) -> None:
+    target, bench = two_runs(api, tmp_path, ranks=(0, 1))
+    resp = api.post("/comparisons", json={"target_run": target["id"], "bench_run": bench["id"]})
+    assert resp.status_code == 202, resp.text
+    queued = resp.json()
+    assert queued["status"] in ("queued", "running") and queued["step"] == 0 and queued["ranks"] is None
+    assert queued["options"] == {"fuzzy_match": False, "stack_mode": False}
+    done = wait_comparison(api, queued["id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert done["progress"] == 1.0 and done["finished_at"] is not None
+    summary = done["summary"]
+    assert summary["ranks"] == [0, 1] and summary["mode"] == "tensor"
+    assert summary["failing_rows"] > 0 and "Torch.relu.0.forward" in summary["failing_apis"]
+    assert "Functional.linear.0.forward" not in summary["failing_apis"]
+    top = summary["top_suspects"][0]
+    assert top["api"].startswith("Torch.relu.0") and top["rank"] == 1 and top["compare_rank"] in (0, 1)
+
+    rows = all_rows(api, done["id"])
+    assert rows["header"] == full_header(CompareMode.TENSOR, stack=False)
+    assert rows["count"] == summary["rows"] == len(rows["data"])
+    assert {r["rank"] for r in rows["data"]} == {0, 1}
+    assert all(len(r["cells"]) == len(rows["header"]) for r in rows["data"])
+    failing = all_rows(api, done["id"], failing="true")
+    assert failing["count"] == summary["failing_rows"]
+    assert all(r["status"] in ("fail", "unmatched") for r in failing["data"])
+    rank1 = all_rows(api, done["id"], rank=1)
+    assert rank1["count"] == sum(1 for r in rows["data"] if r["rank"] == 1)
+    assert [r["index"] for r in rank1["data"]] == list(range(rank1["count"]))
+    relu = all_rows(api, done["id"], name="relu")
+    assert relu["count"] > 0 and all("relu" in r["cells"][0] for r in relu["data"])
+    page = api.get(f"/comparisons/{done['id']}/rows", params={"limit": 2, "offset": 1}).json()
+    assert page["count"] == rows["count"] and page["data"] == rows["data"][1:3]
+    assert api.get(f"/comparisons/{done['id']}/rows", params={"rank": 7}).status_code == 400
+
+    # Reports: rank is required with two ranks, and the xlsx is the same table.
+    missing_rank = api.get(f"/comparisons/{done['id']}/report.xlsx")
+    assert missing_rank.status_code == 400 and "[0, 1]" in missing_rank.json()["detail"]
+    xlsx = api.get(f"/comparisons/{done['id']}/report.xlsx", params={"rank": 1})
+    assert xlsx.status_code == 200 and xlsx.content[:2] == b"PK"
+    import openpyxl
+
+    sheet = openpyxl.load_workbook(io.BytesIO(xlsx.content), read_only=True).worksheets[0]
+    sheet_rows = list(sheet.iter_rows(values_only=True))
+    assert list(sheet_rows[0]) == rows["header"] and len(sheet_rows) - 1 == rank1["count"]
+    advisor = api.get(f"/comparisons/{done['id']}/advisor.txt", params={"rank": 1})
+    assert advisor.status_code == 200 and "relu" in advisor.text
+
+    listed = api.get("/comparisons", params={"run": bench["id"], "status": "succeeded"}).json()
+    assert [c["id"] for c in listed["data"]] == [done["id"]] and listed["count"] == 1
+    by_project = api.get("/comparisons", params={"project": target["project"]}).json()
+    assert [c["id"] for c in by_project["data"]] == [done["id"]]
+
+    # Deleting a run removes its comparisons too.
+    assert api.delete(f"/runs/{bench['id']}").status_code == 204
+    assert api.get(f"/comparisons/{done['id']}").status_code == 404
+
+
+def test_comparison_requests_are_checked(api: httpx.Client, tmp_path: Path) -> None:
+    target, bench = two_runs(api, tmp_path)
+    unknown = api.post("/comparisons", json={"target_run": target["id"], "bench_run": uuid.uuid4().hex})
+    assert unknown.status_code == 404 and "bench_run" in unknown.json()["detail"]
+    open_run = new_run(api)
+    not_complete = api.post("/comparisons", json={"target_run": open_run["id"], "bench_run": bench["id"]})
+    assert not_complete.status_code == 409 and "not complete" in not_complete.json()["detail"]
+    bad_step = api.post("/comparisons", json={"target_run": target["id"], "bench_run": bench["id"], "step": 3})
+    assert bad_step.status_code == 422 and "step" in bad_step.json()["detail"]
+    bad_rank = api.post("/comparisons", json={"target_run": target["id"], "bench_run": bench["id"], "ranks": [5]})
+    assert bad_rank.status_code == 422 and "ranks" in bad_rank.json()["detail"]
+    assert api.get(f"/comparisons/{uuid.uuid4().hex}").status_code == 404
+
+
+def test_failing_job_records_its_error(api: httpx.Client, server: ServerProcess, tmp_path: Path) -> None:
+    target, bench = two_runs(api, tmp_path)
+    # The store loses the bench run's files behind the server's back: the job must fail, not the server.
+    shutil.rmtree(server.data_dir / "blobs" / "runs" / bench["id"] / "step0")
+    cid = api.post("/comparisons", json={"target_run": target["id"], "bench_run": bench["id"]}).json()["id"]
+    done = wait_comparison(api, cid)
+    assert done["status"] == "failed" and done["summary"] is None
+    assert bench["id"] in done["error"] and "missing from the store" in done["error"]
+    assert api.get(f"/comparisons/{cid}/rows").status_code == 409
+    assert api.get(f"/comparisons/{cid}/report.xlsx").status_code == 409
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
+    # The pool still runs the next job.
+    target2, bench2 = two_runs(api, tmp_path / "again")
+    ok = api.post("/comparisons", json={"target_run": target2["id"], "bench_run": bench2["id"]}).json()
+    assert wait_comparison(api, ok["id"])["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_sigkill_during_compare_then_restart(backend: str, tmp_path: Path) -> None:
+    env = {"PARITY_WORKERS": "1"}
+    if backend == "postgres":
+        env["PARITY_DATABASE_URL"] = fresh_postgres_database(postgres_url_or_skip())
+    data_dir = tmp_path / "data"
+    srv = ServerProcess(data_dir, env).start()
+    try:
+        with srv.client() as api:
+            target, bench = two_runs(api, tmp_path, ranks=(0, 1))
+            body = {"target_run": target["id"], "bench_run": bench["id"]}
+            reference = wait_comparison(api, api.post("/comparisons", json=body).json()["id"])
+            assert reference["status"] == "succeeded", reference["error"]
+            expected = all_rows(api, reference["id"])
+            cid = api.post("/comparisons", json=body).json()["id"]
+            deadline = time.monotonic() + 120
+            while api.get(f"/comparisons/{cid}").json()["status"] == "queued":
+                assert time.monotonic() < deadline, "the job never started"
+                time.sleep(0.02)
+            children = psutil.Process(srv.proc.pid).children(recursive=True)  # type: ignore[union-attr]
+        srv.kill()
+        gone, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, f"worker processes outlived the server: {alive}"
+    finally:
+        srv.stop()
+
+    url = env.get("PARITY_DATABASE_URL") or f"sqlite:///{data_dir / 'parity.db'}"
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        status = conn.execute(text("SELECT status FROM comparisons WHERE id = :id"), {"id": cid}).scalar_one()
+    assert status == "running", "the compare finished before the kill; nothing was tested"
+
+    restarted = ServerProcess(data_dir, env)
+    restarted.port, restarted.url = srv.port, srv.url
+    restarted.start()
+    try:
+        with restarted.client() as api:
+            done = wait_comparison(api, cid)
+            assert done["status"] == "succeeded", done["error"]
+            assert done["summary"] == reference["summary"]
+            assert all_rows(api, cid) == expected
+    finally:
+        restarted.stop()
+    with engine.connect() as conn:
+        attempt = conn.execute(text("SELECT attempt FROM comparisons WHERE id = :id"), {"id": cid}).scalar_one()
+    engine.dispose()
+    assert attempt == 2
