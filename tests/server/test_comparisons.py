@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from parity.shared.compare.headers import CompareMode, full_header
 from sqlalchemy import create_engine, text
 
-from parity.shared.compare.headers import CompareMode, full_header
 from tests.server.conftest import (
     ServerProcess,
     build_dump,
@@ -103,9 +103,13 @@ def test_comparison_requests_are_checked(api: httpx.Client, tmp_path: Path) -> N
     open_run = new_run(api)
     not_complete = api.post("/comparisons", json={"target_run": open_run["id"], "bench_run": bench["id"]})
     assert not_complete.status_code == 409 and "not complete" in not_complete.json()["detail"]
-    bad_step = api.post("/comparisons", json={"target_run": target["id"], "bench_run": bench["id"], "step": 3})
+    bad_step = api.post(
+        "/comparisons", json={"target_run": target["id"], "bench_run": bench["id"], "step": 3}
+    )
     assert bad_step.status_code == 422 and "step" in bad_step.json()["detail"]
-    bad_rank = api.post("/comparisons", json={"target_run": target["id"], "bench_run": bench["id"], "ranks": [5]})
+    bad_rank = api.post(
+        "/comparisons", json={"target_run": target["id"], "bench_run": bench["id"], "ranks": [5]}
+    )
     assert bad_rank.status_code == 422 and "ranks" in bad_rank.json()["detail"]
     assert api.get(f"/comparisons/{uuid.uuid4().hex}").status_code == 404
 
@@ -171,6 +175,8 @@ def test_sigkill_during_compare_then_restart(backend: str, tmp_path: Path) -> No
     finally:
         restarted.stop()
     with engine.connect() as conn:
-        attempt = conn.execute(text("SELECT attempt FROM comparisons WHERE id = :id"), {"id": cid}).scalar_one()
+        attempt = conn.execute(
+            text("SELECT attempt FROM comparisons WHERE id = :id"), {"id": cid}
+        ).scalar_one()
     engine.dispose()
     assert attempt == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -40,7 +41,7 @@ def test_list_filters_and_pagination(api: httpx.Client) -> None:
     b = new_run(api, name="beta", project=project, device="gpu", tags={"dtype": "bf16", "team": "x"})
     c = new_run(api, name="alpha", project=project, device="gpu", tags={"dtype": "bf16"})
 
-    def ids(**params: object) -> set[str]:
+    def ids(**params: Any) -> set[str]:
         body = api.get("/runs", params={"project": project, **params}).json()
         assert body["count"] == len(body["data"])
         return {r["id"] for r in body["data"]}
@@ -65,7 +66,9 @@ def test_complete_run_reports_files_steps_ranks(api: httpx.Client, tmp_path: Pat
     assert run["status"] == "complete" and run["completed_at"] is not None
     assert run["steps"] == [0] and run["ranks"] == [0, 1]
     files = api.get(f"/runs/{run['id']}/files").json()
-    assert files["count"] == run["file_count"] == len(list(root.rglob("*.json"))) + len(list(root.rglob("*.pt")))
+    assert (
+        files["count"] == run["file_count"] == len(list(root.rglob("*.json"))) + len(list(root.rglob("*.pt")))
+    )
     assert run["total_bytes"] == sum(f["size"] for f in files["data"])
     assert "step0/rank1/dump.json" in {f["path"] for f in files["data"]}
     listed = api.get("/runs", params={"project": "p-stats", "status": "complete"}).json()
@@ -86,10 +89,11 @@ def test_delete_run_removes_files(api: httpx.Client, server: ServerProcess, tmp_
 def test_openapi_declares_the_contract(server: ServerProcess) -> None:
     schema = httpx.get(f"{server.url}/openapi.json").json()
     paths = schema["paths"]
-    for path in ("/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/runs/{run_id}/files/{path}",
-                 "/api/v1/runs/{run_id}/complete", "/api/v1/comparisons", "/api/v1/comparisons/{comparison_id}",
-                 "/api/v1/comparisons/{comparison_id}/rows", "/api/v1/comparisons/{comparison_id}/report.xlsx",
-                 "/api/v1/comparisons/{comparison_id}/advisor.txt", "/healthz"):  # fmt: skip
+    runs, comparisons = "/api/v1/runs", "/api/v1/comparisons/{comparison_id}"
+    expected = ["/healthz", runs, f"{runs}/{{run_id}}", f"{runs}/{{run_id}}/files/{{path}}",
+                f"{runs}/{{run_id}}/complete", "/api/v1/comparisons", comparisons, f"{comparisons}/rows",
+                f"{comparisons}/report.xlsx", f"{comparisons}/advisor.txt"]  # fmt: skip
+    for path in expected:
         assert path in paths, path
     put_op = paths["/api/v1/runs/{run_id}/files/{path}"]["put"]
     headers = {p["name"]: p for p in put_op["parameters"] if p["in"] == "header"}

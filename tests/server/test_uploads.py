@@ -21,7 +21,11 @@ def stored(server: ServerProcess, run_id: str) -> list[str]:
     """Every blob of the run and every stray temp file: what a refused upload must not leave."""
     blobs = server.data_dir / "blobs"
     run_dir = blobs / "runs" / run_id
-    found = [p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()] if run_dir.exists() else []
+    found = (
+        [p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()]
+        if run_dir.exists()
+        else []
+    )
     found += [f".tmp/{p.name}" for p in (blobs / ".tmp").glob("upload-*")]
     return found
 

@@ -1,0 +1,88 @@
+"""Migrations: one tree upgrades an empty database and one left at the first revision, on both backends,
+and the head revision matches the ORM models (an empty autogenerate diff)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from parity.server.migrate import head_revision, upgrade
+from parity.server.models import Base
+from sqlalchemy import create_engine, inspect, text
+
+from tests.server.conftest import REPO, fresh_postgres_database, postgres_url_or_skip
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def database_url(backend: str, tmp_path: Path) -> str:
+    if backend == "postgres":
+        return fresh_postgres_database(postgres_url_or_skip())
+    return f"sqlite:///{tmp_path / 'sub' / 'parity.db'}"
+
+
+def revision(url: str) -> str | None:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rev = MigrationContext.configure(conn).get_current_revision()
+    engine.dispose()
+    return rev
+
+
+def assert_matches_models(url: str) -> None:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    engine.dispose()
+    assert diff == [], diff
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upgrade_empty_database(backend: str, tmp_path: Path) -> None:
+    url = database_url(backend, tmp_path)
+    # Through the command line, from an unrelated working directory.
+    env = {"PATH": "/usr/bin:/bin", "PARITY_DATABASE_URL": url, "PARITY_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "parity", "db", "upgrade"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert revision(url) == head_revision() == "0002"
+    assert_matches_models(url)
+    upgrade(url)  # a second upgrade is a no-op
+    assert revision(url) == "0002"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upgrade_from_first_revision_keeps_data(backend: str, tmp_path: Path) -> None:
+    url = database_url(backend, tmp_path)
+    upgrade(url, "0001")
+    assert revision(url) == "0001"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        assert "comparison_rows" not in inspect(conn).get_table_names()
+        conn.execute(text(
+            "INSERT INTO runs (id, name, project, device, tags, metadata, status, created_at) "
+            "VALUES ('r1', 'n', 'p', 'npu', '{}', '{}', 'complete', CURRENT_TIMESTAMP)"
+        ))  # fmt: skip
+        conn.execute(text(
+            "INSERT INTO comparisons (id, target_run_id, bench_run_id, options, status, progress, "
+            "created_at) VALUES ('c1', 'r1', 'r1', '{}', 'queued', 0, CURRENT_TIMESTAMP)"
+        ))  # fmt: skip
+    engine.dispose()
+    upgrade(url)
+    assert revision(url) == "0002"
+    assert_matches_models(url)
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT status, attempt FROM comparisons WHERE id = 'c1'")).one()
+    engine.dispose()
+    assert tuple(row) == ("queued", 0)
+
+
+def test_migrations_dir_is_found_from_the_package() -> None:
+    from parity.server.migrate import MIGRATIONS_DIR
+
+    assert MIGRATIONS_DIR == REPO / "migrations" and (MIGRATIONS_DIR / "env.py").is_file()
