@@ -107,8 +107,11 @@ def _load_pt_with_torch(path: Path) -> np.ndarray:
             # legacy (pre-zip) serialisation cannot be memory-mapped; the weights-only unpickler still applies
             obj = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UnsafeFileError(path, f"refused: loading it would need pickle to run code ({first})") from None
+        reason = _weights_only_reason(exc)
+        if "GLOBAL" in reason or "global" in reason or _is_pickle_or_zip(path):
+            problem = f"refused: loading it would need pickle to run code ({reason})"
+            raise UnsafeFileError(path, problem) from None
+        raise DumpError(path, f"not a tensor file ({reason})") from None
     except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile, KeyError) as exc:
         raise DumpError(path, f"cannot load tensor file: {exc}") from None
     if not isinstance(obj, torch.Tensor):
@@ -122,6 +125,23 @@ def _load_pt_with_torch(path: Path) -> np.ndarray:
         return tensor.numpy()
     except TypeError as exc:  # e.g. complex32
         raise DumpError(path, f"dtype {tensor.dtype} has no numpy equivalent: {exc}") from None
+
+
+def _weights_only_reason(exc: Exception) -> str:
+    """The informative line of torch's weights-only refusal, without its boilerplate."""
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    for line in str(exc).splitlines():
+        line = line.replace("WeightsUnpickler error:", "").strip()
+        if line and not line.startswith(boilerplate):
+            return line
+    return type(exc).__name__
+
+
+def _is_pickle_or_zip(path: Path) -> bool:
+    """A pickle stream (protocol >= 2 starts with PROTO) or a torch zip archive, rather than random bytes."""
+    with path.open("rb") as fh:
+        head = fh.read(4)
+    return head[:1] == b"\x80" or head == b"PK\x03\x04"
 
 
 def _load_npy(path: Path) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Safe tensor loading: pickle payloads refused without running, msprobe's dtype rules, mmap, squeeze, caps."""
+"""Safe tensor loading: pickle payloads refused without running, dtype rules, mmap, squeeze, caps."""
 
 from __future__ import annotations
 

@@ -1,0 +1,116 @@
+"""The parallel executor: every index exactly once, the same numbers as the serial pass, file cases."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from parity.shared.errors import UnsafeFileError
+from parity.shared.metrics import parallel
+from parity.shared.metrics.parallel import TensorPairJob, compare_pair_files, compare_tensor_files
+from parity.shared.metrics.tensor import TensorMetrics, compare_arrays
+
+
+def _write_pairs(tmp_path: Path, sizes: list[int]) -> list[TensorPairJob]:
+    gen = torch.Generator().manual_seed(7)
+    jobs = []
+    for i, size in enumerate(sizes):
+        n = torch.randn(size, generator=gen)
+        b = n * (1 + 1e-3 * torch.randn(size, generator=gen))
+        dtype = [torch.float32, torch.float16, torch.bfloat16, torch.float64][i % 4]
+        torch.save(n.to(dtype), tmp_path / f"n{i}.pt")
+        torch.save(b.to(dtype), tmp_path / f"b{i}.pt")
+        jobs.append(TensorPairJob(100 + i, tmp_path / f"n{i}.pt", tmp_path / f"b{i}.pt"))
+    return jobs
+
+
+def _expected(job: TensorPairJob) -> TensorMetrics:
+    from parity.shared.tensor_io import load_tensor
+
+    assert job.npu_file is not None and job.bench_file is not None
+    return compare_arrays(load_tensor(job.npu_file), load_tensor(job.bench_file))
+
+
+SIZES = [3, 50_000, 1, 7, 120_000, 2_000, 64, 9_999]
+
+
+@pytest.mark.parametrize("mode", ["serial", "threads", "processes"])
+def test_every_index_once_and_equal_to_serial(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = _write_pairs(tmp_path, SIZES)
+    kwargs: dict[str, int] = {"workers": 1} if mode == "serial" else {"workers": 2}
+    if mode != "serial":
+        monkeypatch.setattr(parallel, "SERIAL_BYTES", 0)
+    if mode == "processes":
+        kwargs["in_process_bytes"] = 0
+    ticks: list[int] = []
+    results = list(compare_tensor_files(jobs, progress=ticks.append, **kwargs))
+    indices = [index for index, _ in results]
+    assert sorted(indices) == [job.index for job in jobs]  # each exactly once
+    assert sum(ticks) == len(jobs)
+    got = dict(results)
+    for job in jobs:
+        assert got[job.index] == _expected(job), job
+
+
+def test_no_data_file_and_missing_file_cases(tmp_path: Path) -> None:
+    torch.save(torch.ones(3), tmp_path / "ok.pt")
+    assert compare_pair_files(None, tmp_path / "ok.pt") == TensorMetrics.all_cells(
+        "unsupported", "NPU does not have data file.")  # fmt: skip
+    assert compare_pair_files(tmp_path / "ok.pt", None) == TensorMetrics.all_cells(
+        "unsupported", "Bench does not have data file.")  # fmt: skip
+    missing = compare_pair_files(tmp_path / "ok.pt", tmp_path / "Torch.mul.0.forward.output.0.pt")
+    assert missing == TensorMetrics.all_cells(
+        "unsupported", "Dump file: Torch.mul.0.forward.output.0.pt not found or read failed.")  # fmt: skip
+    (tmp_path / "broken.pt").write_bytes(b"garbage")
+    broken = compare_pair_files(tmp_path / "broken.pt", tmp_path / "ok.pt")
+    assert broken.messages == ("Dump file: broken.pt not found or read failed.",)
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_pickle_payload_in_a_process_pool_raises_in_the_caller(tmp_path: Path) -> None:
+    jobs = _write_pairs(tmp_path, [1000, 2000])
+    marker = tmp_path / "marker"
+    torch.save(_Payload(marker), tmp_path / "evil.pt")
+    jobs.append(TensorPairJob(9, tmp_path / "evil.pt", jobs[0].bench_file))
+    with pytest.raises(UnsafeFileError, match="evil.pt"):
+        list(compare_tensor_files(jobs, workers=2, in_process_bytes=0))
+    assert not marker.exists()
+
+
+def test_stopping_early_shuts_the_pool_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parallel, "SERIAL_BYTES", 0)
+    jobs = _write_pairs(tmp_path, [5000] * 12)
+    stream = compare_tensor_files(jobs, workers=2)
+    first = next(stream)
+    stream.close()
+    assert first[0] in {job.index for job in jobs}
+
+
+def test_largest_pairs_are_submitted_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parallel, "SERIAL_BYTES", 0)
+    jobs = _write_pairs(tmp_path, [10, 100_000, 1_000, 50_000])
+    submitted: list[int] = []
+    real = parallel._run_job
+
+    def spy(job: TensorPairJob, max_bytes: int | None) -> object:
+        submitted.append(job.index)
+        return real(job, max_bytes)
+
+    monkeypatch.setattr(parallel, "_run_job", spy)
+    list(compare_tensor_files(jobs, workers=2))
+    by_size = sorted(jobs, key=lambda j: -(os.path.getsize(j.npu_file or "") * 1.0))
+    # the two largest start first (on the two threads), whatever order they finish in
+    assert set(submitted[:2]) == {by_size[0].index, by_size[1].index}
+    assert np.isin(submitted, [j.index for j in jobs]).all()
