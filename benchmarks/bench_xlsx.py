@@ -16,6 +16,7 @@ Figures are medians over ``--repeat`` runs; on a shared machine read them as rat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import random
@@ -155,7 +156,7 @@ def bench_writers(n_rows: int, repeat: int, work: Path) -> None:
     baseline = None
     for name, fn in writers:
         path = work / f"{name.split()[0]}.xlsx"
-        seconds = median_seconds(lambda fn=fn, path=path: fn(path), repeat)
+        seconds = median_seconds(functools.partial(fn, path), repeat)
         baseline = baseline or seconds
         print(
             f"  {name:38s} {seconds:7.2f} s  {n_rows / seconds:10,.0f} rows/s  "
