@@ -344,3 +344,24 @@ def test_progress_bar_stays_quiet_for_small_compares_off_a_terminal():
         bar(done, 10)
     bar.close()
     assert stream.getvalue() == ""
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_on_a_terminal_redraws_one_line_and_ends_it():
+    stream = _Terminal()
+    bar = ProgressBar("compare", stream=stream, min_interval=0.0, width=10)
+    bar(5, 10)
+    bar(10, 10)
+    bar(10, 10)  # a repeated final call draws nothing more
+    text = stream.getvalue()
+    assert text.count("\r") == 2 and text.endswith("\n") and text.count("\n") == 1
+    assert "[#####.....]  50%  5/10" in text and "[##########] 100%  10/10" in text
+    unfinished = _Terminal()
+    bar = ProgressBar(stream=unfinished, min_interval=0.0)
+    bar(1, 3)
+    bar.close()
+    assert unfinished.getvalue().endswith("\n")
