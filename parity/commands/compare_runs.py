@@ -18,13 +18,13 @@ from typing import Any, TextIO
 
 from parity.client.errors import ClientError
 from parity.client.rest import ComparisonInfo, ParityClient
-from parity.commands.upload import add_server_arguments, make_client
+from parity.commands import upload
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET", help="run id or name of the run under test (e.g. NPU)")
     parser.add_argument("bench", metavar="BENCH", help="run id or name of the reference run (e.g. GPU)")
-    add_server_arguments(parser)
+    upload.add_server_arguments(parser)
     parser.add_argument("--project", default=None, help="project to look run names up in")
     parser.add_argument("--step", type=int, default=None, help="step to compare (default: the server's)")
     parser.add_argument("--rank", type=int, nargs="+", action="extend", dest="ranks", default=None,
@@ -68,7 +68,7 @@ def print_summary(info: ComparisonInfo, out: TextIO, limit: int = 10) -> None:
         return
     out.write("top suspects (where precision is first lost):\n")
     for s in suspects[:limit]:
-        where = f" [{s['stack']}]" if s.get("stack") else ""
+        where = f" [{' '.join(str(s['stack']).split())}]" if s.get("stack") else ""
         out.write(
             f"  {s.get('rank')}. {s.get('api')} ({s.get('direction')}, rank {s.get('compare_rank', 0)}): "
             f"{s.get('reason')}{where}\n"
@@ -76,7 +76,7 @@ def print_summary(info: ComparisonInfo, out: TextIO, limit: int = 10) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with make_client(args) as api:
+    with upload.make_client(args) as api:  # looked up at call time: tests swap in a mock transport
         target = api.resolve_run(args.target, project=args.project)
         bench = api.resolve_run(args.bench, project=args.project)
         for role, r in (("TARGET", target), ("BENCH", bench)):

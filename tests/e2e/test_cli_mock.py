@@ -23,7 +23,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
         return ParityClient("http://parity", client=server.client())
 
     monkeypatch.setattr("parity.commands.upload.make_client", make_client)
-    monkeypatch.setattr("parity.commands.compare_runs.make_client", make_client)
     return server
 
 
