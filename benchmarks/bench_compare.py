@@ -1,0 +1,263 @@
+"""Compare benchmark (not a test): tensor-mode MB/s and statistics-mode rows/s, with peak RSS.
+
+    .venv/bin/python benchmarks/bench_compare.py [--quick] [--repeat 3] [--workers N] [--dir DIR]
+
+Tensor mode: >= 1.5 GB of fp32 tensors in >= 100 API pairs of mixed sizes (1 KB to 100 MB) written as two
+msprobe-layout dumps (dump.json + dump_tensor_data/*.pt, as tests/factories.py writes them), compared
+through ``parity.shared.metrics.parallel.compare_tensor_files`` (auto, forced process pool, one worker) and
+through the whole engine ``parity.shared.compare.engine.compare_dumps``. MB/s counts **both sides' bytes**
+over the wall time, as msprobe's docs do (msprobe measured ~78 MB/s here).
+
+Statistics mode: 20,000 APIs (~60,000 rows a side) through ``compare_dumps`` (rows/s = NPU rows / time) and
+the whole CLI run to xlsx (``parity compare -i compare.json -o out``), against msprobe's ~500 rows/s.
+
+Peak RSS is sampled every 20 ms over this process and all its children (sum of RSS, so pages shared between
+processes count more than once: an upper bound). Data is generated in a child process, so this process never
+imports torch and its own RSS is what a compare costs. Figures are medians of ``--repeat`` runs; the files sit
+in the page cache (just written), as in msprobe's measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1e6
+
+# Per-side tensor sizes in bytes (fp32): 104 pairs, 802 MB a side, 1.6 GB both sides.
+FULL_SIZES = [100 << 20] * 3 + [50 << 20] * 3 + [25 << 20] * 6 + [10 << 20] * 10 + [4 << 20] * 20 + [
+    1 << 20] * 20 + [100 << 10] * 20 + [1 << 10] * 22  # fmt: skip
+QUICK_SIZES = [10 << 20] * 2 + [4 << 20] * 6 + [1 << 20] * 20 + [100 << 10] * 40 + [1 << 10] * 40
+
+
+class PeakRss:
+    """Samples the summed RSS of this process and its children in a background thread."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        me = psutil.Process()
+        total = 0
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._sample())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakRss:
+        self.peak = self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, int, Any]:
+    """Median wall time of ``repeat`` runs of ``fn``, the peak RSS over all of them, and the last result."""
+    times = []
+    result = None
+    with PeakRss() as rss:
+        for _ in range(repeat):
+            start = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), rss.peak, result
+
+
+# --- data generation (runs in a child process: torch stays out of the measuring process) -------------------
+
+
+def generate_tensor_dumps(out: Path, quick: bool) -> None:
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from tests.factories import tensor_leaf
+
+    sizes = QUICK_SIZES if quick else FULL_SIZES
+    rng = np.random.default_rng(0)
+    docs: dict[str, dict[str, Any]] = {}
+    for side in ("npu", "bench"):
+        (out / side / "dump_tensor_data").mkdir(parents=True, exist_ok=True)
+        docs[side] = {"task": "tensor", "level": "L1", "framework": "pytorch",
+                      "dump_data_dir": str(out / side / "dump_tensor_data"), "data": {}}  # fmt: skip
+    for i, nbytes in enumerate(sizes):
+        name = f"Functional.op{i}.0.forward"
+        data_name = f"{name}.output.0.pt"
+        n = rng.standard_normal(nbytes // 4, dtype=np.float32)
+        b = n * (1 + rng.standard_normal(n.size, dtype=np.float32) * np.float32(1e-4))
+        for side, arr in (("npu", n), ("bench", b)):
+            t = torch.from_numpy(arr)
+            torch.save(t, out / side / "dump_tensor_data" / data_name)
+            docs[side]["data"][name] = {"input_args": [], "input_kwargs": {},
+                                        "output": [tensor_leaf(t, data_name=data_name)]}  # fmt: skip
+    for side, doc in docs.items():
+        (out / side / "dump.json").write_text(json.dumps(doc))
+
+
+def generate_statistics_dumps(out: Path, apis: int) -> None:
+    """Statistics dumps of ``apis`` entries, 2 inputs + 1 output each, bench within ~0.1% (json only)."""
+    import random
+
+    rnd = random.Random(0)
+
+    def leaf(scale: float) -> dict[str, Any]:
+        mx, mn = rnd.uniform(1, 3), rnd.uniform(-3, -1)
+        mean, norm = rnd.uniform(-0.1, 0.1), rnd.uniform(10, 90)
+        return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [32, 64], "Max": mx * scale,
+                "Min": mn * scale, "Mean": mean * scale, "Norm": norm * scale,
+                "requires_grad": False}  # fmt: skip
+
+    for side in ("npu", "bench"):
+        rnd.seed(0)
+        data = {}
+        for i in range(apis):
+            scale = 1.0 if side == "npu" else 1.0 + rnd.uniform(-1e-3, 1e-3)
+            data[f"Torch.op{i % 97}.{i // 97}.forward"] = {
+                "input_args": [leaf(scale), leaf(scale)], "input_kwargs": {},
+                "output": [leaf(scale)]}  # fmt: skip
+        (out / side).mkdir(parents=True, exist_ok=True)
+        doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None,
+               "data": data}  # fmt: skip
+        (out / side / "dump.json").write_text(json.dumps(doc))
+
+
+# --- measurements ------------------------------------------------------------------------------------------
+
+
+def bench_tensor(base: Path, quick: bool, repeat: int, workers: int | None) -> list[tuple[str, str]]:
+    out = base / "tensor"
+    subprocess.run([sys.executable, __file__, "--generate-tensor", str(out)] + (["--quick"] if quick else []),
+                   check=True)  # fmt: skip
+    from parity.shared.metrics.parallel import TensorPairJob, compare_tensor_files
+
+    doc = json.loads((out / "npu" / "dump.json").read_text())
+    names = [entry["output"][0]["data_name"] for entry in doc["data"].values()]
+    jobs = [TensorPairJob(i, out / "npu" / "dump_tensor_data" / n, out / "bench" / "dump_tensor_data" / n)
+            for i, n in enumerate(names)]  # fmt: skip
+    total = sum(os.path.getsize(p) for j in jobs for p in (j.npu_file, j.bench_file) if p is not None)
+    largest = max(os.path.getsize(j.npu_file) for j in jobs if j.npu_file is not None)
+    rows = [("tensor data", f"{len(jobs)} pairs, {total / MB:.0f} MB both sides "
+             f"(fp32, 1 KB..{largest / MB:.0f} MB a tensor)")]  # fmt: skip
+
+    def run(n_workers: int | None, **kw: Any) -> Callable[[], int]:
+        return lambda: sum(1 for _ in compare_tensor_files(jobs, workers=n_workers, **kw))
+
+    run(workers)()  # warm: numba's on-disk cache, page cache
+    for label, n_workers, kw in (("auto", workers, {}), ("process pool", workers, {"in_process_bytes": 0}),
+                                 ("1 worker", 1, {})):  # fmt: skip
+        t, peak, n = timed(run(n_workers, **kw), repeat)
+        assert n == len(jobs)
+        rows.append((f"compare_tensor_files {label}", f"{total / MB / t:7.0f} MB/s  {t:6.2f} s  "
+                     f"peak RSS {peak / 2**20:5.0f} MiB  ({total / MB / t / 78:.1f}x msprobe)"))  # fmt: skip
+    rows.append(engine_row("compare_dumps (engine)", out, repeat, lambda t: f"{total / MB / t:7.0f} MB/s",
+                           workers))  # fmt: skip
+    return rows
+
+
+def engine_row(label: str, out: Path, repeat: int, rate: Callable[[float], str],
+               workers: int | None) -> tuple[str, str]:  # fmt: skip
+    try:
+        from parity.shared.compare.engine import compare_dumps
+        from parity.shared.compare.options import CompareOptions
+    except ImportError as exc:
+        return (label, f"skipped: the engine is not available yet ({exc})")
+    options = CompareOptions(workers=workers)
+    t, peak, result = timed(lambda: compare_dumps(out / "npu" / "dump.json", out / "bench" / "dump.json",
+                                                  options), repeat)  # fmt: skip
+    return (label, f"{rate(t)}  {t:6.2f} s  peak RSS {peak / 2**20:5.0f} MiB  ({len(result.rows)} rows)")
+
+
+def bench_statistics(base: Path, quick: bool, repeat: int) -> list[tuple[str, str]]:
+    out = base / "statistics"
+    apis = 2_000 if quick else 20_000
+    generate_statistics_dumps(out, apis)
+    rows_a_side = apis * 3
+    rows = [("statistics data", f"{apis} APIs, {rows_a_side} rows a side, "
+             f"{(out / 'npu' / 'dump.json').stat().st_size / MB:.1f} MB dump.json")]  # fmt: skip
+
+    def rate(t: float) -> str:
+        return f"{rows_a_side / t:7.0f} rows/s ({rows_a_side / t / 500:.0f}x msprobe)"
+
+    rows.append(engine_row("compare_dumps (engine)", out, repeat, rate, None))
+    spec = out / "compare.json"
+    spec.write_text(json.dumps({"npu_path": str(out / "npu" / "dump.json"),
+                                "bench_path": str(out / "bench" / "dump.json")}))  # fmt: skip
+    commands = ROOT / "parity" / "commands" / "compare.py"
+    if not commands.exists():
+        rows.append(("parity compare CLI to xlsx", "skipped: parity/commands/compare.py not available yet"))
+        return rows
+    cli_out = out / "cli-out"
+
+    def cli() -> None:
+        shutil.rmtree(cli_out, ignore_errors=True)
+        command = [sys.executable, "-m", "parity", "compare", "-i", str(spec), "-o", str(cli_out)]
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            raise RuntimeError(f"parity compare exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+
+    t, peak, _ = timed(cli, max(1, repeat - 1))
+    xlsx = sorted(cli_out.glob("compare_result_*.xlsx"))
+    rows.append(("parity compare CLI to xlsx", f"{rate(t)}  {t:6.2f} s  peak RSS {peak / 2**20:5.0f} MiB  "
+                 f"(whole process, {len(xlsx)} xlsx)"))  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="about a tenth of the data")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--workers", type=int, default=None, help="metric workers (default: all cores)")
+    parser.add_argument("--dir", type=Path, default=None, help="where to build the data (default: temp)")
+    parser.add_argument("--only", choices=["tensor", "statistics"], default=None)
+    parser.add_argument("--generate-tensor", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.generate_tensor:
+        generate_tensor_dumps(args.generate_tensor, args.quick)
+        return 0
+    base = args.dir or Path(tempfile.mkdtemp(prefix="parity-bench-"))
+    try:
+        load = os.getloadavg()[0]
+        rows: list[tuple[str, str]] = [
+            ("machine", f"{os.cpu_count()} cores, load average {load:.1f}, repeat {args.repeat} (median)")]
+        if args.only in (None, "tensor"):
+            rows += bench_tensor(base, args.quick, args.repeat, args.workers)
+        if args.only in (None, "statistics"):
+            rows += bench_statistics(base, args.quick, args.repeat)
+    finally:
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label:<{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
