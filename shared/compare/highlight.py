@@ -121,11 +121,14 @@ def _highlight_api(rows: Sequence[CompareRow], states: Sequence[str], messages: 
         elif cells[cols.rg] is False:
             _mark(rows, messages, i, yellow, YELLOW_REQUIRES_GRAD)
         if cols.npu_max >= 0 and row.status is not RowStatus.BENCH_ONLY:
-            if _non_finite(cells[cols.npu_max]) or _non_finite(cells[cols.npu_min]):
+            mx, mn = cells[cols.npu_max], cells[cols.npu_min]
+            # float cells are finite (the engine spells NaN/inf out); test the rare other kinds only
+            if (type(mx) is not float and _non_finite(mx)) or (type(mn) is not float and _non_finite(mn)):
                 _mark(rows, messages, i, red, RED_NAN_INF)
             elif cols.err >= 0:
-                err = number(cells[cols.err])
-                if err is not None and abs(err) > HUGE_ERR:
+                err = cells[cols.err]
+                value = err if type(err) is float else number(err)
+                if value is not None and abs(value) > HUGE_ERR:
                     _mark(rows, messages, i, red, RED_HUGE_ERR)
         if row.status in (RowStatus.UNMATCHED, RowStatus.BENCH_ONLY):
             continue
