@@ -125,3 +125,33 @@ class DumpBuilder:
         if self.construct is not None:
             (rank_dir / "construct.json").write_text(json.dumps(self.construct, indent=1))
         return dump_json
+
+
+def stats_leaf(
+    max_: Any,
+    min_: Any,
+    mean: Any,
+    norm: Any,
+    *,
+    dtype: str = "torch.float32",
+    shape: Sequence[int] = (4,),
+    requires_grad: bool | None = False,
+    md5: str | None = None,
+) -> dict[str, Any]:
+    """A tensor record with the statistics given verbatim (NaN/inf/None allowed), for statistics-mode cases."""
+    leaf: dict[str, Any] = {"type": "torch.Tensor", "dtype": dtype, "shape": list(shape),
+                            "Max": max_, "Min": min_, "Mean": mean, "Norm": norm}  # fmt: skip
+    if requires_grad is not None:
+        leaf["requires_grad"] = requires_grad
+    if md5 is not None:
+        leaf["md5"] = md5
+    return leaf
+
+
+def write_raw_dump(rank_dir: Path, data: Mapping[str, Any], *, task: str = "statistics") -> Path:
+    """Write a dump.json with hand-made entries (``{entry name: {"input_args": [...], ...}}``); returns it."""
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"task": task, "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": dict(data)}
+    dump_json = rank_dir / "dump.json"
+    dump_json.write_text(json.dumps(doc, indent=1))  # allow_nan: bare NaN/Infinity, as msprobe
+    return dump_json
