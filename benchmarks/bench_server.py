@@ -171,7 +171,8 @@ def bench_rows(api: ParityClient, server: str, work: Path, apis: int, clients: i
                 start = time.perf_counter()
                 r = http.get(f"/api/v1/comparisons/{info['id']}/rows", params=params)
                 mine.append(time.perf_counter() - start)
-                if r.status_code != 200 or not r.json()["data"]:
+                # Parsing every body would make this process, not the server, the bottleneck on 2 cores.
+                if r.status_code != 200 or (len(mine) % 10 == 1 and not r.json()["data"]):
                     errors.append(f"{r.status_code} {params} {r.text[:200]}")
         with lock:
             latencies.extend(mine)
