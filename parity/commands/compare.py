@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from parity.shared.compare.options import CompareOptions
     from parity.shared.compare.spec import load_compare_spec
     from parity.shared.errors import CompareInputError
+    from parity.shared.report.advisor import one_line
 
     if args.workers is not None and args.workers < 1:
         raise CompareInputError(f"--workers must be at least 1, got {args.workers}")
@@ -120,11 +121,11 @@ def run(args: argparse.Namespace) -> int:
         if result.suspects:
             out.write(f"{where}top suspects (inputs agree, outputs do not):\n")
             for suspect in result.suspects[:TOP_SUSPECTS]:
-                out.write(f"  {suspect.rank}. [{suspect.direction}] {suspect.api}: {suspect.reason}\n")
+                out.write(
+                    f"  {suspect.rank}. [{suspect.direction}] {suspect.api}: {one_line(suspect.reason)}\n"
+                )
                 if suspect.stack:
-                    out.write(
-                        f"     at {' '.join(p.strip() for p in suspect.stack.splitlines() if p.strip())}\n"
-                    )
+                    out.write(f"     at {one_line(suspect.stack)}\n")
             if len(result.suspects) > TOP_SUSPECTS:
                 out.write(f"  ... and {len(result.suspects) - TOP_SUSPECTS} more (see the advisor file)\n")
         else:

@@ -20,6 +20,11 @@ NO_ERROR = "NA"
 NO_ERROR_ADVICE = "All data in comparison result meets the accuracy requirements."
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: the reasons join highlight messages with newlines and stack frames hold one."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
 def advisor_lines(result: CompareResult) -> list[str]:
     """msprobe's three advisor lines for ``result``."""
     advice = result.advice
@@ -37,14 +42,12 @@ def suspect_lines(result: CompareResult, *, limit: int | None = None) -> list[st
         return ["Top suspects: none (no API whose inputs agree has outputs that differ)."]
     lines = ["Top suspects (inputs agree, outputs do not), in execution order:"]
     for suspect in suspects:
+        reason = one_line(suspect.reason)
         lines.append(
-            f"{suspect.rank}. [{suspect.direction}] {suspect.api} (row {suspect.row_index}): {suspect.reason}"
+            f"{suspect.rank}. [{suspect.direction}] {suspect.api} (row {suspect.row_index}): {reason}"
         )
         if suspect.stack:
-            # Frames are stored as "File x, line n, in f, \n source"; one line reads better in a text file.
-            lines.append(
-                f"   at {' '.join(part.strip() for part in suspect.stack.splitlines() if part.strip())}"
-            )
+            lines.append(f"   at {one_line(suspect.stack)}")
     if limit is not None and len(result.suspects) > limit:
         lines.append(f"... and {len(result.suspects) - limit} more")
     return lines

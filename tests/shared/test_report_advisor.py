@@ -54,7 +54,9 @@ def test_failing_row_lines_then_ranked_suspects_with_stack():
             "output cosine 0.5 while inputs agree",
             stack="File /w/train.py, line 12, in forward, \n y = self.fc(x)",
         ),  # fmt: skip
-        Suspect(2, "Functional.linear.0.backward", "backward", 21, "output MaxAbsErr 3.0"),
+        Suspect(
+            2, "Functional.linear.0.backward", "backward", 21, "output MaxAbsErr 3.0\nrequires_grad differs"
+        ),
     ]
     text = advisor_text(result_with(advice, suspects))
     lines = text.splitlines()
@@ -68,7 +70,10 @@ def test_failing_row_lines_then_ranked_suspects_with_stack():
         lines[5] == "1. [forward] Functional.linear.0.forward (row 7): output cosine 0.5 while inputs agree"
     )
     assert lines[6] == "   at File /w/train.py, line 12, in forward, y = self.fc(x)"
-    assert lines[7] == "2. [backward] Functional.linear.0.backward (row 21): output MaxAbsErr 3.0"
+    assert (
+        lines[7]
+        == "2. [backward] Functional.linear.0.backward (row 21): output MaxAbsErr 3.0 requires_grad differs"
+    )
     assert len(lines) == 8 and text.endswith("\n")
 
 
