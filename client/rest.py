@@ -171,6 +171,8 @@ class ParityClient:
     ) -> None:
         if not server:
             raise UploadError("no Parity server given (pass --server or set PARITY_SERVER)")
+        if not server.startswith(("http://", "https://")):
+            raise UploadError(f"server {server!r}: expected an http:// or https:// URL such as http://host:8000")
         self.server = server.rstrip("/")
         self._api = self.server + API_PREFIX
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}

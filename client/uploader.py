@@ -154,12 +154,14 @@ class BackgroundUploader:
         self._sent: dict[str, str] = {}  # path -> sha256 already sent (re-flushes skip them)
         self._lock = threading.Lock()
         self._api: ParityClient | None = None
-        if not self.server:
-            self._warn("no Parity server given (server= or PARITY_SERVER): dumps stay on disk only")
+        self._thread: threading.Thread | None = None
+        try:
+            token = token or os.environ.get("PARITY_TOKEN")
+            self._api = ParityClient(self.server, token=token, client=client)
+        except UploadError as exc:  # no or malformed server URL: a config slip must not stop training
+            self._warn(f"{exc}; nothing is uploaded, the dumps stay on disk")
             self._closed = True
-            self._thread: threading.Thread | None = None
             return
-        self._api = ParityClient(self.server, token=token or os.environ.get("PARITY_TOKEN"), client=client)
         self._thread = threading.Thread(target=self._work, name="parity-uploader", daemon=True)
         self._thread.start()
         atexit.register(self._close_at_exit)
@@ -197,7 +199,13 @@ class BackgroundUploader:
         return True
 
     def close(self, timeout: float | None = None) -> None:
-        """Drain the queue, mark the run complete, stop the thread; at most ``timeout`` seconds in all."""
+        """Drain the queue, mark the run complete, stop the thread; at most ``timeout`` seconds in all.
+
+        ``None`` means ``close_timeout_s`` (300 s by default), not forever: a server that accepts connections
+        but never answers must not keep a finished training job from exiting.
+        """
+        if timeout is None:
+            timeout = self.close_timeout_s
         with self._lock:
             if self._closed:
                 return

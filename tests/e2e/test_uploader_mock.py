@@ -263,3 +263,12 @@ def test_no_server_disables_uploads(
     up.submit_rank_dir(0, 0, tmp_path)
     up.close()
     assert len(uploader_warnings(caplog)) == 1
+    assert "no Parity server given" in uploader_warnings(caplog)[0]
+
+
+def test_malformed_server_url_disables_uploads(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    up = BackgroundUploader("localhost:8000")
+    up.submit_rank_dir(0, 0, tmp_path)
+    up.close()
+    (warning,) = uploader_warnings(caplog)
+    assert "'localhost:8000': expected an http:// or https:// URL" in warning
