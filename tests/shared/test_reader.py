@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from parity.shared.dump.layout import find_rank_dirs, rank_number, sibling_stack_json
 from parity.shared.dump.reader import load_construct, load_dump, load_stack
 from parity.shared.errors import CompareInputError, DumpError
+
 from tests.factories import stats_leaf, write_raw_dump
 
 
@@ -25,14 +25,20 @@ def test_header_fields_and_entry_order(tmp_path: Path) -> None:
     data = {f"Torch.op{i}.0.forward": {"input_args": [stats_leaf(1.0, 0.0, 0.5, 1.0)]} for i in (3, 1, 2)}
     dump = load_dump(write_raw_dump(tmp_path, data))
     assert (dump.task, dump.level, dump.framework) == ("statistics", "L1", "pytorch")
-    assert [e.name for e in dump.entries] == ["Torch.op3.0.forward", "Torch.op1.0.forward", "Torch.op2.0.forward"]
+    assert [e.name for e in dump.entries] == [
+        "Torch.op3.0.forward",
+        "Torch.op1.0.forward",
+        "Torch.op2.0.forward",
+    ]
 
 
 def test_bare_nan_and_infinity_tokens(tmp_path: Path) -> None:
     path = tmp_path / "dump.json"
-    path.write_text('{"task": "statistics", "data": {"Torch.f.0.forward": {"output": [{"type": "torch.Tensor", '
-                    '"dtype": "torch.float32", "shape": [2], "Max": Infinity, "Min": -Infinity, "Mean": NaN, '
-                    '"Norm": NaN, "requires_grad": false}]}}}')  # fmt: skip
+    path.write_text(
+        '{"task": "statistics", "data": {"Torch.f.0.forward": {"output": [{"type": "torch.Tensor", '
+        '"dtype": "torch.float32", "shape": [2], "Max": Infinity, "Min": -Infinity, "Mean": NaN, '
+        '"Norm": NaN, "requires_grad": false}]}}}'
+    )
     leaf = load_dump(path).entries[0].leaves[0]
     assert leaf.max == math.inf and leaf.min == -math.inf and math.isnan(leaf.mean)
 
@@ -53,8 +59,13 @@ def test_names_by_index_and_key_recursion_in_row_order(tmp_path: Path) -> None:
     t = stats_leaf(1.0, 0.0, 0.5, 1.0)
     entry = {"output": [t], "input_kwargs": {"bias": t}, "parameters": {"weight": t}, "input_args": [[t, t]]}
     names = list(_leaves(tmp_path, entry))
-    assert names == ["Torch.f.0.forward.input.0.0", "Torch.f.0.forward.input.0.1", "Torch.f.0.forward.input.bias",
-                     "Torch.f.0.forward.parameters.weight", "Torch.f.0.forward.output.0"]  # fmt: skip
+    assert names == [
+        "Torch.f.0.forward.input.0.0",
+        "Torch.f.0.forward.input.0.1",
+        "Torch.f.0.forward.input.bias",
+        "Torch.f.0.forward.parameters.weight",
+        "Torch.f.0.forward.output.0",
+    ]
 
 
 def test_empty_containers_and_positional_dtype_yield_no_row(tmp_path: Path) -> None:
@@ -70,10 +81,21 @@ def test_parameters_grad_entry(tmp_path: Path) -> None:
 
 
 def test_scalar_leaves(tmp_path: Path) -> None:
-    entry = {"input_args": [{"type": "int", "value": 3}, {"type": "float", "value": 0.5},
-                            {"type": "bool", "value": True}, {"type": "str", "value": "=cmd"}]}  # fmt: skip
+    entry = {
+        "input_args": [
+            {"type": "int", "value": 3},
+            {"type": "float", "value": 0.5},
+            {"type": "bool", "value": True},
+            {"type": "str", "value": "=cmd"},
+        ]
+    }
     leaves = list(_leaves(tmp_path, entry).values())
-    assert [leaf.dtype for leaf in leaves] == ["<class 'int'>", "<class 'float'>", "<class 'bool'>", "<class 'str'>"]
+    assert [leaf.dtype for leaf in leaves] == [
+        "<class 'int'>",
+        "<class 'float'>",
+        "<class 'bool'>",
+        "<class 'str'>",
+    ]
     assert all(leaf.shape == "[]" for leaf in leaves)
     assert (leaves[0].max, leaves[0].min, leaves[0].mean, leaves[0].norm) == (3, 3, 3, 3)
     assert leaves[0].md5 == f"{zlib.crc32(b'3'):08x}"
@@ -89,42 +111,70 @@ def test_scalar_leaves(tmp_path: Path) -> None:
         ({"type": "torch.dtype", "value": "torch.float16"}, "<class 'str'>", "[]", "torch.float16"),
         ({"type": "torch.device", "value": "cpu:None"}, "<class 'str'>", "[]", "cpu:None"),
         ({"type": "torch.memory_format", "format": "channels_last"}, "<class 'str'>", "[]", "channels_last"),
-        ({"type": "torch.ProcessGroup", "group_ranks": [0, 1], "group_id": "12"}, "torch.ProcessGroup", "[]",
-         "[0, 1]"),
-        ({"type": "torch.distributed.ReduceOp", "value": "RedOpType.SUM"}, "<class 'str'>", "[]",
-         "RedOpType.SUM"),
+        (
+            {"type": "torch.ProcessGroup", "group_ranks": [0, 1], "group_id": "12"},
+            "torch.ProcessGroup",
+            "[]",
+            "[0, 1]",
+        ),
+        (
+            {"type": "torch.distributed.ReduceOp", "value": "RedOpType.SUM"},
+            "<class 'str'>",
+            "[]",
+            "RedOpType.SUM",
+        ),
         ({"type": "float32", "value": 1.5}, "<class 'float'>", "[]", 1.5),
     ],
-)  # fmt: skip
-def test_non_tensor_encodings(tmp_path: Path, record: dict[str, Any], dtype: str, shape: str, stat: Any) -> None:
+)
+def test_non_tensor_encodings(
+    tmp_path: Path, record: dict[str, Any], dtype: str, shape: str, stat: Any
+) -> None:
     leaf = _leaves(tmp_path, {"input_args": [record]})["Torch.f.0.forward.input.0"]
     assert (leaf.dtype, leaf.shape, leaf.max) == (dtype, shape, stat)
     assert leaf.is_tensor is False
 
 
 def test_numpy_ndarray_is_tensor_like(tmp_path: Path) -> None:
-    rec = {"type": "numpy.ndarray", "dtype": "float32", "shape": [2], "Max": 2.0, "Min": 1.0, "Mean": 1.5,
-           "Norm": 2.2}  # fmt: skip
+    rec = {
+        "type": "numpy.ndarray",
+        "dtype": "float32",
+        "shape": [2],
+        "Max": 2.0,
+        "Min": 1.0,
+        "Mean": 1.5,
+        "Norm": 2.2,
+    }
     leaf = _leaves(tmp_path, {"input_args": [rec]})["Torch.f.0.forward.input.0"]
     assert (leaf.dtype, leaf.shape, leaf.max, leaf.is_tensor) == ("float32", "[2]", 2.0, True)
 
 
 def test_p2pop_leaf_keeps_op_and_peer(tmp_path: Path) -> None:
-    rec = {"class_type": "torch.distributed.P2POp", "tensor": stats_leaf(1.0, 0.0, 0.5, 1.0), "op": "isend",
-           "peer": 1, "tag": 0, "group_id": "7"}  # fmt: skip
+    rec = {
+        "class_type": "torch.distributed.P2POp",
+        "tensor": stats_leaf(1.0, 0.0, 0.5, 1.0),
+        "op": "isend",
+        "peer": 1,
+        "tag": 0,
+        "group_id": "7",
+    }
     leaf = _leaves(tmp_path, {"input_args": [[rec]]})["Torch.f.0.forward.input.0.0"]
     assert leaf.p2p == {"op": "isend", "peer": 1, "tag": 0, "group_id": "7"}
     assert leaf.dtype == "torch.float32"
 
 
 def test_src_dst_arguments_keep_their_type(tmp_path: Path) -> None:
-    leaf = _leaves(tmp_path, {"input_kwargs": {"dst": {"type": "int", "value": 1}}})["Torch.f.0.forward.input.dst"]
+    leaf = _leaves(tmp_path, {"input_kwargs": {"dst": {"type": "int", "value": 1}}})[
+        "Torch.f.0.forward.input.dst"
+    ]
     assert (leaf.dtype, leaf.max) == ("int", 1)
 
 
 def test_md5_key_marks_the_dump(tmp_path: Path) -> None:
-    dump = load_dump(write_raw_dump(tmp_path, {"Torch.f.0.forward": {"output": [
-        stats_leaf(1.0, 0.0, 0.5, 1.0, md5="0a0b0c0d")]}}))  # fmt: skip
+    dump = load_dump(
+        write_raw_dump(
+            tmp_path, {"Torch.f.0.forward": {"output": [stats_leaf(1.0, 0.0, 0.5, 1.0, md5="0a0b0c0d")]}}
+        )
+    )
     assert dump.has_md5 and dump.entries[0].leaves[0].md5 == "0a0b0c0d"
 
 
@@ -144,12 +194,14 @@ def test_missing_file(tmp_path: Path) -> None:
     ("record", "field"),
     [
         ({"type": "torch.Tensor", "dtype": "torch.float32", "shape": "2x3"}, "output.0.shape"),
-        ({"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "requires_grad": "yes"},
-         "output.0.requires_grad"),
+        (
+            {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "requires_grad": "yes"},
+            "output.0.requires_grad",
+        ),
         ({"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": [1]}, "output.0.Max"),
         ({"type": "torch.Tensor", "dtype": 5, "shape": [2]}, "output.0.dtype"),
     ],
-)  # fmt: skip
+)
 def test_schema_errors_name_file_entry_and_field(tmp_path: Path, record: dict[str, Any], field: str) -> None:
     path = write_raw_dump(tmp_path, {"Torch.f.0.forward": {"output": [record]}})
     with pytest.raises(DumpError) as info:
@@ -182,8 +234,14 @@ def test_unflushed_placeholder_is_refused(tmp_path: Path) -> None:
 
 def test_stack_json_new_form(tmp_path: Path) -> None:
     path = tmp_path / "stack.json"
-    path.write_text(json.dumps({"0": [["Torch.a.0.forward", "Torch.b.0.forward"], ["File a.py, line 1"]],
-                                "1": [["Torch.c.0.forward"], ["File c.py, line 3", "File d.py, line 4"]]}))
+    path.write_text(
+        json.dumps(
+            {
+                "0": [["Torch.a.0.forward", "Torch.b.0.forward"], ["File a.py, line 1"]],
+                "1": [["Torch.c.0.forward"], ["File c.py, line 3", "File d.py, line 4"]],
+            }
+        )
+    )
     stacks = load_stack(path)
     assert stacks["Torch.b.0.forward"] == ["File a.py, line 1"]
     assert stacks["Torch.c.0.forward"] == ["File c.py, line 3", "File d.py, line 4"]
@@ -204,11 +262,23 @@ def test_stack_json_bad_new_form(tmp_path: Path) -> None:
 
 def test_construct_json_normalises_parents(tmp_path: Path) -> None:
     path = tmp_path / "construct.json"
-    path.write_text(json.dumps({"Module.a.A.forward.0": None, "Torch.x.0.forward": "Module.a.A.forward.0",
-                                "Module.b.B.forward.0": "", "Torch.y.0.forward": ["Module.b.B.forward.0", 1],
-                                "megatron_micro_step_number": 2}))  # fmt: skip
-    assert load_construct(path) == {"Module.a.A.forward.0": None, "Torch.x.0.forward": "Module.a.A.forward.0",
-                                    "Module.b.B.forward.0": None, "Torch.y.0.forward": "Module.b.B.forward.0"}
+    path.write_text(
+        json.dumps(
+            {
+                "Module.a.A.forward.0": None,
+                "Torch.x.0.forward": "Module.a.A.forward.0",
+                "Module.b.B.forward.0": "",
+                "Torch.y.0.forward": ["Module.b.B.forward.0", 1],
+                "megatron_micro_step_number": 2,
+            }
+        )
+    )
+    assert load_construct(path) == {
+        "Module.a.A.forward.0": None,
+        "Torch.x.0.forward": "Module.a.A.forward.0",
+        "Module.b.B.forward.0": None,
+        "Torch.y.0.forward": "Module.b.B.forward.0",
+    }
 
 
 def test_rank_dirs_sorted_by_number_other_entries_ignored(tmp_path: Path) -> None:
