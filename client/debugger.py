@@ -199,7 +199,8 @@ class PrecisionDebugger:
                 from parity.client.uploader import BackgroundUploader
 
                 self._uploader = BackgroundUploader(cfg.server, run_name=cfg.run_name, project=cfg.project,
-                                                    tags=dict(cfg.tags), token=cfg.token)  # fmt: skip
+                                                    tags=dict(cfg.tags), token=cfg.token,
+                                                    close_at_exit=False)  # closed in _at_exit  # fmt: skip
             self._uploader.submit_rank_dir(step, rank, rank_dir)
         except Exception as exc:  # the upload is best effort: never break the training loop over it
             log.warning("parity: could not hand %s to the uploader: %s", rank_dir, exc)

@@ -111,7 +111,9 @@ class BackgroundUploader:
     ``{dump dir name}-{timestamp}``; ``device`` is detected (cuda → gpu, npu, else cpu). ``queue_size`` rank
     directories may wait; when the queue is full, :meth:`submit_rank_dir` blocks at most ``enqueue_timeout_s``
     then drops the item with a warning. ``retry_budget_s`` bounds the back-off of each request. ``client``
-    injects an ``httpx.Client`` (tests use ``httpx.MockTransport``).
+    injects an ``httpx.Client`` (tests use ``httpx.MockTransport``). ``close_at_exit=False`` is for an owner
+    that closes the uploader from its own atexit hook: atexit runs hooks last-registered-first, so the
+    uploader's own hook would close it before the owner's final flush could submit the last step.
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class BackgroundUploader:
         initial_backoff_s: float = 0.25,
         max_backoff_s: float = 8.0,
         close_timeout_s: float = 300.0,
+        close_at_exit: bool = True,
         client: httpx.Client | None = None,
     ) -> None:
         self.server = server or os.environ.get("PARITY_SERVER") or ""
@@ -164,7 +167,8 @@ class BackgroundUploader:
             return
         self._thread = threading.Thread(target=self._work, name="parity-uploader", daemon=True)
         self._thread.start()
-        atexit.register(self._close_at_exit)
+        if close_at_exit:
+            atexit.register(self._close_at_exit)
 
     # -- the training side ------------------------------------------------------------------------------
 
