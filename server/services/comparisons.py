@@ -23,7 +23,7 @@ from parity.server.schemas import (
     ComparisonSummary,
 )
 from parity.server.store import BlobStore, comparison_key
-from sqlalchemy import func, select
+from sqlalchemy import false, func, select, tuple_
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,16 @@ class _Finished:
         self.headers = headers
         self.header_json = {rank: json.dumps(h) for rank, h in headers.items()}
         self.counts: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+        self.rank_counts: list[tuple[int, int]] | None = None  # (rank, rows) in rank order
+
+
+def _seek(rank_counts: list[tuple[int, int]], offset: int) -> tuple[int, int] | None:
+    """The (rank, index) of the ``offset``-th row in (rank, index) order; indexes run 0..n-1 per rank."""
+    for rank, count in rank_counts:
+        if offset < count:
+            return rank, offset
+        offset -= count
+    return None
 
 
 class ComparisonService:
@@ -169,6 +179,7 @@ class ComparisonService:
             escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             where.append(t.name.like(f"%{escaped}%", escape="\\"))
         key = (failing, name, rank)
+        columns = (t.index, t.rank, t.api, t.status, t.highlight, t.cells)
         with self.db.read_engine.connect() as conn:
             with self._lock:
                 total = state.counts.get(key)
@@ -178,13 +189,24 @@ class ComparisonService:
                     state.counts[key] = total
                     while len(state.counts) > 512:
                         state.counts.popitem(last=False)
-            result = conn.execute(
-                select(t.index, t.rank, t.api, t.status, t.highlight, t.cells)
-                .where(*where)
-                .order_by(t.rank, t.index)
-                .limit(limit)
-                .offset(offset)
-            ).all()
+            stmt = select(*columns).where(*where).order_by(t.rank, t.index).limit(limit)
+            if failing is None and not name:
+                # Unfiltered pages seek through the primary key instead of stepping over ``offset`` rows:
+                # row indexes are dense per rank, so an offset is a (rank, index) position.
+                if rank is not None:
+                    stmt = stmt.where(t.index >= offset)
+                else:
+                    if state.rank_counts is None:
+                        per_rank = conn.execute(
+                            select(t.rank, func.count()).where(t.comparison_id == comparison_id)
+                            .group_by(t.rank).order_by(t.rank)
+                        ).all()  # fmt: skip
+                        state.rank_counts = [(int(r), int(n)) for r, n in per_rank]
+                    start = _seek(state.rank_counts, offset)
+                    stmt = stmt.where(tuple_(t.rank, t.index) >= start) if start else stmt.where(false())
+            else:
+                stmt = stmt.offset(offset)
+            result = conn.execute(stmt).all()
         dumps = json.dumps
         rows = ",".join(
             f'{{"index":{i},"rank":{r},"api":{dumps(api)},"status":{dumps(status)},'

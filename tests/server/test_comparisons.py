@@ -71,6 +71,13 @@ def test_comparison_of_two_runs(api: httpx.Client, tmp_path: Path) -> None:
     assert relu["count"] > 0 and all("relu" in r["cells"][0] for r in relu["data"])
     page = api.get(f"/comparisons/{done['id']}/rows", params={"limit": 2, "offset": 1}).json()
     assert page["count"] == rows["count"] and page["data"] == rows["data"][1:3]
+    n0 = rows["count"] - rank1["count"]  # an unfiltered page across the rank boundary
+    across = api.get(f"/comparisons/{done['id']}/rows", params={"limit": 3, "offset": n0 - 1}).json()
+    assert across["data"] == rows["data"][n0 - 1 : n0 + 2]
+    past = api.get(f"/comparisons/{done['id']}/rows", params={"offset": rows["count"]}).json()
+    assert past["data"] == [] and past["count"] == rows["count"]
+    failing_page = api.get(f"/comparisons/{done['id']}/rows", params={"failing": "true", "offset": 1}).json()
+    assert failing_page["data"] == failing["data"][1:101]
     assert api.get(f"/comparisons/{done['id']}/rows", params={"rank": 7}).status_code == 400
 
     # Reports: rank is required with two ranks, and the xlsx is the same table.
