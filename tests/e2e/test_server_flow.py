@@ -168,3 +168,37 @@ def test_commands_send_the_token(tmp_path: Path, unique: str, capsys: pytest.Cap
         with ParityClient(srv.url, token="ro-tok") as ro:
             (run,) = ro.find_runs(name=f"tok-{unique}")
             assert run["status"] == "complete"
+
+
+TRAIN_WITHOUT_FINAL_STEP = """
+import sys
+import torch
+from parity import PrecisionDebugger
+dump, url, name = sys.argv[1:4]
+debugger = PrecisionDebugger(task="statistics", dump_path=dump, level="L1", server=url, run_name=name,
+                             project="e2e")
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+for step in range(2):
+    debugger.start(model)
+    model(torch.ones(2, 4)).sum().backward()
+    debugger.stop()
+    if step == 0:
+        debugger.step()  # step 0 is uploaded while training runs (the uploader starts here)
+# no step() after the last stop(): the debugger's exit hook flushes step 1, and only then may the uploader
+# complete the run
+"""
+
+
+def test_debugger_uploads_the_step_flushed_at_exit(
+    server: ServerProcess, api: ParityClient, tmp_path: Path, unique: str
+) -> None:
+    name = f"exit-flush-{unique}"
+    done = subprocess.run(
+        [sys.executable, "-c", TRAIN_WITHOUT_FINAL_STEP, str(tmp_path / "dump"), server.url, name],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "WARNING" not in done.stderr, done.stderr
+    (run,) = api.find_runs(name=name, project="e2e")
+    assert run["status"] == "complete" and run["steps"] == [0, 1]
+    assert {f["path"] for f in api.list_files(run["id"])} == local_files(tmp_path / "dump")
