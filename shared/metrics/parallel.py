@@ -121,6 +121,7 @@ def _run_job(job: TensorPairJob, max_bytes: int | None) -> _Outcome:
 def _warm_up() -> None:
     """Load the compiled kernel (from numba's on-disk cache) once per worker, before the first real pair."""
     tiny = np.zeros(2, np.float32)
+    tiny.setflags(write=False)  # the signature memory-mapped dumps have
     compare_raw(RawTensor(tiny), RawTensor(tiny))
 
 
@@ -146,7 +147,8 @@ def compare_tensor_files(
 
     ``workers`` defaults to all cores; ``progress`` is called with the number of pairs just finished (1) after
     each, so ``tqdm.update`` fits. Every index comes back exactly once. Raises :class:`UnsafeFileError` for a
-    tensor file that needs pickle; other unreadable files become ``unsupported`` rows.
+    tensor file that needs pickle; other unreadable files become ``unsupported`` rows. ``in_process_bytes``
+    is the total size (both sides) from which a process pool is used instead of threads.
     """
     jobs = list(jobs)
     if not jobs:
