@@ -122,8 +122,10 @@ def _highlight_api(rows: Sequence[CompareRow], states: Sequence[str], messages: 
             _mark(rows, messages, i, yellow, YELLOW_REQUIRES_GRAD)
         if cols.npu_max >= 0 and row.status is not RowStatus.BENCH_ONLY:
             mx, mn = cells[cols.npu_max], cells[cols.npu_min]
-            # float cells are finite (the engine spells NaN/inf out); test the rare other kinds only
-            if (type(mx) is not float and _non_finite(mx)) or (type(mn) is not float and _non_finite(mn)):
+            # a finite float (the common cell) is settled by one subtraction; anything else goes the long way
+            if (not (type(mx) is float and mx - mx == 0.0) and _non_finite(mx)) or (
+                not (type(mn) is float and mn - mn == 0.0) and _non_finite(mn)
+            ):
                 _mark(rows, messages, i, red, RED_NAN_INF)
             elif cols.err >= 0:
                 err = cells[cols.err]
