@@ -1,0 +1,128 @@
+"""The advisor (compare.md §7.3, msprobe's texts) and Parity's ranked suspects."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from parity.shared.compare import advisor
+from parity.shared.compare.engine import compare_dumps
+from parity.shared.compare.options import CompareOptions
+from parity.shared.compare.result import Advice
+
+from tests.factories import stats_leaf, write_raw_dump
+
+OK = stats_leaf(1.0, 0.0, 0.5, 1.0)
+BAD = stats_leaf(9.0, 0.0, 0.5, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("Functional.linear.0.forward.input.0", advisor.FORWARD_INPUT_SUGGEST),
+        ("Functional.linear.0.forward.output.0", advisor.FORWARD_OUTPUT_SUGGEST),
+        ("Torch.matmul.0.forward.output.0", advisor.DETERMINISTIC_SUGGEST),
+        ("Functional.relu.0.backward.input.0", advisor.BACKWARD_INPUT_SUGGEST),
+        ("Functional.relu.0.backward.output.0", advisor.BACKWARD_OUTPUT_SUGGEST),
+        ("Functional.layer_norm.0.backward.output.0", advisor.DETERMINISTIC_SUGGEST),
+        (
+            "Module.input_layernorm.RMSNorm.forward.0.output.0",
+            advisor.FORWARD_INPUT_SUGGEST,
+        ),  # msprobe's quirk
+    ],
+)
+def test_advice_text_by_name(name: str, text: str) -> None:
+    assert advisor.advice_text(name) == text
+
+
+def test_format_advice_three_lines() -> None:
+    text = advisor.format_advice(Advice(line=3, suspect_node="Torch.f.0.forward.output.0", text="Do X."))
+    assert text == "Line: 3\nSuspect Nodes: Torch.f.0.forward.output.0\nExpert Advice: Do X.\n"
+
+
+def test_format_all_clear() -> None:
+    text = advisor.format_advice(Advice(line=None, suspect_node=None, text=advisor.NO_ERR_SUGGEST))
+    assert text == (
+        "Line: NA\nSuspect Nodes: NA\n"
+        "Expert Advice: All data in comparison result meets the accuracy requirements.\n"
+    )
+
+
+def _write(tmp_path: Path, npu: dict[str, Any], bench: dict[str, Any]) -> tuple[Path, Path]:
+    return write_raw_dump(tmp_path / "npu", npu), write_raw_dump(tmp_path / "bench", bench)
+
+
+def test_advice_points_at_the_first_failing_row(tmp_path: Path) -> None:
+    npu = {
+        "Torch.a.0.forward": {"input_args": [OK], "output": [OK]},
+        "Torch.b.0.forward": {"input_args": [OK], "output": [BAD]},
+    }
+    bench = {
+        "Torch.a.0.forward": {"input_args": [OK], "output": [OK]},
+        "Torch.b.0.forward": {"input_args": [OK], "output": [OK]},
+    }
+    result = compare_dumps(*_write(tmp_path, npu, bench), CompareOptions())
+    assert result.advice == Advice(
+        line=3, suspect_node="Torch.b.0.forward.output.0", text=advisor.FORWARD_OUTPUT_SUGGEST
+    )
+
+
+def test_unmatched_rows_are_not_the_advice(tmp_path: Path) -> None:
+    result = compare_dumps(*_write(tmp_path, {"Torch.x.0.forward": {"output": [OK]}}, {}), CompareOptions())
+    assert result.advice.line is None
+
+
+def _suspect_dumps(tmp_path: Path) -> tuple[Path, Path]:
+    npu = {
+        "Torch.a.0.forward": {"input_args": [OK], "output": [OK]},
+        "Torch.b.0.forward": {"input_args": [OK], "output": [BAD]},  # the error appears here
+        "Torch.c.0.forward": {"input_args": [BAD], "output": [BAD]},  # inherited: not a suspect
+        "Torch.c.0.backward": {"input": [OK], "output": [BAD]},
+    }
+    bench = {
+        "Torch.a.0.forward": {"input_args": [OK], "output": [OK]},
+        "Torch.b.0.forward": {"input_args": [OK], "output": [OK]},
+        "Torch.c.0.forward": {"input_args": [OK], "output": [OK]},
+        "Torch.c.0.backward": {"input": [OK], "output": [OK]},
+    }
+    return _write(tmp_path, npu, bench)
+
+
+def test_suspects_are_apis_whose_inputs_agree_but_outputs_do_not(tmp_path: Path) -> None:
+    result = compare_dumps(*_suspect_dumps(tmp_path), CompareOptions())
+    assert [(s.rank, s.api, s.direction) for s in result.suspects] == [
+        (1, "Torch.b.0.forward", "forward"),
+        (2, "Torch.c.0.backward", "backward"),
+    ]
+    first = result.suspects[0]
+    assert result.rows[first.row_index].cells[0] == "Torch.b.0.forward.output.0"
+    assert "Torch.b.0.forward.output.0" in first.reason and first.stack is None
+
+
+def test_suspects_carry_the_innermost_stack_frame(tmp_path: Path) -> None:
+    npu_json, bench_json = _suspect_dumps(tmp_path)
+    (npu_json.parent / "stack.json").write_text(
+        json.dumps(
+            {
+                "0": [
+                    ["Torch.b.0.forward"],
+                    ["File /w/model.py, line 7, in forward, \n y = b(x)", "File /w/train.py"],
+                ],
+                "1": [["Torch.c.0.forward"], ["File /w/model.py, line 9, in forward, \n z = c(y)"]],
+            }
+        )
+    )
+    result = compare_dumps(npu_json, bench_json, CompareOptions())
+    assert [s.stack for s in result.suspects] == [
+        "File /w/model.py, line 7, in forward, \n y = b(x)",
+        "File /w/model.py, line 9, in forward, \n z = c(y)",  # backward: the stack of its forward
+    ]
+
+
+def test_suspects_are_capped_per_direction(tmp_path: Path) -> None:
+    npu = {f"Torch.f{i}.0.forward": {"input_args": [OK], "output": [BAD]} for i in range(8)}
+    bench = {f"Torch.f{i}.0.forward": {"input_args": [OK], "output": [OK]} for i in range(8)}
+    result = compare_dumps(*_write(tmp_path, npu, bench), CompareOptions())
+    assert [s.api for s in result.suspects] == [f"Torch.f{i}.0.forward" for i in range(5)]
