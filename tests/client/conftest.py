@@ -111,6 +111,7 @@ def dump_once(
     PrecisionDebugger.reset()
     cfg_path = None
     if config is not None:
+        tmp.mkdir(parents=True, exist_ok=True)
         cfg_path = tmp / "config.json"
         cfg_path.write_text(json.dumps(config))
     PrecisionDebugger(cfg_path, dump_path=str(tmp), level=level, **kwargs)
