@@ -13,20 +13,21 @@ from parity.server.services.runs import RunService
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
-def get_run_service(request: Request) -> RunService:
+async def get_run_service(request: Request) -> RunService:
     service: RunService = request.app.state.run_service
     return service
 
 
-def get_comparison_service(request: Request) -> ComparisonService:
+async def get_comparison_service(request: Request) -> ComparisonService:
     service: ComparisonService = request.app.state.comparison_service
     return service
 
 
-def authorize(request: Request) -> None:
+async def authorize(request: Request) -> None:
     """``PARITY_TOKENS`` set: a known bearer token on every request, and a read-write one for writes.
 
-    Runs before any body is read, so a refused upload stores nothing.
+    Runs before any body is read, so a refused upload stores nothing. The dependencies are ``async`` (they
+    never block) so that FastAPI does not hop to a worker thread for them on every request.
     """
     roles: dict[str, bool] = request.app.state.token_roles
     if not roles:

@@ -42,7 +42,7 @@ def get_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> Com
     response_model=RowsPublic,
     responses={409: {"description": "The comparison has not succeeded"}},
 )
-def get_rows(
+async def get_rows(
     comparison_id: str,
     comparisons: ComparisonServiceDep,
     failing: bool | None = None,
@@ -52,8 +52,9 @@ def get_rows(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> Response:
     # Assembled from stored JSON text (no model validation): this is the hot endpoint.
-    body = comparisons.rows_json(comparison_id, failing=failing, name=name, rank=rank, limit=limit,
-                                 offset=offset)  # fmt: skip
+    body = await comparisons.rows_json_async(
+        comparison_id, failing=failing, name=name, rank=rank, limit=limit, offset=offset
+    )
     return Response(body, media_type="application/json")
 
 
