@@ -23,7 +23,7 @@ __all__ = ["COLLECTIVES", "DistributedPatch"]
 #: The wrapped ``torch.distributed`` functions.
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
+    "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
     "isend", "irecv", "barrier",
 )  # fmt: skip
 _ASYNC_ALWAYS = ("isend", "irecv")
