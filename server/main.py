@@ -51,6 +51,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upgrade(settings.resolved_database_url)
         db = Database.connect(settings.resolved_database_url)
         store = open_store(settings.resolved_store_url, data_dir / "tmp")
+        # One server per data directory: whatever is in its temp folders now was left by a killed server.
+        swept = store.sweep_temp()
+        if swept:
+            logger.info("removed %d temp file(s) left by the previous server", swept)
         queue = make_queue(settings, db)
         app.state.settings = settings
         app.state.token_roles = settings.token_roles()

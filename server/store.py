@@ -58,6 +58,21 @@ class BlobStore(Protocol):
         """Remove every blob under ``prefix/`` (a run's files, a comparison's reports)."""
         ...
 
+    def sweep_temp(self) -> int:
+        """Remove the temp files and job folders a killed server left behind; call only at start."""
+        ...
+
+
+def _sweep(folder: Path) -> int:
+    count = 0
+    for entry in folder.glob("*"):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        count += 1
+    return count
+
 
 class FileStore:
     """Blobs as files under one root directory."""
@@ -107,6 +122,9 @@ class FileStore:
 
     def delete_prefix(self, prefix: str) -> None:
         shutil.rmtree(self._path(prefix.rstrip("/")), ignore_errors=True)
+
+    def sweep_temp(self) -> int:
+        return _sweep(self._tmp)
 
 
 class S3Store:
@@ -174,6 +192,9 @@ class S3Store:
             objects = [{"Key": item["Key"]} for item in page.get("Contents", [])]
             if objects:
                 self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects})
+
+    def sweep_temp(self) -> int:
+        return _sweep(self._tmp)
 
 
 def open_store(url: str, temp_dir: Path) -> BlobStore:

@@ -179,6 +179,8 @@ def test_sigkill_during_compare_then_restart(backend: str, tmp_path: Path) -> No
             assert done["status"] == "succeeded", done["error"]
             assert done["summary"] == reference["summary"]
             assert all_rows(api, cid) == expected
+            # The killed attempt's staging folder is swept at start; the new attempt removes its own.
+            assert not list((data_dir / "blobs" / ".tmp").glob("*"))
     finally:
         restarted.stop()
     with engine.connect() as conn:
