@@ -68,6 +68,7 @@ class ComparisonService:
         self.queue = queue
         self._finished: OrderedDict[str, _Finished] = OrderedDict()
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
 
     def create(self, body: ComparisonCreate) -> ComparisonPublic:
         with self.db.read() as session:
@@ -209,11 +210,17 @@ class ComparisonService:
             with self._lock:
                 total = state.counts.get(key)
             if total is None:
-                total = int(conn.execute(select(func.count()).where(*where)).scalar_one())
-                with self._lock:
-                    state.counts[key] = total
-                    while len(state.counts) > 512:
-                        state.counts.popitem(last=False)
+                # One cold count at a time: 32 clients arriving together would otherwise all scan the
+                # same 100,000 rows at once (a substring count is a full scan of the comparison).
+                with self._count_lock:
+                    with self._lock:
+                        total = state.counts.get(key)
+                    if total is None:
+                        total = int(conn.execute(select(func.count()).where(*where)).scalar_one())
+                        with self._lock:
+                            state.counts[key] = total
+                            while len(state.counts) > 512:
+                                state.counts.popitem(last=False)
             stmt = select(*columns).where(*where).order_by(t.rank, t.index).limit(limit)
             if failing is None and not name:
                 # Unfiltered pages seek through the primary key instead of stepping over ``offset`` rows:
@@ -222,11 +229,13 @@ class ComparisonService:
                     stmt = stmt.where(t.index >= offset)
                 else:
                     if state.rank_counts is None:
-                        per_rank = conn.execute(
-                            select(t.rank, func.count()).where(t.comparison_id == comparison_id)
-                            .group_by(t.rank).order_by(t.rank)
-                        ).all()  # fmt: skip
-                        state.rank_counts = [(int(r), int(n)) for r, n in per_rank]
+                        with self._count_lock:
+                            if state.rank_counts is None:
+                                per_rank = conn.execute(
+                                    select(t.rank, func.count()).where(t.comparison_id == comparison_id)
+                                    .group_by(t.rank).order_by(t.rank)
+                                ).all()  # fmt: skip
+                                state.rank_counts = [(int(r), int(n)) for r, n in per_rank]
                     start = _seek(state.rank_counts, offset)
                     stmt = stmt.where(tuple_(t.rank, t.index) >= start) if start else stmt.where(false())
             else:
