@@ -170,3 +170,22 @@ def test_oversize_by_streamed_bytes_is_413(guarded: ServerProcess) -> None:
                       headers={"X-Content-SHA256": sha(data)})  # fmt: skip
         assert resp.status_code == 413 and "body exceeds" in resp.json()["detail"]
         assert stored(guarded, run["id"]) == [] and listed(rw, run["id"]) == []
+
+
+def test_client_gone_mid_upload_leaves_nothing(api: httpx.Client, server: ServerProcess) -> None:
+    import socket
+    import time
+
+    run = new_run(api)
+    data = b"z" * 100_000
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(
+            f"PUT /api/v1/runs/{run['id']}/files/step0/rank0/x.pt HTTP/1.1\r\nHost: x\r\n"
+            f"X-Content-SHA256: {sha(data)}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data[:5000]
+        )
+        time.sleep(0.3)  # let the server start streaming into its temp file
+    deadline = time.monotonic() + 10
+    while stored(server, run["id"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stored(server, run["id"]) == [] and listed(api, run["id"]) == []
+    assert put(api, run["id"], "step0/rank0/x.pt", data).status_code == 201  # the retry succeeds

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from parity.server.api.deps import ComparisonServiceDep, RunServiceDep
+from parity.server.errors import BadRequest
 from parity.server.schemas import Device, FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic, RunStatus
+from starlette.requests import ClientDisconnect
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -72,10 +75,19 @@ async def put_file(
     x_content_sha256: Annotated[str, Header(alias="X-Content-SHA256", description="sha256 of the body, hex")],
     content_length: Annotated[str | None, Header(alias="Content-Length")] = None,
 ) -> FilePublic:
-    result = await runs.upload(run_id, path, x_content_sha256, content_length, request.stream())
+    result = await runs.upload(run_id, path, x_content_sha256, content_length, _body(request, path))
     if not result.created:
         return JSONResponse(result.file.model_dump(), status_code=status.HTTP_200_OK)  # type: ignore[return-value]
     return result.file
+
+
+async def _body(request: Request, path: str) -> AsyncIterator[bytes]:
+    """The request body chunk by chunk; a client that goes away mid-upload is a one-line 400, not a 500."""
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect:
+        raise BadRequest(f"{path}: the client disconnected before the body was complete") from None
 
 
 @router.post("/{run_id}/complete", summary="Validate every dump.json and mark the run complete")
