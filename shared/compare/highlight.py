@@ -111,16 +111,19 @@ def _mark(rows: Sequence[CompareRow], messages: Sequence[list[str]], i: int, col
 def _highlight_api(rows: Sequence[CompareRow], states: Sequence[str], messages: Sequence[list[str]],
                    span: range, cols: _Columns, mode: CompareMode) -> None:  # fmt: skip
     red, yellow = Highlight.RED, Highlight.YELLOW
+    unmatched, bench_only = RowStatus.UNMATCHED, RowStatus.BENCH_ONLY
     in_rows: list[int] = []
     out_rows: list[int] = []
     for i in span:
         row = rows[i]
         cells = row.cells
-        if row.status in (RowStatus.UNMATCHED, RowStatus.BENCH_ONLY):
+        status = row.status
+        one_sided = status is unmatched or status is bench_only
+        if one_sided:
             row.highlight = yellow
         elif cells[cols.rg] is False:
             _mark(rows, messages, i, yellow, YELLOW_REQUIRES_GRAD)
-        if cols.npu_max >= 0 and row.status is not RowStatus.BENCH_ONLY:
+        if cols.npu_max >= 0 and status is not bench_only:
             mx, mn = cells[cols.npu_max], cells[cols.npu_min]
             # a finite float (the common cell) is settled by one subtraction; anything else goes the long way
             if (not (type(mx) is float and mx - mx == 0.0) and _non_finite(mx)) or (
@@ -132,7 +135,7 @@ def _highlight_api(rows: Sequence[CompareRow], states: Sequence[str], messages: 
                 value = err if type(err) is float else number(err)
                 if value is not None and abs(value) > HUGE_ERR:
                     _mark(rows, messages, i, red, RED_HUGE_ERR)
-        if row.status in (RowStatus.UNMATCHED, RowStatus.BENCH_ONLY):
+        if one_sided:
             continue
         state = states[i]
         if state in _IN_STATES:

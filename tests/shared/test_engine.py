@@ -214,7 +214,9 @@ def test_step_dir_without_ranks(tmp_path: Path) -> None:
 
 
 def test_fuzzy_match_in_tensor_mode(tmp_path: Path) -> None:
-    npu, bench = _tensor_pair(tmp_path, [("Torch.add.4.forward", [X], [X])], [("Torch.add.0.forward", [X], [X])])
+    npu, bench = _tensor_pair(
+        tmp_path, [("Torch.add.4.forward", [X], [X])], [("Torch.add.0.forward", [X], [X])]
+    )
     result = compare_dumps(npu, bench, CompareOptions(fuzzy_match=True, workers=1))
     assert _cell(result, 1, "Bench Name") == "Torch.add.0.forward.output.0"
     assert _cell(result, 1, "Cosine") == 1.0 and _cell(result, 1, "Accuracy Reached or Not") == "Yes"
