@@ -8,6 +8,7 @@ advice and suspects, each step one pass over plain lists.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -84,26 +85,19 @@ def compare_dumps(
     next to the NPU dump.json is auto-detected and turns the column on (compare.md §1.1). ``progress`` gets
     ``(done, total)`` in tensor pairs (tensor mode) or rows (other modes, once at the end).
     """
-    with gc_paused():  # see gc_paused: the collector alone took 60% of a statistics compare
-        return _compare_files(npu_dump_json, bench_dump_json, options, stack_path, progress)
-
-
-def _compare_files(npu_dump_json: Path, bench_dump_json: Path, options: CompareOptions,
-                   stack_path: Path | None, progress: Progress | None) -> CompareResult:  # fmt: skip
-    npu = load_dump(npu_dump_json)
-    bench = load_dump(bench_dump_json)
-    mode = detect_mode(npu, bench)
-    stacks: dict[str, list[str]] | None
-    if stack_path is not None:
-        stacks = load_stack(stack_path)
-        stack_mode = options.stack_mode
-    else:
-        found = sibling_stack_json(npu_dump_json)
-        stacks = load_stack(found) if found is not None else None
-        stack_mode = found is not None
-    result = compare_loaded(
-        npu, bench, mode, options, stacks=stacks, stack_mode=stack_mode, progress=progress
-    )
+    with gc_paused() as collector_was_on:
+        npu = load_dump(npu_dump_json)
+        bench = load_dump(bench_dump_json)
+        mode = detect_mode(npu, bench)
+        stacks: dict[str, list[str]] | None
+        if stack_path is not None:
+            stacks = load_stack(stack_path)
+            stack_mode = options.stack_mode
+        else:
+            found = sibling_stack_json(npu_dump_json)
+            stacks = load_stack(found) if found is not None else None
+            stack_mode = found is not None
+        result = _compare(npu, bench, mode, options, stacks, stack_mode, progress, collector_was_on)
     result.npu_path = str(npu_dump_json)
     result.bench_path = str(bench_dump_json)
     return result
@@ -177,18 +171,42 @@ def compare_loaded(
     progress: Progress | None = None,
 ) -> CompareResult:
     """Compare two already-read dumps in ``mode`` (see ``compare_dumps``)."""
+    with gc_paused() as collector_was_on:
+        return _compare(npu, bench, mode, options, stacks, stack_mode, progress, collector_was_on)
+
+
+def _compare(
+    npu: Dump,
+    bench: Dump,
+    mode: CompareMode,
+    options: CompareOptions,
+    stacks: Mapping[str, list[str]] | None,
+    stack_mode: bool,
+    progress: Progress | None,
+    collector_was_on: bool,
+) -> CompareResult:
+    """The pipeline, run with the cyclic collector paused (see gc_paused) except around tensor workers."""
     tensor = mode is CompareMode.TENSOR
-    npu_rows = side_rows(npu, tensor_mode=tensor)
-    bench_rows = side_rows(bench, tensor_mode=tensor)
-    pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
     header = full_header(mode, stack=stack_mode)
     table = _Table()
     stack_lookup = stacks if (stack_mode and stacks is not None) else None
+    npu_rows = side_rows(npu, tensor_mode=tensor)
+    bench_rows = side_rows(bench, tensor_mode=tensor)
+    pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
     _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack_mode,
                 stack_lookup)  # fmt: skip
     _build_bench_only(table, mode, bench_rows, pairing.bench_only, stack_mode)
+    paired = len(npu_rows) - pairing.bench_index.count(-1)
+    logger.debug("%s mode: %d NPU rows, %d bench rows, %d paired, %d bench-only", mode.value,
+                 len(npu_rows), len(bench_rows), paired, len(pairing.bench_only))  # fmt: skip
     if tensor:
-        _run_tensor_metrics(table, header, npu, bench, options, progress)
+        # Tensor workers can run long and allocate cyclic objects (futures, tracebacks): collector back on.
+        if collector_was_on:
+            gc.enable()
+        try:
+            _run_tensor_metrics(table, header, npu, bench, options, progress)
+        finally:
+            gc.disable()
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
     apply_highlights(table.rows, table.states, mode, header, table.messages)

@@ -121,17 +121,19 @@ class Dump:
 
 
 @contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[bool]:
     """Pause the cyclic garbage collector while building many small acyclic objects.
 
     Parsing a dump allocates millions of dicts and floats and none of them form cycles, yet each allocation
     burst triggers full collections that scan them all: measured, that was 60% of the time of a statistics
     compare. Reference counting still frees everything; the collector resumes (if it was on) on exit.
+    Yields whether it was on, so a long phase inside (tensor workers) can turn it back on meanwhile. Pause
+    once around a whole job: each resume makes the next allocation collect everything allocated meanwhile.
     """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        yield
+        yield was_enabled
     finally:
         if was_enabled:
             gc.enable()
@@ -265,6 +267,8 @@ class _Walker:
     ) -> Leaf:  # fmt: skip
         """A non-tensor argument (dump-format.md §4.3): stats = the value, shape ``[]`` (compare.md §2)."""
         kind = rec["type"]
+        if kind.endswith("Tensor"):
+            raise self.error(f"{path}.dtype", f"missing (a {kind} leaf needs its dtype)")
         value = rec.get("value")
         shape = "[]"
         if kind == "torch.Size":

@@ -221,3 +221,20 @@ def test_fuzzy_match_in_tensor_mode(tmp_path: Path) -> None:
     assert _cell(result, 1, "Bench Name") == "Torch.add.0.forward.output.0"
     assert _cell(result, 1, "Cosine") == 1.0 and _cell(result, 1, "Accuracy Reached or Not") == "Yes"
     assert "Fuzzy matching data, the comparison accuracy may be affected." in _cell(result, 1, "Err_message")
+
+
+def test_garbage_collector_state_is_restored(tmp_path: Path) -> None:
+    import gc
+
+    assert gc.isenabled()
+    compare_dumps(*_stats_pair(tmp_path), CompareOptions())
+    assert gc.isenabled()
+    with pytest.raises(DumpError):
+        compare_dumps(tmp_path / "missing.json", tmp_path / "missing.json", CompareOptions())
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        compare_dumps(*_stats_pair(tmp_path / "again"), CompareOptions())
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()

@@ -314,3 +314,9 @@ def test_rank_number_and_sibling_stack(tmp_path: Path) -> None:
     assert sibling_stack_json(dump_json) is None
     (tmp_path / "stack.json").write_text("{}")
     assert sibling_stack_json(dump_json) == tmp_path / "stack.json"
+
+
+def test_tensor_leaf_without_dtype_is_refused(tmp_path: Path) -> None:
+    rec = {"type": "torch.Tensor", "shape": [2], "Max": 1.0}
+    with pytest.raises(DumpError, match=r"field 'Torch.f.0.forward.output.0.dtype': missing"):
+        load_dump(write_raw_dump(tmp_path, {"Torch.f.0.forward": {"output": [rec]}}))
