@@ -9,6 +9,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 import anyio.to_thread
@@ -241,10 +242,11 @@ class ComparisonService:
             else:
                 stmt = stmt.offset(offset)
             result = conn.execute(stmt).all()
-        dumps = json.dumps
+        # json.encoder's C string quoting: a third of the cost of json.dumps for the per-row text fields.
+        quote = encode_basestring_ascii
         rows = ",".join(
-            f'{{"index":{i},"rank":{r},"api":{dumps(api)},"status":{dumps(status)},'
-            f'"highlight":{dumps(hl)},"cells":{cells}}}'
+            f'{{"index":{i},"rank":{r},"api":{quote(api)},"status":{quote(status)},'
+            f'"highlight":{quote(hl) if hl is not None else "null"},"cells":{cells}}}'
             for i, r, api, status, hl, cells in result
         )
         header_rank = str(rank) if rank is not None else min(state.headers, key=int, default=None)
