@@ -87,6 +87,7 @@ class DistributedPatch:
             entry: dict[str, Any] = {}
             if selected:
                 with rec.lock, quiet():
+                    rec.dirty = True
                     if rec.want_fwd_in:
                         entry.update(rec.encode_inputs(name, args, kwargs))
                     rec.data[name] = entry
@@ -106,6 +107,8 @@ class DistributedPatch:
     def _record_output(rec: Recorder, entry: dict[str, Any], name: str, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> None:  # fmt: skip
         with rec.lock, quiet():
+            rec.dirty = True
+            rec.stats.forget()  # the collective wrote into its tensors without bumping their _version
             values = [*args, *kwargs.values()]
             entry["output"] = [rec.encode(v, name, "output", (i,)) for i, v in enumerate(values)]
 

@@ -85,6 +85,7 @@ class ModuleHooks:
             rec.list_depth += 1
         entry: dict[str, Any] | None = None
         if selected:
+            rec.dirty = True
             rec.selected_modules.add(prefix)
             grad_on = torch.is_grad_enabled()  # read before quiet(), which turns grad off
             with quiet():
@@ -137,6 +138,7 @@ class ModuleHooks:
     # ----------------------------------------------------------------------------------------- backward
     @staticmethod
     def _bwd_entry(rec: Recorder, name: str) -> dict[str, Any]:
+        rec.dirty = True
         entry = rec.data.get(name)
         if entry is None:
             entry = rec.data[name] = {}

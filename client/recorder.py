@@ -109,7 +109,8 @@ class Recorder:
         self.stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = self.cfg.dump_path / f"step{self.step}" / f"rank{self.rank}"
         self.dir_writer = RankDirWriter(self.rank_dir)
-        self.dirty = False
+        self.dirty = False  # entries changed since the last flush
+        self.flushed = False
         if self.tensors:
             self.dir_writer.prepare(tensors=True)
 
@@ -231,6 +232,7 @@ class Recorder:
             self.api_counts[prefix_api] = n + 1
             return out
         entry: dict[str, Any] | None = None
+        self.dirty = True
         if self.want_fwd_in:
             with torch.no_grad():
                 entry = self.encode_inputs(fwd, args, kwargs)
@@ -256,6 +258,7 @@ class Recorder:
             # Node hook: grad_outputs are the grads of the API's outputs (msprobe "input"), grad_inputs the
             # grads flowing to its inputs ("output").
             with self.lock, quiet():
+                self.dirty = True
                 entry: dict[str, Any] = {}
                 if self.want_bwd_in:
                     entry["input"] = self.encode_grads(name, "input", grad_outputs)
@@ -269,8 +272,8 @@ class Recorder:
     def flush(self) -> Path | None:
         """Resolve statistics and rewrite the rank directory's JSON files; None when nothing was recorded."""
         with self.lock, quiet():
-            if not self.data and not self.dirty:
-                return None
+            if not self.dirty:  # unchanged since the last flush (stop() then step()): nothing to rewrite
+                return self.rank_dir if self.flushed else None
             self.stats.resolve()
             if self.writer is not None:
                 self.writer.drain()
@@ -283,6 +286,8 @@ class Recorder:
                 stacks=self.stacks if extra else None,
                 construct=(self.construct if self.modules_on else {}) if extra else None,
             )
+            self.dirty = False
+            self.flushed = True
             return self.rank_dir
 
     def close(self) -> None:

@@ -6,6 +6,10 @@ grouped by dtype; :meth:`StatsBuffer.resolve` stacks each group once and moves i
 exist from the start, so the key order of the file is msprobe's). Never one ``.item()`` per tensor.
 Callers run this with torch-function handling disabled and grad off (see ``quiet()``), so the tool's own
 reductions are neither recorded nor part of any autograd graph.
+
+The output of one call is usually the input of the next, and at mix a module's inputs and outputs are its
+APIs' tensors: a small cache keyed by tensor identity *and* ``_version`` (bumped by every in-place update)
+lets those leaves share one set of statistics instead of recomputing them.
 """
 
 from __future__ import annotations
@@ -53,11 +57,17 @@ class StatsBuffer:
     #: Resolve early past this many pending tensors, so a long step does not pile up device memory.
     MAX_PENDING = 20000
 
+    #: How many recent tensors the identity cache remembers (it holds references, so keep it small).
+    CACHE_SIZE = 64
+
     def __init__(self, *, md5: bool) -> None:
         self.md5 = md5
-        # dtype -> flat list of 0-d stat tensors (4 per float tensor, 2 per bool tensor), and their leaves
+        # dtype -> flat list of 0-d stat tensors (4 per float tensor, 2 per bool tensor), and per tensor the
+        # leaves that share those statistics
         self._values: dict[torch.dtype, list[torch.Tensor]] = {}
-        self._leaves: dict[torch.dtype, list[dict[str, Any]]] = {}
+        self._leaves: dict[torch.dtype, list[list[dict[str, Any]]]] = {}
+        # id(tensor) -> (tensor, version, the leaves list it feeds, md5); the tensor is held so its id is not reused
+        self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], str | None]] = {}
         self.pending = 0
 
     def leaf(self, t: torch.Tensor, data_name: str | None = None) -> dict[str, Any]:
@@ -76,6 +86,13 @@ class StatsBuffer:
             if self.md5 and not t.is_meta and t.layout is torch.strided:
                 leaf["md5"] = crc32_hex(t)
             return leaf
+        version = t._version
+        hit = self._cache.get(id(t))
+        if hit is not None and hit[0] is t and hit[1] == version:
+            hit[2].append(leaf)
+            if hit[3] is not None:
+                leaf["md5"] = hit[3]
+            return leaf
         x = t.detach()
         if dtype is torch.bool:
             vals = [x.any(), x.all()]
@@ -88,13 +105,22 @@ class StatsBuffer:
             vals = [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
         key = vals[0].dtype
         self._values.setdefault(key, []).extend(vals)
-        self._leaves.setdefault(key, []).append(leaf)
+        sharing = [leaf]
+        self._leaves.setdefault(key, []).append(sharing)
+        digest = None
         if self.md5:
-            leaf["md5"] = crc32_hex(t)
+            digest = leaf["md5"] = crc32_hex(t)
+        if len(self._cache) >= self.CACHE_SIZE:
+            del self._cache[next(iter(self._cache))]
+        self._cache[id(t)] = (t, version, sharing, digest)
         self.pending += 1
         if self.pending >= self.MAX_PENDING:
             self.resolve()
         return leaf
+
+    def forget(self) -> None:
+        """Drop the identity cache: for writes that do not bump ``_version`` (collectives write in C++)."""
+        self._cache.clear()
 
     def resolve(self) -> None:
         """Move every pending statistic to the host (one stack + tolist per dtype) and fill the leaves."""
@@ -102,12 +128,16 @@ class StatsBuffer:
             leaves = self._leaves[dtype]
             host = torch.stack(values).tolist()
             if dtype is torch.bool:
-                for i, leaf in enumerate(leaves):
-                    leaf["Max"], leaf["Min"] = bool(host[2 * i]), bool(host[2 * i + 1])
+                for i, sharing in enumerate(leaves):
+                    mx, mn = bool(host[2 * i]), bool(host[2 * i + 1])
+                    for leaf in sharing:
+                        leaf["Max"], leaf["Min"] = mx, mn
             else:
-                for i, leaf in enumerate(leaves):
+                for i, sharing in enumerate(leaves):
                     j = 4 * i
-                    leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"] = host[j : j + 4]
+                    for leaf in sharing:
+                        leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"] = host[j : j + 4]
         self._values.clear()
         self._leaves.clear()
+        self._cache.clear()
         self.pending = 0

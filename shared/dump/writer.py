@@ -8,15 +8,16 @@ flush rewrites the whole file, as msprobe does.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from json.encoder import encode_basestring_ascii as _encode_str
+
 from parity.shared.errors import DumpError
 
-__all__ = ["TENSOR_DIR", "RankDirWriter", "dump_document", "stack_document"]
+__all__ = ["TENSOR_DIR", "RankDirWriter", "dump_document", "dumps_indent1", "stack_document"]
 
 TENSOR_DIR = "dump_tensor_data"
 
@@ -37,12 +38,79 @@ def stack_document(stacks: Sequence[tuple[Sequence[str], Sequence[str]]]) -> dic
     return {str(i): [list(names), list(frames)] for i, (names, frames) in enumerate(stacks)}
 
 
+_INF = float("inf")
+
+
+def _float(f: float) -> str:
+    if f != f:
+        return "NaN"
+    if f == _INF:
+        return "Infinity"
+    if f == -_INF:
+        return "-Infinity"
+    return float.__repr__(f)
+
+
+def dumps_indent1(doc: Any) -> str:
+    """Exactly ``json.dumps(doc, indent=1)`` (bare NaN/Infinity included), about twice as fast.
+
+    The standard encoder falls back to its generator-based pure-Python path whenever ``indent`` is set;
+    one flat list of fragments joined at the end avoids that machinery on the training thread.
+    """
+    out: list[str] = []
+    app = out.append
+
+    def enc(o: Any, ind: int) -> None:
+        if isinstance(o, str):
+            app(_encode_str(o))
+        elif o is None:
+            app("null")
+        elif o is True:
+            app("true")
+        elif o is False:
+            app("false")
+        elif isinstance(o, int):
+            app(int.__repr__(o))
+        elif isinstance(o, float):
+            app(_float(o))
+        elif isinstance(o, dict):
+            if not o:
+                app("{}")
+                return
+            nl = "\n" + " " * (ind + 1)
+            sep = "{" + nl
+            for k, v in o.items():
+                app(sep)
+                sep = "," + nl
+                app(_encode_str(k if isinstance(k, str) else str(k)))
+                app(": ")
+                enc(v, ind + 1)
+            app("\n" + " " * ind + "}")
+        elif isinstance(o, (list, tuple)):
+            if not o:
+                app("[]")
+                return
+            nl = "\n" + " " * (ind + 1)
+            sep = "[" + nl
+            for v in o:
+                app(sep)
+                sep = "," + nl
+                enc(v, ind + 1)
+            app("\n" + " " * ind + "]")
+        else:
+            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+    enc(doc, 0)
+    return "".join(out)
+
+
 def _write_json(path: Path, doc: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
+        # One string, one write (json.dump would issue a write() per token); bare NaN/Infinity as msprobe.
+        text = dumps_indent1(doc)
         with open(tmp, "w", encoding="utf-8") as fh:
-            # allow_nan (the default) writes bare NaN/Infinity tokens, exactly as msprobe does.
-            json.dump(doc, fh, indent=1)
+            fh.write(text)
         os.replace(tmp, path)
     except (OSError, TypeError, ValueError) as exc:
         raise DumpError(path, f"cannot write: {exc}") from exc
