@@ -210,9 +210,14 @@ def _compare(
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
     apply_highlights(table.rows, table.states, mode, header, table.messages)
-    disagree, reasons = _finish_rows(table, header, mode)
+    disagree = _finish_rows(table, header, mode)
     advice = advise(table.rows, header, mode)
-    suspects = find_suspects(table.rows, table.states, disagree, reasons, stacks)
+    pos = {name: i for i, name in enumerate(header)}
+
+    def reason_of(i: int) -> str:
+        return _reason(table.rows[i], pos, mode)
+
+    suspects = find_suspects(table.rows, table.states, disagree, reason_of, stacks)
     return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects)
 
 
@@ -386,30 +391,31 @@ def _run_tensor_metrics(table: _Table, header: list[str], npu: Dump, bench: Dump
             row.cells[acc_col] = v.NO  # a failure found outside the metrics (a changed scalar argument)
 
 
-def _finish_rows(table: _Table, header: list[str], mode: CompareMode) -> tuple[list[bool], list[str]]:
-    """Fold highlights into statuses, write Err_message and Parity Status; return suspects' inputs."""
+def _finish_rows(table: _Table, header: list[str], mode: CompareMode) -> list[bool]:
+    """Fold highlights into statuses, write Err_message and Parity Status; return which rows disagree."""
     pos = {name: i for i, name in enumerate(header)}
     msg_col = pos.get("Err_message", -1)
     status_col = pos["Parity Status"]
     shape_col = pos.get("Cosine", -1)
     disagree: list[bool] = []
-    reasons: list[str] = []
+    red, yellow, fail, warning = Highlight.RED, Highlight.YELLOW, RowStatus.FAIL, RowStatus.WARNING
+    escalate, join, status_text = v.escalate, v.join_messages, _STATUS_TEXT
     for row, msgs in zip(table.rows, table.messages, strict=True):
-        if row.highlight is Highlight.RED:
-            row.status = v.escalate(row.status, RowStatus.FAIL)
-        elif row.highlight is Highlight.YELLOW:
-            row.status = v.escalate(row.status, RowStatus.WARNING)
-        text = v.join_messages(msgs) if msgs else ""
+        highlight = row.highlight
+        if highlight is red:
+            row.status = escalate(row.status, fail)
+        elif highlight is yellow:
+            row.status = escalate(row.status, warning)
+        cells = row.cells
         if msg_col >= 0:
-            row.cells[msg_col] = text
-        row.cells[status_col] = _STATUS_TEXT[row.status]
-        bad = row.status is RowStatus.FAIL or (shape_col >= 0 and row.cells[shape_col] == v.SHAPE_UNMATCHED)
-        disagree.append(bad)
-        reasons.append(_reason(row, pos, mode, text) if bad else "")
-    return disagree, reasons
+            cells[msg_col] = join(msgs) if msgs else ""
+        status = row.status
+        cells[status_col] = status_text[status]
+        disagree.append(status is fail or (shape_col >= 0 and cells[shape_col] == v.SHAPE_UNMATCHED))
+    return disagree
 
 
-def _reason(row: CompareRow, pos: Mapping[str, int], mode: CompareMode, text: str) -> str:
+def _reason(row: CompareRow, pos: Mapping[str, int], mode: CompareMode) -> str:
     """One line saying why a failing row fails, for the suspects list."""
     cells = row.cells
     if mode is CompareMode.TENSOR:
@@ -421,4 +427,5 @@ def _reason(row: CompareRow, pos: Mapping[str, int], mode: CompareMode, text: st
     else:
         facts = f"MD5 {cells[pos['NPU MD5']]} vs {cells[pos['BENCH MD5']]}"
     reason = f"{cells[0]}: {facts}"
+    text = cells[pos["Err_message"]] if "Err_message" in pos else None
     return f"{reason} ({text})" if text else reason

@@ -8,7 +8,7 @@ the error appeared inside that call. Forward and backward entries are ranked sep
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from parity.shared.compare.result import CompareRow, RowStatus, Suspect
 from parity.shared.dump.reader import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
@@ -41,12 +41,13 @@ def find_suspects(
     rows: Sequence[CompareRow],
     states: Sequence[str],
     disagree: Sequence[bool],
-    reasons: Sequence[str],
+    reason_of: Callable[[int], str],
     stacks: Mapping[str, list[str]] | None = None,
     *,
     limit: int = MAX_PER_DIRECTION,
 ) -> list[Suspect]:
-    """Suspects from the finished table: ``disagree[i]`` marks a failing row, ``reasons[i]`` says why."""
+    """Suspects from the finished table: ``disagree[i]`` marks a failing row, ``reason_of(i)`` says why
+    (a callable, so only the few suspects' rows pay for the text)."""
     found: dict[str, list[tuple[str, int]]] = {"forward": [], "backward": []}
     start, n = 0, len(rows)
     while start < n:
@@ -77,6 +78,6 @@ def find_suspects(
                 frames = stacks.get(api) or stacks.get(forward_name(api))
             suspects.append(Suspect(
                 rank=len(suspects) + 1, api=api, direction=direction, row_index=row_index,
-                reason=reasons[row_index], stack=frames[0] if frames else None,
+                reason=reason_of(row_index), stack=frames[0] if frames else None,
             ))  # fmt: skip
     return suspects

@@ -96,6 +96,8 @@ _ORDER = {RowStatus.PASS: 0, RowStatus.WARNING: 1, RowStatus.UNCOMPARABLE: 2, Ro
 
 def join_messages(fragments: list[str]) -> str:
     """Err_message: every fragment once, in order, without msprobe's trailing spaces, joined by a space."""
+    if len(fragments) == 1:
+        return fragments[0].strip()
     seen: dict[str, None] = {}
     for fragment in fragments:
         text = fragment.strip()
