@@ -155,7 +155,8 @@ def pair_fuzzy(npu: SideRows, bench: SideRows) -> Pairing:
 
     At step ``i`` row ``i`` of each side joins its queue; the newest NPU row is tried against the older bench
     rows, then newest against newest, then the older NPU rows against the newest bench row. The first hit
-    pairs, every NPU row queued before it is unmatched, and both queues drop everything up to the hit. Since
+    pairs, every NPU row queued before it is unmatched, and both queues drop everything up to the hit. When
+    one side runs out, the other keeps joining and matching against what is still queued. Since
     the queues only ever lose a prefix they are index ranges, and each lookup is a dict of positions.
     """
     npu_keys = row_keys(npu, {a: fuzzy_entry_name(a) for a in _unique_entries(npu.apis)})
