@@ -1,7 +1,7 @@
 """Step-time overhead of the dump: instrumented / plain, median of N steps after warm-up.
 
-A small transformer LM (4 layers, d_model 128, seq 64, batch 4, fp32, CPU; sized so a plain step is
-~50-150 ms on a laptop core); one training step = forward,
+A small transformer LM (4 layers, d_model 256, seq 128, batch 4, vocab 1000, fp32, CPU; sized so a plain
+step is ~50-150 ms on two cores); one training step = forward,
 loss, backward, SGD update. Modes: L0, L1, mix, L1 with md5 (task statistics). Run:
 
     .venv/bin/python benchmarks/bench_dump_overhead.py [--steps 10] [--profile L1]
@@ -17,16 +17,18 @@ import pstats
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import nn
-
 from parity.client import PrecisionDebugger
+from torch import nn
 
 
 class LM(nn.Module):
-    def __init__(self, vocab: int = 500, d: int = 128, layers: int = 4, heads: int = 4, seq: int = 64) -> None:
+    def __init__(
+        self, vocab: int = 1000, d: int = 256, layers: int = 4, heads: int = 4, seq: int = 128
+    ) -> None:
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(torch.zeros(seq, d))
@@ -47,31 +49,41 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, ta
     opt.step()
 
 
-def run(mode: str, steps: int, warmup: int, tmp: Path, profile: bool = False) -> tuple[float, float]:
+def run(
+    mode: str,
+    steps: int,
+    warmup: int,
+    tmp: Path,
+    profile: bool = False,
+    clock: Callable[[], float] = time.process_time,
+) -> tuple[float, float]:
     """Median plain and instrumented step times (s), the two interleaved step by step.
 
     The machine is shared, so load drifts over seconds; alternating a plain step on an unhooked copy of
-    the model with an instrumented step makes both medians see the same drift.
+    the model with an instrumented step makes both medians see the same drift, and the clock is the
+    process's CPU time (``--clock cpu``, the default), which other jobs on the machine do not inflate.
     """
     torch.manual_seed(0)
     plain_model = LM()
     model = copy.deepcopy(plain_model)
     plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.01)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    tokens = torch.randint(0, 500, (4, 64))
-    target = torch.randint(0, 500, (4, 64))
+    tokens = torch.randint(0, 1000, (4, 128))
+    target = torch.randint(0, 1000, (4, 128))
     level, _, summary = mode.partition("+")
     PrecisionDebugger.reset()
     cfg = tmp / f"{mode}.json"
-    cfg.write_text(json.dumps({"task": "statistics", "statistics": {"summary_mode": summary or "statistics"}}))
+    cfg.write_text(
+        json.dumps({"task": "statistics", "statistics": {"summary_mode": summary or "statistics"}})
+    )
     PrecisionDebugger(str(cfg), dump_path=str(tmp / mode), level=level)
     plain: list[float] = []
     inst: list[float] = []
     prof = cProfile.Profile() if profile else None
     for i in range(warmup + steps):
-        t0 = time.perf_counter()
+        t0 = clock()
         _step(plain_model, plain_opt, tokens, target)
-        t1 = time.perf_counter()
+        t1 = clock()
         if prof is not None and i >= warmup:
             prof.enable()
         PrecisionDebugger.start(model)
@@ -80,7 +92,7 @@ def run(mode: str, steps: int, warmup: int, tmp: Path, profile: bool = False) ->
         PrecisionDebugger.step()
         if prof is not None:
             prof.disable()
-        t2 = time.perf_counter()
+        t2 = clock()
         if i >= warmup:
             plain.append(t1 - t0)
             inst.append(t2 - t1)
@@ -95,19 +107,25 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", default=None, help="profile one mode with cProfile (e.g. L1)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: CPU time = work)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         if args.profile:
             run(args.profile, args.steps, args.warmup, tmp, profile=True)
             return
         targets = {"L0": 1.3, "L1": 2.0, "mix": 2.5, "L1+md5": None}
+        print(f"threads={args.threads} clock={args.clock} steps={args.steps} (median, interleaved)")
         print(f"{'mode':<8} {'plain ms':>9} {'dump ms':>9} {'ratio':>7} {'target':>7}")
         for mode, target in targets.items():
-            plain, inst = run(mode, args.steps, args.warmup, tmp)
+            plain, inst = run(mode, args.steps, args.warmup, tmp, clock=clock)
             tgt = f"<={target}" if target else "-"
-            print(f"{mode:<8} {plain * 1e3:>9.1f} {inst * 1e3:>9.1f} {inst / plain:>7.2f} {tgt:>7}", flush=True)
+            print(
+                f"{mode:<8} {plain * 1e3:>9.1f} {inst * 1e3:>9.1f} {inst / plain:>7.2f} {tgt:>7}", flush=True
+            )
 
 
 if __name__ == "__main__":

@@ -19,10 +19,9 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode, resolve_name
-
 from parity.client.naming_rules import OPERATOR_METHODS, api_name, operator_dunder
 from parity.client.recorder import Recorder
+from torch.overrides import TorchFunctionMode, resolve_name
 
 __all__ = ["ApiMode", "COMPILED_MARKER"]
 

@@ -71,7 +71,9 @@ def parse_index_list(value: Any, field_name: str, source: str | None = None) -> 
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list):
-        raise ConfigError(field_name, f'must be a list of ints, "N" or "a-b" strings, got {value!r}', source=source)
+        raise ConfigError(
+            field_name, f'must be a list of ints, "N" or "a-b" strings, got {value!r}', source=source
+        )
     out: set[int] = set()
     for item in value:
         if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
@@ -93,12 +95,16 @@ def parse_index_list(value: Any, field_name: str, source: str | None = None) -> 
                 out.update(range(a, b + 1))
                 continue
         raise ConfigError(
-            field_name, f'bad item {item!r}: allowed are ints >= 0, "N" and ranges "a-b" with a <= b', source=source
+            field_name,
+            f'bad item {item!r}: allowed are ints >= 0, "N" and ranges "a-b" with a <= b',
+            source=source,
         )
     return frozenset(out) if out else None
 
 
-def _choice(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str, where: str, src: str | None) -> str:
+def _choice(
+    raw: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str, where: str, src: str | None
+) -> str:
     value = raw.get(key, default)
     if value not in allowed:
         raise ConfigError(where, f"{value!r} is not allowed; allowed: {', '.join(allowed)}", source=src)
@@ -188,9 +194,11 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
         raise ConfigError("dump_path", f"must be a non-empty path string, got {dump_path!r}", source=src)
     tags = raw.get("tags") or {}
     if isinstance(tags, list) and all(isinstance(t, str) for t in tags):
-        tags = {t: "" for t in tags}
+        tags = dict.fromkeys(tags, "")
     if not isinstance(tags, dict):
-        raise ConfigError("tags", f"must be an object of strings or a list of strings, got {tags!r}", source=src)
+        raise ConfigError(
+            "tags", f"must be an object of strings or a list of strings, got {tags!r}", source=src
+        )
     return DebuggerConfig(
         task=task,
         dump_path=Path(dump_path),

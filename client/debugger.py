@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
 from parity.client.api_mode import ApiMode
 from parity.client.config import DebuggerConfig, load_config
 from parity.client.distributed import DistributedPatch
 from parity.client.errors import CaptureError
 from parity.client.modules import ModuleHooks
 from parity.client.recorder import Recorder
+from torch import nn
 
 __all__ = ["PrecisionDebugger", "seed_all"]
 
@@ -64,6 +63,7 @@ class PrecisionDebugger:
 
     _instance: PrecisionDebugger | None = None
     _lock = threading.Lock()
+    _initialised: bool
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PrecisionDebugger:
         with cls._lock:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from parity.client.recorder import Recorder
 from parity.client.stats import quiet
 
@@ -23,7 +22,8 @@ __all__ = ["COLLECTIVES", "DistributedPatch"]
 #: The wrapped ``torch.distributed`` functions.
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
+    "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "gather", "scatter",
+    "send", "recv",
     "isend", "irecv", "barrier",
 )  # fmt: skip
 _ASYNC_ALWAYS = ("isend", "irecv")
@@ -36,7 +36,9 @@ class DistributedPatch:
         self._get = get_recorder
         self._saved: list[tuple[Any, str, Any]] = []
         # id(Work) -> (the Work, kept alive so its id is not reused; recorder, entry, name, args, kwargs)
-        self._pending: dict[int, tuple[Any, Recorder, dict[str, Any], str, tuple[Any, ...], dict[str, Any]]] = {}
+        self._pending: dict[
+            int, tuple[Any, Recorder, dict[str, Any], str, tuple[Any, ...], dict[str, Any]]
+        ] = {}
 
     def install(self) -> None:
         import torch.distributed as dist

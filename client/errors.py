@@ -1,9 +1,9 @@
 """The exception tree of ``parity.client``; the CLI prints any of these as one line and exits 2.
 
-    ClientError          anything the client raises on purpose
-     +-- ConfigError     config.json or a constructor argument is unknown or invalid (names the field)
-     +-- CaptureError    the debugger was used in a way it cannot honour (e.g. L0 without a model)
-     +-- UploadError     a dump could not be uploaded to, or fetched from, a Parity server
+ClientError          anything the client raises on purpose
+ +-- ConfigError     config.json or a constructor argument is unknown or invalid (names the field)
+ +-- CaptureError    the debugger was used in a way it cannot honour (e.g. L0 without a model)
+ +-- UploadError     a dump could not be uploaded to, or fetched from, a Parity server
 """
 
 from __future__ import annotations

@@ -20,13 +20,12 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
-from torch.autograd.graph import register_multi_grad_hook
-from torch.utils.hooks import RemovableHandle
-
 from parity.client.recorder import Recorder, grad_tensors
 from parity.client.stats import quiet
 from parity.shared.dump.naming import backward_of, module_prefix, param_grad_file
+from torch import nn
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils.hooks import RemovableHandle
 
 __all__ = ["ModuleHooks"]
 
@@ -44,7 +43,9 @@ class ModuleHooks:
 
     def attach(self, model: nn.Module | Sequence[nn.Module]) -> None:
         """Hook ``model`` (or each of a list, named ``Module.{idx}.``) once; later calls are no-ops."""
-        roots = list(enumerate(model)) if isinstance(model, (list, tuple)) else [(None, model)]
+        roots: list[tuple[int | None, nn.Module]] = (
+            list(enumerate(model)) if isinstance(model, (list, tuple)) else [(None, model)]  # type: ignore[list-item]
+        )
         for idx, root in roots:
             if id(root) in self._attached:
                 continue
@@ -53,7 +54,9 @@ class ModuleHooks:
                 if not path or type(mod).__name__ == "FullyShardedDataParallel":
                     continue
                 prefix = module_prefix(path, type(mod).__name__, idx)
-                self.handles.append(mod.register_forward_pre_hook(partial(self._pre, prefix), with_kwargs=True))
+                self.handles.append(
+                    mod.register_forward_pre_hook(partial(self._pre, prefix), with_kwargs=True)
+                )
                 self.handles.append(mod.register_forward_hook(partial(self._post, prefix), with_kwargs=True,
                                                               always_call=True))  # fmt: skip
                 for pname, param in mod.named_parameters(recurse=False):
@@ -123,13 +126,16 @@ class ModuleHooks:
                     entry = {}
                 entry["output"] = rec.encode_output(name, output)
                 params = {
-                    p: rec.tensor_leaf(t, name, "parameters", (p,)) for p, t in module.named_parameters(recurse=False)
+                    p: rec.tensor_leaf(t, name, "parameters", (p,))
+                    for p, t in module.named_parameters(recurse=False)
                 }
                 if params:
                     entry["parameters"] = params
             if entry is not None:
                 rec.data.pop(name, None)
-                rec.data[name] = entry  # re-inserted at completion: a module follows the APIs inside it (§4.4)
+                rec.data[name] = (
+                    entry  # re-inserted at completion: a module follows the APIs inside it (§4.4)
+                )
             if rec.want_bwd_in and grad_on:
                 outs = grad_tensors(output, [])
                 if outs:
@@ -139,9 +145,10 @@ class ModuleHooks:
     @staticmethod
     def _bwd_entry(rec: Recorder, name: str) -> dict[str, Any]:
         rec.dirty = True
-        entry = rec.data.get(name)
+        entry: dict[str, Any] | None = rec.data.get(name)
         if entry is None:
-            entry = rec.data[name] = {}
+            entry = {}
+            rec.data[name] = entry
             if rec.want_bwd_in:
                 entry["input"] = []
             if rec.want_bwd_out:

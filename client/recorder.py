@@ -20,7 +20,6 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
-
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import TensorWriter
@@ -140,7 +139,9 @@ class Recorder:
         return True
 
     # ----------------------------------------------------------------------------------------- encoding
-    def tensor_leaf(self, t: Tensor, entry: str, category: str, path: tuple[int | str, ...]) -> dict[str, Any]:
+    def tensor_leaf(
+        self, t: Tensor, entry: str, category: str, path: tuple[int | str, ...]
+    ) -> dict[str, Any]:
         data_name = None
         if self.writer is not None:
             data_name = tensor_file(entry, category, path)
@@ -148,7 +149,9 @@ class Recorder:
         self.dirty = True
         return self.stats.leaf(t, data_name)
 
-    def encode(self, value: Any, entry: str, category: str, path: tuple[int | str, ...], key: str | None = None) -> Any:
+    def encode(
+        self, value: Any, entry: str, category: str, path: tuple[int | str, ...], key: str | None = None
+    ) -> Any:
         """One value as a dump.json leaf (§4.3 table); ``key`` is the kwarg name (dtype/device quirks)."""
         if isinstance(value, Tensor):
             return self.tensor_leaf(value, entry, category, path)
@@ -161,10 +164,13 @@ class Recorder:
         if isinstance(value, (list, tuple)):
             fields = getattr(value, "_fields", None)
             if fields is not None:  # namedtuple -> object keyed by field
-                return {f: self.encode(v, entry, category, (*path, f)) for f, v in zip(fields, value)}
+                pairs = zip(fields, value, strict=True)
+                return {f: self.encode(v, entry, category, (*path, f)) for f, v in pairs}
             return [self.encode(v, entry, category, (*path, i)) for i, v in enumerate(value)]
         if isinstance(value, dict):
-            return {str(k): self.encode(v, entry, category, (*path, str(k)), str(k)) for k, v in value.items()}
+            return {
+                str(k): self.encode(v, entry, category, (*path, str(k)), str(k)) for k, v in value.items()
+            }
         if isinstance(value, slice):
             return {"type": "slice", "value": [_plain(value.start), _plain(value.stop), _plain(value.step)]}
         if value is Ellipsis:
@@ -206,7 +212,8 @@ class Recorder:
         idx = self._stack_index.get(k)
         if idx is None:
             frames = [
-                f"File {c.co_filename}, line {ln}, in {c.co_name}, \n {linecache.getline(c.co_filename, ln).strip()}"
+                f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
+                f"{linecache.getline(c.co_filename, ln).strip()}"
                 for c, ln in k
             ]
             idx = self._stack_index[k] = len(self.stacks)

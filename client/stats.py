@@ -24,7 +24,8 @@ import torch
 __all__ = ["StatsBuffer", "crc32_hex", "quiet"]
 
 _DTYPE_STR: dict[torch.dtype, str] = {}
-_SKIP_DTYPES = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+_FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+_SKIP_DTYPES = {getattr(torch, n) for n in _FP8
                 if hasattr(torch, n)}  # fmt: skip
 
 
@@ -41,7 +42,7 @@ def crc32_hex(t: torch.Tensor) -> str:
     if flat.device.type != "cpu":
         flat = flat.cpu()
     data = flat.contiguous().view(torch.uint8).numpy()
-    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"  # type: ignore[arg-type]  # zero-copy buffer
 
 
 def _type_name(t: torch.Tensor) -> str:
@@ -66,7 +67,7 @@ class StatsBuffer:
         # leaves that share those statistics
         self._values: dict[torch.dtype, list[torch.Tensor]] = {}
         self._leaves: dict[torch.dtype, list[list[dict[str, Any]]]] = {}
-        # id(tensor) -> (tensor, version, the leaves list it feeds, md5); the tensor is held so its id is not reused
+        # id(tensor) -> (tensor, version, the leaves it feeds, md5); holding the tensor keeps its id unique
         self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], str | None]] = {}
         self.pending = 0
 

@@ -48,7 +48,7 @@ class TensorWriter:
                 except Exception as exc:  # a full disk must not stop training
                     self.errors += 1
                     if self.errors == 1:
-                        log.warning("parity: cannot write tensor file %s: %s (further errors logged at DEBUG)",
+                        log.warning("parity: cannot write %s: %s (further errors logged at DEBUG)",
                                     path, exc)  # fmt: skip
                     else:
                         log.debug("parity: cannot write tensor file %s: %s", path, exc)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring_ascii as _encode_str
 from pathlib import Path
 from typing import Any
-
-from json.encoder import encode_basestring_ascii as _encode_str
 
 from parity.shared.errors import DumpError
 
@@ -145,7 +144,9 @@ class RankDirWriter:
         """Write dump.json, and stack.json / construct.json when given (None = ``extra_info`` off)."""
         self.prepare(tensors=tensors)
         dump_json = self.rank_dir / "dump.json"
-        _write_json(dump_json, dump_document(task, level, data, self.tensor_dir.resolve() if tensors else None))
+        _write_json(
+            dump_json, dump_document(task, level, data, self.tensor_dir.resolve() if tensors else None)
+        )
         if stacks is not None:
             _write_json(self.rank_dir / "stack.json", stack_document(stacks))
         if construct is not None:

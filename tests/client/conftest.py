@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+from parity.client import PrecisionDebugger
 from torch import nn
 from torch.nn import functional as F
-
-from parity.client import PrecisionDebugger
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The dumps carry enough to find real precision problems: bf16 autocast is flagged, a noisy op is suspect 1."""
+"""The dumps find real precision problems: bf16 autocast is flagged, a noisy op is the first suspect."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.nn import functional as F
-
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import RowStatus
+from torch.nn import functional as F
+
 from tests.client.conftest import dump_once
 
 
@@ -58,4 +58,3 @@ def test_perturbed_gelu_is_first_suspect(tmp_path: Path, request: pytest.Fixture
     result = _compare(npu, bench)
     assert result.suspects, [r.api for r in result.rows if r.status is not RowStatus.PASS][:10]
     assert result.suspects[0].api == "Functional.gelu.0.forward"
-

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import RowStatus
+
 from tests.client.conftest import dump_once, load_data
 
 # Entries each model must produce at L1 (APIs) and L0 (modules), forward and backward.
@@ -17,7 +17,8 @@ EXPECTED_APIS = {
     "cnn": ["Functional.conv2d.0", "Functional.batch_norm.0", "Functional.relu.0", "Functional.max_pool2d.0",
             "Torch.flatten.0", "Functional.linear.0"],
     "transformer": ["Functional.embedding.0", "Tensor.chunk.0", "Torch.softmax.0", "Tensor.__matmul__.0",
-                    "Functional.layer_norm.0", "Functional.gelu.0", "Functional.dropout.0", "Tensor.__add__.0"],
+                    "Functional.layer_norm.0", "Functional.gelu.0", "Functional.dropout.0",
+                    "Tensor.__add__.0"],
     "lstm": ["VF.lstm.0", "Functional.linear.0", "Tensor.__getitem__.0"],
 }  # fmt: skip
 EXPECTED_MODULES = {

@@ -11,12 +11,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from parity.client import PrecisionDebugger
+
 from tests.client.conftest import load_data
 
 
-def test_compiled_region_is_one_marker_and_not_captured(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_compiled_region_is_one_marker_and_not_captured(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     def region(a: torch.Tensor) -> torch.Tensor:
         return torch.sin(a) * 2 + a.cos()
 
@@ -90,5 +92,7 @@ def test_collectives_recorded_per_rank_with_two_gloo_processes(tmp_path: Path) -
         async_ar = data["Distributed.all_reduce.1.forward"]
         assert async_ar["input_kwargs"]["async_op"] == {"type": "bool", "value": True}
         assert async_ar["output"][0]["Max"] == 3.0  # recorded at wait(), after completion
-        assert not any(n.startswith("Tensor.") for n in data), "the collectives' own tensor calls are not APIs"
+        assert not any(n.startswith("Tensor.") for n in data), (
+            "the collectives' own tensor calls are not APIs"
+        )
     assert json.loads((tmp_path / "step0/rank1/dump.json").read_text())["task"] == "statistics"

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from parity.client import PrecisionDebugger
 from parity.client.config import load_config, parse_index_list
 from parity.client.errors import CaptureError, ClientError, ConfigError
@@ -23,7 +22,10 @@ def _cfg(tmp_path: Path, doc: dict[str, Any]) -> str:
     ("doc", "pattern"),
     [
         ({"levle": "L1"}, r"field 'levle': unknown field; allowed: task, dump_path"),
-        ({"task": "overflow_check"}, r"field 'task': 'overflow_check' is not allowed; allowed: statistics, tensor"),
+        (
+            {"task": "overflow_check"},
+            r"field 'task': 'overflow_check' is not allowed; allowed: statistics, tensor",
+        ),
         ({"level": "L2"}, r"field 'level': 'L2' is not allowed; allowed: L0, L1, mix"),
         ({"statistics": {"data_mode": ["all", "forward"]}}, r"statistics.data_mode.*cannot be combined"),
         ({"statistics": {"data_mode": ["fwd"]}}, r"statistics.data_mode.*allowed: all, forward, backward"),
@@ -74,7 +76,6 @@ def test_singleton_and_model_required(tmp_path: Path) -> None:
 
 def test_seed_all_is_reproducible() -> None:
     import torch
-
     from parity.client import seed_all
 
     seed_all(7)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from parity.client import PrecisionDebugger
 from torch import nn
 
-from parity.client import PrecisionDebugger
 from tests.client.conftest import load_data, model_and_input, train_step
 
 
@@ -38,7 +38,10 @@ def test_inplace_ops_record_pre_mutation_inputs_and_every_backward(tmp_path: Pat
     relu_in = data["Functional.relu.0.forward"]["input_args"][0]
     relu_out = data["Functional.relu.0.forward"]["output"][0]
     assert relu_in["Min"] < 0 <= relu_out["Min"], "inputs must be recorded before the op mutates them"
-    add_in, add_out = data["Tensor.add_.0.forward"]["input_args"][0], data["Tensor.add_.0.forward"]["output"][0]
+    add_in, add_out = (
+        data["Tensor.add_.0.forward"]["input_args"][0],
+        data["Tensor.add_.0.forward"]["output"][0],
+    )
     assert add_out["Min"] == pytest.approx(add_in["Min"] + 1)
     assert data["Functional.linear.0.forward"]["output"][0]["Min"] == pytest.approx(add_in["Min"])
     for name in ("Tensor.add_.0.backward", "Functional.relu.0.backward", "Module.act.ReLU.backward.0",
@@ -70,5 +73,6 @@ def test_numerics_bit_for_bit(tmp_path: Path, kind: str, level: str) -> None:
     PrecisionDebugger(dump_path=str(tmp_path), level=level)
     loss, grads = run(True)
     assert torch.equal(loss, plain_loss)
-    assert len(grads) == len(plain_grads) and all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+    assert len(grads) == len(plain_grads)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
     assert json.loads((tmp_path / "step1" / "rank0" / "dump.json").read_text())["data"]

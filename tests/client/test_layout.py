@@ -7,8 +7,8 @@ import zlib
 from pathlib import Path
 
 import torch
-
 from parity.client import PrecisionDebugger
+
 from tests.client.conftest import dump_once, load_data
 
 TENSOR_KEYS = ["type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad"]
@@ -19,7 +19,12 @@ def test_statistics_layout_and_leaf_encoding(tmp_path: Path) -> None:
     rank_dir = root / "step0" / "rank0"
     doc = json.loads((rank_dir / "dump.json").read_text())
     assert list(doc) == ["task", "level", "framework", "dump_data_dir", "data"]
-    assert (doc["task"], doc["level"], doc["framework"], doc["dump_data_dir"]) == ("statistics", "mix", "pytorch", None)
+    assert (doc["task"], doc["level"], doc["framework"], doc["dump_data_dir"]) == (
+        "statistics",
+        "mix",
+        "pytorch",
+        None,
+    )
     leaf = doc["data"]["Functional.linear.0.forward"]["input_args"][0]
     assert list(leaf) == TENSOR_KEYS and leaf["dtype"] == "torch.float32" and isinstance(leaf["Max"], float)
     chunk = doc["data"]["Tensor.chunk.0.forward"]
@@ -57,7 +62,8 @@ def test_tensor_task_files_load_safely_and_match_json(tmp_path: Path) -> None:
     assert doc["dump_data_dir"] == str((rank_dir / "dump_tensor_data").resolve())
     data = doc["data"]
     for name in ("Functional.linear.0.forward.input.0.pt", "Functional.linear.0.forward.output.0.pt",
-                 "Functional.linear.0.backward.input.0.pt", "Module.fc1.Linear.forward.0.parameters.weight.pt",
+                 "Functional.linear.0.backward.input.0.pt",
+                 "Module.fc1.Linear.forward.0.parameters.weight.pt",
                  "Module.fc1.Linear.parameters_grad.0.weight.pt"):  # fmt: skip
         assert (rank_dir / "dump_tensor_data" / name).is_file(), name
     leaf = data["Functional.linear.0.forward"]["input_args"][1]
@@ -101,14 +107,25 @@ def test_non_tensor_values_and_special_leaves(tmp_path: Path) -> None:
     data = load_data(tmp_path)
     assert data["Tensor.__getitem__.0.forward"]["input_args"][1] == [
         {"type": "slice", "value": [1, 3, None]}, {"type": "ellipsis", "value": "..."}]  # fmt: skip
-    assert data["Tensor.to.0.forward"]["input_kwargs"]["dtype"] == {"type": "torch.dtype", "value": "torch.float64"}
-    assert data["Torch.zeros.0.forward"]["input_kwargs"]["device"] == {"type": "torch.device", "value": "cpu:None"}
+    assert data["Tensor.to.0.forward"]["input_kwargs"]["dtype"] == {
+        "type": "torch.dtype",
+        "value": "torch.float64",
+    }
+    assert data["Torch.zeros.0.forward"]["input_kwargs"]["device"] == {
+        "type": "torch.device",
+        "value": "cpu:None",
+    }
     assert data["Tensor.reshape.0.forward"]["input_args"][1] == {"type": "torch.Size", "value": [2, 8]}
     nan_leaf = data["Tensor.exp.0.forward"]["output"][0]
     assert nan_leaf["Max"] != nan_leaf["Max"]  # NaN survives as a bare NaN token
     assert "NaN" in (tmp_path / "step0/rank0/dump.json").read_text()
     bool_leaf = data["Tensor.logical_not.0.forward"]["output"][0]
-    assert (bool_leaf["Max"], bool_leaf["Min"], bool_leaf["Mean"], bool_leaf["Norm"]) == (False, False, None, None)
+    assert (bool_leaf["Max"], bool_leaf["Min"], bool_leaf["Mean"], bool_leaf["Norm"]) == (
+        False,
+        False,
+        None,
+        None,
+    )
     empty = data["Tensor.neg.0.forward"]["output"][0]
     assert (empty["shape"], empty["Max"], empty["Norm"]) == ([0], None, None)
     assert not any(n.startswith(("Tensor.size", "Tensor.dim", "Tensor.shape")) for n in data)

@@ -6,9 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-
 from parity.shared.dump.naming import (
-    api_entry, backward_of, module_entry, param_grad_entry, param_grad_file, parse_entry, tensor_file,
+    api_entry,
+    backward_of,
+    module_entry,
+    param_grad_entry,
+    param_grad_file,
+    parse_entry,
+    tensor_file,
 )  # fmt: skip
 from parity.shared.dump.writer import RankDirWriter, dumps_indent1
 
@@ -17,7 +22,13 @@ from parity.shared.dump.writer import RankDirWriter, dumps_indent1
     "doc",
     [
         {"a": [1, 2.5, None, True, False, "x\u00e9\n"], "b": {}, "c": [], "d": {"e": {"f": [[]]}}},
-        {"nan": float("nan"), "inf": [float("inf"), float("-inf")], "big": 1e300, "tiny": 5e-324, "neg": -0.0},
+        {
+            "nan": float("nan"),
+            "inf": [float("inf"), float("-inf")],
+            "big": 1e300,
+            "tiny": 5e-324,
+            "neg": -0.0,
+        },
         [],
         "s",
     ],
