@@ -47,6 +47,7 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, port: int, root: str) -> None:
+    original = dist.all_reduce
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         PrecisionDebugger(dump_path=root, level="L1")
@@ -68,6 +69,7 @@ def _worker(rank: int, port: int, root: str) -> None:
         work = dist.all_reduce(a, async_op=True)
         work.wait()
         PrecisionDebugger.stop()
+        assert dist.all_reduce is original, "the wrappers are removed at stop()"
         PrecisionDebugger.step()
         PrecisionDebugger.reset()
     finally:
