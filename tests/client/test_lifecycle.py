@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from parity.client import PrecisionDebugger
+
 from tests.client.conftest import load_data, model_and_input, train_step
 
 
@@ -40,7 +40,9 @@ def fake_uploader(monkeypatch: pytest.MonkeyPatch) -> type[FakeUploader]:
     return FakeUploader
 
 
-def test_each_flushed_step_is_handed_to_the_uploader(tmp_path: Path, fake_uploader: type[FakeUploader]) -> None:
+def test_each_flushed_step_is_handed_to_the_uploader(
+    tmp_path: Path, fake_uploader: type[FakeUploader]
+) -> None:
     PrecisionDebugger(dump_path=str(tmp_path), level="L1", server="http://parity:8000", run_name="r",
                       project="p", tags={"k": "v"}, token="t")  # fmt: skip
     model, x = model_and_input("mlp")
@@ -58,7 +60,9 @@ def test_each_flushed_step_is_handed_to_the_uploader(tmp_path: Path, fake_upload
     assert up.closed
 
 
-def test_uploader_errors_never_reach_the_training_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_uploader_errors_never_reach_the_training_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import parity.client.uploader as uploader
 
     def broken(*args: Any, **kwargs: Any) -> None:
@@ -107,5 +111,7 @@ def test_exit_flushes_a_run_that_never_stopped(tmp_path: Path) -> None:
         PrecisionDebugger.start()
         torch.exp(torch.ones(3))
     """)
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[2], timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[2], timeout=120
+    )
     assert "Torch.exp.0.forward" in load_data(tmp_path)
