@@ -22,6 +22,7 @@ import io
 import logging
 import os
 import pickle
+import re
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -127,10 +128,14 @@ def _load_pt_with_torch(path: Path) -> np.ndarray:
         raise DumpError(path, f"dtype {tensor.dtype} has no numpy equivalent: {exc}") from None
 
 
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _weights_only_reason(exc: Exception) -> str:
     """The informative line of torch's weights-only refusal, without its boilerplate."""
     boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
-    for line in str(exc).splitlines():
+    text = _ANSI_ESCAPE.sub("", str(exc))  # torch emphasises parts of the message with terminal escapes
+    for line in text.splitlines():
         line = line.replace("WeightsUnpickler error:", "").strip()
         if line and not line.startswith(boilerplate):
             return line
