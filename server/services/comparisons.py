@@ -30,6 +30,9 @@ from sqlalchemy import false, func, select, tuple_
 
 logger = logging.getLogger(__name__)
 
+#: Rows a read may step over and still run on the event loop (a few milliseconds of SQLite at most).
+INLINE_SCAN_ROWS = 10_000
+
 REPORT_FILES = {"report.xlsx": "report.xlsx", "advisor.txt": "advisor.txt"}
 
 
@@ -168,18 +171,39 @@ class ComparisonService:
         limit: int,
         offset: int,
     ) -> bytes:
-        """``rows_json`` from the event loop: inline when it is a bounded indexed read of a comparison whose
-        state and count are cached (well under a millisecond, cheaper than the hop to a worker thread), in a
-        worker thread otherwise (a first count, a substring search, a database round trip to PostgreSQL)."""
+        """``rows_json`` from the event loop: inline when it is a short read of a comparison whose state and
+        count are cached (under a millisecond: cheaper than the hop to a worker thread, and the hop is what
+        makes the latency tail under many clients), in a worker thread otherwise (a first count, a long scan,
+        a network round trip to PostgreSQL)."""
         read = functools.partial(
             self.rows_json, comparison_id, failing=failing, name=name, rank=rank, limit=limit, offset=offset
         )
-        with self._lock:
-            state = self._finished.get(comparison_id)
-            cached = state is not None and (failing, name, rank) in state.counts
-        if cached and not name and self.db.dialect == "sqlite" and (failing is None or offset < 10_000):
+        if self.db.dialect == "sqlite" and self._is_short_read(
+            comparison_id, failing, name, rank, limit, offset
+        ):
             return read()
         return await anyio.to_thread.run_sync(read)
+
+    def _is_short_read(
+        self,
+        comparison_id: str,
+        failing: bool | None,
+        name: str | None,
+        rank: int | None,
+        limit: int,
+        offset: int,
+    ) -> bool:
+        with self._lock:
+            state = self._finished.get(comparison_id)
+            count = state.counts.get((failing, name, rank)) if state is not None else None
+            rows = sum(n for _, n in state.rank_counts) if state is not None and state.rank_counts else None
+        if count is None:
+            return False
+        if name:
+            # A substring filter scans rows until it has offset + limit matches: about
+            # (offset + limit) * rows / matches of them, which must stay small to run on the event loop.
+            return rows is not None and (offset + limit) * rows <= INLINE_SCAN_ROWS * max(count, 1)
+        return failing is None or offset <= INLINE_SCAN_ROWS
 
     def rows_json(
         self,
@@ -223,20 +247,20 @@ class ComparisonService:
                             while len(state.counts) > 512:
                                 state.counts.popitem(last=False)
             stmt = select(*columns).where(*where).order_by(t.rank, t.index).limit(limit)
+            if state.rank_counts is None:
+                with self._count_lock:
+                    if state.rank_counts is None:
+                        per_rank = conn.execute(
+                            select(t.rank, func.count()).where(t.comparison_id == comparison_id)
+                            .group_by(t.rank).order_by(t.rank)
+                        ).all()  # fmt: skip
+                        state.rank_counts = [(int(r), int(n)) for r, n in per_rank]
             if failing is None and not name:
                 # Unfiltered pages seek through the primary key instead of stepping over ``offset`` rows:
                 # row indexes are dense per rank, so an offset is a (rank, index) position.
                 if rank is not None:
                     stmt = stmt.where(t.index >= offset)
                 else:
-                    if state.rank_counts is None:
-                        with self._count_lock:
-                            if state.rank_counts is None:
-                                per_rank = conn.execute(
-                                    select(t.rank, func.count()).where(t.comparison_id == comparison_id)
-                                    .group_by(t.rank).order_by(t.rank)
-                                ).all()  # fmt: skip
-                                state.rank_counts = [(int(r), int(n)) for r, n in per_rank]
                     start = _seek(state.rank_counts, offset)
                     stmt = stmt.where(tuple_(t.rank, t.index) >= start) if start else stmt.where(false())
             else:

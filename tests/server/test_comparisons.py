@@ -69,6 +69,7 @@ def test_comparison_of_two_runs(api: httpx.Client, tmp_path: Path) -> None:
     assert [r["index"] for r in rank1["data"]] == list(range(rank1["count"]))
     relu = all_rows(api, done["id"], name="relu")
     assert relu["count"] > 0 and all("relu" in r["cells"][0] for r in relu["data"])
+    assert all_rows(api, done["id"], name="relu") == relu  # the second read is served from the cached count
     page = api.get(f"/comparisons/{done['id']}/rows", params={"limit": 2, "offset": 1}).json()
     assert page["count"] == rows["count"] and page["data"] == rows["data"][1:3]
     n0 = rows["count"] - rank1["count"]  # an unfiltered page across the rank boundary
