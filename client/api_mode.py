@@ -43,6 +43,7 @@ class ApiMode(TorchFunctionMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
+        self.active = True  # False in a forked child (DataLoader workers): calls pass straight through
         self._names: dict[Any, _Name] = {}
         self._compiled_code: dict[CodeType, bool] = {}
         self._compiled_frame: FrameType | None = None
@@ -61,7 +62,7 @@ class ApiMode(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:  # fmt: skip
         if kwargs is None:
             kwargs = {}
-        if _is_compiling():
+        if not self.active or _is_compiling():
             return func(*args, **kwargs)
         try:
             name = self._names[func]

@@ -50,6 +50,22 @@ def seed_all(seed: int = 1234, mode: bool = False) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) inherits the mode and hooks: make them inert there.
+
+    Its copy of the step's entries would never be flushed, so recording in it only costs time."""
+    inst = PrecisionDebugger._instance
+    if inst is not None and getattr(inst, "_initialised", False):
+        inst.running = False
+        if inst._mode is not None:
+            inst._mode.active = False
+        inst.finished = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _current_rank() -> int:
     import torch.distributed as dist
 

@@ -115,3 +115,20 @@ def test_exit_flushes_a_run_that_never_stopped(tmp_path: Path) -> None:
         [sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[2], timeout=120
     )
     assert "Torch.exp.0.forward" in load_data(tmp_path)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_forked_child_records_nothing(tmp_path: Path) -> None:
+    import os
+
+    PrecisionDebugger(dump_path=str(tmp_path), level="L1")
+    PrecisionDebugger.start()
+    pid = os.fork()
+    if pid == 0:  # the child: a DataLoader worker would run transforms here
+        rec = PrecisionDebugger._instance.recorder  # type: ignore[union-attr]
+        torch.exp(torch.ones(2))
+        os._exit(0 if rec is not None and not rec.data else 1)
+    _, status = os.waitpid(pid, 0)
+    PrecisionDebugger.stop()
+    PrecisionDebugger.step()
+    assert os.waitstatus_to_exitcode(status) == 0
