@@ -12,6 +12,9 @@ from parity.server.services.runs import RunService
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
+#: JSON bodies (a run's tags and metadata, a compare request) are small; only file uploads are big.
+JSON_BODY_LIMIT = 1 << 20
+
 
 async def get_run_service(request: Request) -> RunService:
     service: RunService = request.app.state.run_service

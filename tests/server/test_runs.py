@@ -99,3 +99,10 @@ def test_openapi_declares_the_contract(server: ServerProcess) -> None:
     headers = {p["name"]: p for p in put_op["parameters"] if p["in"] == "header"}
     assert headers["X-Content-SHA256"]["required"] is True
     assert "application/octet-stream" in put_op["requestBody"]["content"]
+
+
+def test_oversized_json_body_is_413(api: httpx.Client) -> None:
+    before = api.get("/runs", params={"name": "huge"}).json()["count"]
+    resp = api.post("/runs", json={"name": "huge", "device": "npu", "metadata": {"blob": "x" * (2 << 20)}})
+    assert resp.status_code == 413
+    assert api.get("/runs", params={"name": "huge"}).json()["count"] == before == 0

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import StreamingResponse
-from parity.server.api.deps import ComparisonServiceDep
+from parity.server.api.deps import JSON_BODY_LIMIT, ComparisonServiceDep
 from parity.server.schemas import ComparisonCreate, ComparisonPublic, ComparisonsPublic, JobStatus, RowsPublic
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"])
@@ -14,7 +14,12 @@ router = APIRouter(prefix="/comparisons", tags=["comparisons"])
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, summary="Queue a comparison of two complete runs")
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Queue a comparison of two complete runs",
+    max_body_size=JSON_BODY_LIMIT,
+)
 def create_comparison(body: ComparisonCreate, comparisons: ComparisonServiceDep) -> ComparisonPublic:
     return comparisons.create(body)
 

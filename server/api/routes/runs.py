@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
-from parity.server.api.deps import ComparisonServiceDep, RunServiceDep
+from parity.server.api.deps import JSON_BODY_LIMIT, ComparisonServiceDep, RunServiceDep
 from parity.server.errors import BadRequest
 from parity.server.schemas import Device, FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic, RunStatus
 from starlette.requests import ClientDisconnect
@@ -22,7 +22,7 @@ _RAW_BODY = {
 }
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, summary="Create a run")
+@router.post("", status_code=status.HTTP_201_CREATED, summary="Create a run", max_body_size=JSON_BODY_LIMIT)
 def create_run(body: RunCreate, runs: RunServiceDep) -> RunPublic:
     return runs.create(body)
 
