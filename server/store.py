@@ -201,7 +201,9 @@ def open_store(url: str, temp_dir: Path) -> BlobStore:
     """The store for ``url``: ``file://`` or ``s3://``; anything else names the valid schemes."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
-        return FileStore(Path(unquote(parsed.path)))
+        # file:///abs/path; file://relative/path is read as a path relative to the working directory.
+        host = parsed.netloc if parsed.netloc not in ("", "localhost") else ""
+        return FileStore(Path(unquote(host + parsed.path)))
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise StoreError(f"PARITY_STORE_URL {url!r}: no bucket (expected s3://bucket/prefix)")
