@@ -33,6 +33,10 @@ def _operation_id(route: APIRoute) -> str:
 
 
 def make_queue(settings: Settings, db: Database) -> JobQueue:
+    if settings.job_backend == "celery":
+        from parity.server.jobs.celery_app import CeleryQueue
+
+        return CeleryQueue(settings, db)
     if settings.workers <= 0:
         return NullQueue()
     from parity.server.jobs.local import LocalProcessQueue

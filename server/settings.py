@@ -7,6 +7,7 @@ process configured through its environment never sees another's configuration.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +26,10 @@ class Settings(BaseSettings):
     workers: int = Field(default=2, ge=0, description="compare worker processes (0: jobs stay queued)")
     tokens: str | None = Field(default=None, description="comma-separated TOKEN or TOKEN:ro entries")
     max_upload_bytes: int = Field(default=DEFAULT_MAX_UPLOAD_BYTES, gt=0)
+    job_backend: Literal["local", "celery"] = Field(
+        default="local", description="local: a pool of processes in the server; celery: Celery workers"
+    )
+    celery_broker_url: str | None = Field(default=None, description="e.g. redis://localhost:6379/0")
 
     @field_validator("database_url")
     @classmethod
