@@ -50,29 +50,41 @@ def _float(f: float) -> str:
     return float.__repr__(f)
 
 
+def _scalar(o: Any) -> str | None:
+    """The JSON text of a scalar, or None for a container."""
+    t = type(o)
+    if t is str:
+        return _encode_str(o)
+    if t is float:
+        return _float(o)
+    if o is None:
+        return "null"
+    if o is True:
+        return "true"
+    if o is False:
+        return "false"
+    if t is int:
+        return int.__repr__(o)
+    if isinstance(o, str):
+        return _encode_str(o)
+    if isinstance(o, float):
+        return _float(o)
+    if isinstance(o, int):
+        return int.__repr__(o)
+    return None
+
+
 def dumps_indent1(doc: Any) -> str:
-    """Exactly ``json.dumps(doc, indent=1)`` (bare NaN/Infinity included), about twice as fast.
+    """Exactly ``json.dumps(doc, indent=1)`` (bare NaN/Infinity included), several times faster.
 
     The standard encoder falls back to its generator-based pure-Python path whenever ``indent`` is set;
-    one flat list of fragments joined at the end avoids that machinery on the training thread.
+    here scalars are formatted inline in the container loops and fragments are joined once at the end.
     """
     out: list[str] = []
     app = out.append
 
     def enc(o: Any, ind: int) -> None:
-        if isinstance(o, str):
-            app(_encode_str(o))
-        elif o is None:
-            app("null")
-        elif o is True:
-            app("true")
-        elif o is False:
-            app("false")
-        elif isinstance(o, int):
-            app(int.__repr__(o))
-        elif isinstance(o, float):
-            app(_float(o))
-        elif isinstance(o, dict):
+        if isinstance(o, dict):
             if not o:
                 app("{}")
                 return
@@ -83,7 +95,11 @@ def dumps_indent1(doc: Any) -> str:
                 sep = "," + nl
                 app(_encode_str(k if isinstance(k, str) else str(k)))
                 app(": ")
-                enc(v, ind + 1)
+                text = _scalar(v)
+                if text is None:
+                    enc(v, ind + 1)
+                else:
+                    app(text)
             app("\n" + " " * ind + "}")
         elif isinstance(o, (list, tuple)):
             if not o:
@@ -94,10 +110,17 @@ def dumps_indent1(doc: Any) -> str:
             for v in o:
                 app(sep)
                 sep = "," + nl
-                enc(v, ind + 1)
+                text = _scalar(v)
+                if text is None:
+                    enc(v, ind + 1)
+                else:
+                    app(text)
             app("\n" + " " * ind + "]")
         else:
-            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+            text = _scalar(o)
+            if text is None:
+                raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+            app(text)
 
     enc(doc, 0)
     return "".join(out)
