@@ -39,7 +39,8 @@ class ModuleHooks:
         self._get = get_recorder  # () -> Recorder | None: None while the debugger is not running
         self.handles: list[RemovableHandle] = []
         self._attached: set[int] = set()
-        self._active: list[tuple[str, dict[str, Any] | None, bool]] = []
+        # per active forward call: (entry name, its entry, selected by the filters, matched ``list`` at mix)
+        self._active: list[tuple[str, dict[str, Any] | None, bool, bool]] = []
 
     def attach(self, model: nn.Module | Sequence[nn.Module]) -> None:
         """Hook ``model`` (or each of a list, named ``Module.{idx}.``) once; later calls are no-ops."""
@@ -75,7 +76,7 @@ class ModuleHooks:
     def _pre(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         rec: Recorder | None = self._get()
         if rec is None or _is_compiling():
-            self._active.append(("", None, False))
+            self._active.append(("", None, False, False))
             return
         n = rec.module_counts.get(prefix, 0)
         rec.module_counts[prefix] = n + 1
@@ -101,19 +102,17 @@ class ModuleHooks:
                         register_multi_grad_hook(ins, partial(self._bwd_inputs, rec, backward_of(name)))
             if rec.cfg.extra_info:
                 rec.record_stack(name, sys._getframe(1))
-        # A trailing NUL marks a module that matched ``list`` at mix, so _post knows to leave its range.
-        self._active.append((name + "\0" if listed else name, entry, selected))
+        self._active.append((name, entry, selected, listed))
 
     def _post(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> None:  # fmt: skip
         if not self._active:
             return
-        name, entry, selected = self._active.pop()
+        name, entry, selected, listed = self._active.pop()
         rec: Recorder | None = self._get()
         if not name or rec is None:
             return
-        if name.endswith("\0"):
-            name = name[:-1]
+        if listed:  # leaving a module that matched ``list`` at mix: APIs after it are filtered again
             rec.list_depth -= 1
         if rec.module_stack and rec.module_stack[-1] == name:
             rec.module_stack.pop()
