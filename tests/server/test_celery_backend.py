@@ -3,8 +3,11 @@ embedded Celery worker (in-memory broker) that runs them with ``run_compare_job`
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from celery.contrib.testing.worker import start_worker
 from parity.server.db import Database
 from parity.server.jobs.base import NullQueue
@@ -15,6 +18,17 @@ from parity.server.settings import Settings
 from parity.server.store import FileStore
 
 from tests.server.conftest import ServerProcess, build_dump, upload_run, wait_comparison
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """An embedded worker reconfigures logging (root level ERROR, its own handler); later tests capture
+    WARNING records, so the root logger is put back as it was."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 def test_celery_worker_runs_the_job(tmp_path: Path) -> None:
@@ -29,6 +43,7 @@ def test_celery_worker_runs_the_job(tmp_path: Path) -> None:
             db = Database.connect(settings.resolved_database_url)
             queue = CeleryQueue(settings, db)
             queue.app.loader.import_module("celery.contrib.testing.tasks")  # the worker's ping task
+            queue.app.conf.worker_hijack_root_logger = False
             assert TASK_NAME in queue.app.tasks
             service = ComparisonService(db, FileStore(data_dir / "blobs"), queue)
             with start_worker(queue.app, perform_ping_check=False, shutdown_timeout=30):
