@@ -50,8 +50,9 @@ def run_compare_job(job_id: str, settings: Settings) -> None:
             store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
             _run(db, store, settings, job_id, attempt)
         except Exception as exc:
-            message = str(exc) if isinstance(exc, ServiceError) else f"{type(exc).__name__}: {exc}"
-            if not isinstance(exc, (ServiceError,)) and not _is_parity_error(exc):
+            expected = isinstance(exc, ServiceError) or _is_parity_error(exc)
+            message = str(exc) if expected else f"{type(exc).__name__}: {exc}"
+            if not expected:  # a bug, not bad input: keep the traceback in the log
                 logger.exception("comparison %s failed", job_id)
             _finish_failed(db, job_id, attempt, message or type(exc).__name__)
     finally:
@@ -163,7 +164,15 @@ def _run(db: Database, store: BlobStore, settings: Settings, job_id: str, attemp
 
         from parity.server.jobs.engine import compare_step
 
-        outputs = compare_step(npu_dir, bench_dir, options, out_dir, progress)
+        try:
+            outputs = compare_step(npu_dir, bench_dir, options, out_dir, progress)
+        except Exception as exc:
+            if not _is_parity_error(exc):
+                raise
+            # The engine names files by their staged paths; the client knows them by run and dump path.
+            message = str(exc).replace(f"{npu_dir}/", f"target run {target_id}: step{step}/")
+            message = message.replace(f"{bench_dir}/", f"bench run {bench_id}: step{step}/")
+            raise JobError(message.replace(f"{work_dir}/", "")) from exc
         for out in outputs:
             store.put_file(out.xlsx, comparison_key(job_id, f"rank{out.rank}/report.xlsx"))
             store.put_file(out.advisor, comparison_key(job_id, f"rank{out.rank}/advisor.txt"))
