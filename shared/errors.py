@@ -1,4 +1,4 @@
-"""The one exception tree of ``parity.shared`` (the dump format, the metrics, the compare engine, the reports).
+"""The one exception tree of ``parity.shared``: dump format, metrics, compare engine and reports.
 
 Every error names what it is about (a file, an entry, a field) so that a command line can print it as one line
 and exit 2, and a server can turn it into a 422, without either of them knowing the details.

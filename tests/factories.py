@@ -138,7 +138,7 @@ def stats_leaf(
     requires_grad: bool | None = False,
     md5: str | None = None,
 ) -> dict[str, Any]:
-    """A tensor record with the statistics given verbatim (NaN/inf/None allowed), for statistics-mode cases."""
+    """A tensor record with the statistics given verbatim (NaN/inf/None allowed), for statistics mode."""
     leaf: dict[str, Any] = {"type": "torch.Tensor", "dtype": dtype, "shape": list(shape),
                             "Max": max_, "Min": min_, "Mean": mean, "Norm": norm}  # fmt: skip
     if requires_grad is not None:
