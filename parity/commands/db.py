@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    # Before alembic is imported: it logs one INFO line per built-in plugin as it loads.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
     from parity.server.migrate import current_revision, upgrade
     from parity.server.settings import Settings
 

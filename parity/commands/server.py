@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +17,13 @@ def run(args: argparse.Namespace) -> int:
 
     from parity.server.main import create_app
     from parity.server.settings import Settings
+    from parity.server.store import open_store
 
-    app = create_app(Settings())
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line per plugin otherwise
+    settings = Settings()
+    # A wrong store URL is a one-line error here rather than a traceback from inside the app's startup.
+    open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
+    app = create_app(settings)
     # One process: the job pool lives in it, and uvicorn's --workers would start one pool per process.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
