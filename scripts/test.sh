@@ -3,17 +3,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
-# PostgreSQL for the server tests (PARITY_TEST_POSTGRES_URL). In CI a failure to start it is fatal; locally
-# the PostgreSQL tests are skipped (with a reason) when it cannot start. moto's S3 server is started by the
-# tests themselves (ThreadedMotoServer).
+# PostgreSQL and Redis for the server tests (PARITY_TEST_POSTGRES_URL, PARITY_TEST_REDIS_URL). In CI a
+# failure to start either is fatal; locally the tests needing one are skipped (with a reason) when it cannot
+# start. moto's S3 server is started by the tests themselves (ThreadedMotoServer).
 source scripts/services.sh
 trap services_stop EXIT
 if ! services_start; then
   if [ "${CI:-}" = "true" ]; then
-    echo "test.sh: PostgreSQL could not start; the server tests need it in CI" >&2
+    echo "test.sh: a service could not start; the server tests need PostgreSQL and Redis in CI" >&2
     exit 1
   fi
-  echo "test.sh: PostgreSQL could not start; its tests will be skipped" >&2
+  echo "test.sh: a service could not start; the tests needing it will be skipped" >&2
 fi
 set +e
 $BIN/python -m pytest -q -p no:cacheprovider "$@"
