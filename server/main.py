@@ -89,7 +89,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+        # Messages quoting a library's error (boto3, a JSON parser) can span lines; the client shows one.
+        return JSONResponse({"detail": " ".join(exc.message.split("\n"))}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        # A bug: the traceback goes to the log, the client gets a one-line JSON detail rather than
+        # Starlette's plain-text page.
+        logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        detail = f"internal error ({type(exc).__name__}) in {request.method} {request.url.path}; see the server log"
+        return JSONResponse({"detail": detail}, status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

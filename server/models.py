@@ -87,7 +87,12 @@ class RunTag(Base):
 
 
 class RunFile(Base):
-    """One stored file of a run; ``step``/``rank`` are parsed from ``stepN/rankR/...`` paths."""
+    """One stored file of a run; ``step``/``rank`` are parsed from ``stepN/rankR/...`` paths.
+
+    The primary key (run, path) is what decides a race between two uploads of one path: exactly one insert
+    wins. ``blob`` is the store key of the winner's bytes (revision 0003), so the row alone says which bytes
+    are the file; rows from before 0003 point at the old layout, ``runs/{run}/{path}``.
+    """
 
     __tablename__ = "run_files"
 
@@ -95,6 +100,7 @@ class RunFile(Base):
     path: Mapped[str] = mapped_column(String(1024), primary_key=True)
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
+    blob: Mapped[str] = mapped_column(Text)
     step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -25,10 +25,13 @@ class RunRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def get(self, run_id: str, *, for_update: bool = False) -> Run | None:
+    def get(self, run_id: str, *, for_update: bool = False, shared: bool = False) -> Run | None:
+        """``for_update``: lock the run row (PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already serialises
+        writers). ``shared`` makes it ``FOR SHARE``: uploads of one run proceed side by side, while deleting
+        or completing the run (``FOR UPDATE``) waits for them."""
         stmt = select(Run).where(Run.id == run_id)
         if for_update:
-            stmt = stmt.with_for_update()  # PostgreSQL: serialise writers of one run; SQLite ignores it
+            stmt = stmt.with_for_update(read=shared)
         return self.session.scalars(stmt).first()
 
     def filtered(

@@ -1,11 +1,14 @@
 """Blob stores: where uploaded dump files and generated reports live, chosen by ``PARITY_STORE_URL``.
 
-``file:///path`` keeps blobs as plain files laid out like the dump (``runs/{run}/step0/rank0/dump.json``), so
-workers read them in place. ``s3://bucket/prefix`` uses boto3 with the usual ``AWS_*`` variables
-(``AWS_ENDPOINT_URL`` for a local S3-compatible server); workers download what they need first.
+``file:///path`` keeps blobs as plain files under one root, so workers read (hard-link) them in place.
+``s3://bucket/prefix`` uses boto3 with the usual ``AWS_*`` variables (``AWS_ENDPOINT_URL`` for a local
+S3-compatible server); workers download what they need first.
 
 Uploads are written to a local temp file first (``new_temp``) and made visible with ``publish``, which is
-atomic on both stores, so a reader never sees half a file and a refused upload leaves nothing behind.
+atomic on both stores, so a reader never sees half a file and a refused upload leaves nothing behind. Each
+upload is published under its own key (``upload_key``: ``runs/{run}/blobs/{upload id}``), never under the
+client's path: two uploads of one path cannot overwrite each other's bytes, and the database row
+(``run_files``: path -> sha256, size, blob key) alone says which blob is the file.
 """
 
 from __future__ import annotations
@@ -37,7 +40,12 @@ class BlobStore(Protocol):
         ...
 
     def publish(self, temp: Path, key: str) -> None:
-        """Move ``temp`` to ``key`` atomically, replacing what was there; ``temp`` is gone afterwards."""
+        """Move ``temp`` to ``key`` atomically (keys of uploads are unique, so nothing is replaced);
+        ``temp`` is gone afterwards."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove one blob (an upload that lost its race); a missing blob is not an error."""
         ...
 
     def put_file(self, source: Path, key: str) -> None:
@@ -99,6 +107,9 @@ class FileStore:
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(temp, dest)
 
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
     def put_file(self, source: Path, key: str) -> None:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +168,12 @@ class S3Store:
         finally:
             temp.unlink(missing_ok=True)
 
+    def delete(self, key: str) -> None:
+        try:
+            self._s3.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as exc:
+            raise StoreError(f"s3 delete of {key} in {self.url} failed: {exc}") from exc
+
     def put_file(self, source: Path, key: str) -> None:
         try:
             self._s3.upload_file(str(source), self.bucket, self._key(key))
@@ -213,6 +230,12 @@ def open_store(url: str, temp_dir: Path) -> BlobStore:
 
 def run_key(run_id: str, path: str = "") -> str:
     return f"runs/{run_id}/{path}" if path else f"runs/{run_id}"
+
+
+def upload_key(run_id: str, upload_id: str) -> str:
+    """Where one upload's bytes live: unique per upload, under the run's prefix so deleting the run takes
+    it along."""
+    return f"runs/{run_id}/blobs/{upload_id}"
 
 
 def comparison_key(comparison_id: str, name: str = "") -> str:

@@ -23,7 +23,7 @@ from parity.server.errors import ServiceError
 from parity.server.models import Comparison, ComparisonRow, RunFile, utcnow
 from parity.server.repositories import RunRepository
 from parity.server.settings import Settings
-from parity.server.store import BlobStore, FileStore, comparison_key, open_store, run_key
+from parity.server.store import BlobStore, FileStore, comparison_key, open_store
 from sqlalchemy import delete, insert, update
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def _stage(store: BlobStore, run_id: str, files: Iterable[RunFile], dest: Path, 
     the engine ever seeing a symlink), downloads from a remote one."""
     count = 0
     for f in files:
-        key = run_key(run_id, f.path)
+        key = f.blob
         rel = f.path.split("/", 1)[1]  # drop "stepN/"
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -176,7 +176,7 @@ def _run(db: Database, store: BlobStore, settings: Settings, job_id: str, attemp
         for out in outputs:
             store.put_file(out.xlsx, comparison_key(job_id, f"rank{out.rank}/report.xlsx"))
             store.put_file(out.advisor, comparison_key(job_id, f"rank{out.rank}/advisor.txt"))
-        _finish_succeeded(db, job_id, attempt, outputs)
+        _finish_succeeded(db, store, job_id, attempt, outputs)
 
 
 def _row_name(cells: list[Any]) -> str:
@@ -187,34 +187,45 @@ def _row_name(cells: list[Any]) -> str:
     return ""
 
 
-def _finish_succeeded(db: Database, job_id: str, attempt: int, outputs: list[Any]) -> None:
+def _finish_succeeded(db: Database, store: BlobStore, job_id: str, attempt: int, outputs: list[Any]) -> None:
     summary, headers = build_summary(outputs)
-    table = ComparisonRow.__table__
     with db.write() as session:
         c = session.get(Comparison, job_id)
-        if c is None or c.attempt != attempt or c.status != "running":
-            logger.warning("comparison %s: attempt %d is stale; its result is dropped", job_id, attempt)
-            return
-        session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == job_id))
-        batch: list[dict[str, Any]] = []
-        for out in outputs:
-            for index, row in enumerate(out.result.rows):
-                status = getattr(row.status, "value", row.status)
-                highlight = getattr(row.highlight, "value", row.highlight)
-                batch.append({
-                    "comparison_id": job_id, "rank": out.rank, "index": index, "api": row.api,
-                    "status": status, "highlight": highlight, "name": _row_name(row.cells),
-                    "failing": status in FAILING_STATUSES,
-                    "cells": json.dumps(_json_safe(row.cells), separators=(",", ":")),
-                })  # fmt: skip
-                if len(batch) >= ROW_BATCH:
-                    session.execute(insert(table), batch)
-                    batch = []
-        if batch:
-            session.execute(insert(table), batch)
-        c.status, c.progress, c.finished_at = "succeeded", 1.0, utcnow()
-        c.summary, c.headers, c.error = summary, headers, None
+        if c is not None:
+            if c.attempt != attempt or c.status != "running":
+                logger.warning("comparison %s: attempt %d is stale; its result is dropped", job_id, attempt)
+                return
+            _insert_rows(session, job_id, outputs)
+            c.status, c.progress, c.finished_at = "succeeded", 1.0, utcnow()
+            c.summary, c.headers, c.error = summary, headers, None
+    if c is None:
+        # Deleted while it ran (with its run, or on its own): the deleter removed the reports that were there
+        # then, and the ones this job stored since would stay for good.
+        logger.info("comparison %s was deleted while it ran; its reports are removed", job_id)
+        store.delete_prefix(comparison_key(job_id))
+        return
     logger.info("comparison %s succeeded: %d rows", job_id, summary["rows"])
+
+
+def _insert_rows(session: Any, job_id: str, outputs: list[Any]) -> None:
+    table = ComparisonRow.__table__
+    session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == job_id))
+    batch: list[dict[str, Any]] = []
+    for out in outputs:
+        for index, row in enumerate(out.result.rows):
+            status = getattr(row.status, "value", row.status)
+            highlight = getattr(row.highlight, "value", row.highlight)
+            batch.append({
+                "comparison_id": job_id, "rank": out.rank, "index": index, "api": row.api,
+                "status": status, "highlight": highlight, "name": _row_name(row.cells),
+                "failing": status in FAILING_STATUSES,
+                "cells": json.dumps(_json_safe(row.cells), separators=(",", ":")),
+            })  # fmt: skip
+            if len(batch) >= ROW_BATCH:
+                session.execute(insert(table), batch)
+                batch = []
+    if batch:
+        session.execute(insert(table), batch)
 
 
 def _json_safe(cells: list[Any]) -> list[Any]:

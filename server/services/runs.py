@@ -17,13 +17,15 @@ from parity.server.errors import (
     Conflict,
     NotFound,
     PayloadTooLarge,
+    StoreError,
     Unprocessable,
 )
 from parity.server.models import Run, RunFile, RunTag, utcnow
 from parity.server.repositories import RunRepository, RunStats
 from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic
 from parity.server.services.paths import check_sha256, check_upload_path
-from parity.server.store import BlobStore, run_key
+from parity.server.store import BlobStore, run_key, upload_key
+from sqlalchemy.exc import IntegrityError
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +78,10 @@ class RunService:
         logger.info("run %s created (%s/%s)", run.id, run.project, run.name)
         return run_public(run, RunStats())
 
-    def _require(self, repo: RunRepository, run_id: str, *, for_update: bool = False) -> Run:
-        run = repo.get(run_id, for_update=for_update)
+    def _require(
+        self, repo: RunRepository, run_id: str, *, for_update: bool = False, shared: bool = False
+    ) -> Run:
+        run = repo.get(run_id, for_update=for_update, shared=shared)
         if run is None:
             raise NotFound(f"run {run_id!r} not found")
         return run
@@ -127,15 +131,20 @@ class RunService:
         return FilesPublic(data=files, count=len(files))
 
     # -- uploads ----------------------------------------------------------------------------------------
-    def _precheck(self, run_id: str, path: str, sha256: str) -> None:
+    def _settled(self, run_id: str, path: str, sha256: str, size: int | None = None) -> UploadResult | None:
+        """The answer for an upload that need not store anything: 404 for no run, 409 for a complete run
+        or other content under ``path``; the same content already stored is a 200 (None: store it)."""
         with self.db.read() as session:
             repo = RunRepository(session)
             run = self._require(repo, run_id)
+            existing = repo.file(run_id, path)
+            if existing is not None:
+                if existing.sha256 != sha256:
+                    raise Conflict(f"run {run_id}: {path} already exists with sha256 {existing.sha256}")
+                return UploadResult(FilePublic(path=path, size=existing.size, sha256=sha256), created=False)
             if run.status == "complete":
                 raise Conflict(f"run {run_id}: already complete, {path} cannot be added")
-            existing = repo.file(run_id, path)
-            if existing is not None and existing.sha256 != sha256:
-                raise Conflict(f"run {run_id}: {path} already exists with sha256 {existing.sha256}")
+        return None
 
     async def upload(
         self,
@@ -148,7 +157,8 @@ class RunService:
         """Stream ``body`` into a temp blob while hashing it, verify it, then publish it and record it.
 
         Every check that can be made before reading the body is made first (path, header, declared length,
-        run state); a refused upload never leaves its temp file behind.
+        run state); a refused upload never leaves its temp file or a blob behind. Everything that touches the
+        disk or the database runs in a worker thread, never on the event loop.
         """
         step, rank = check_upload_path(path)
         sha256 = check_sha256(sha256_header)
@@ -161,21 +171,25 @@ class RunService:
                 raise PayloadTooLarge(
                     f"{path}: Content-Length {declared} exceeds the limit of {self.max_upload_bytes} bytes"
                 )
-        await anyio.to_thread.run_sync(self._precheck, run_id, path, sha256)
+        await anyio.to_thread.run_sync(self._settled, run_id, path, sha256)
 
-        temp = self.store.new_temp()
+        temp = await anyio.to_thread.run_sync(self.store.new_temp)
         try:
             size, digest = await self._stream_to(temp, path, body)
             if digest != sha256:
                 raise Unprocessable(f"{path}: sha256 mismatch: header {sha256}, body {digest}")
-            return await anyio.to_thread.run_sync(self._publish, run_id, path, step, rank, size, sha256, temp)
+            # One thread call for publish + record + clean-up, so that a cancelled request cannot separate
+            # a published blob from its row (or from its removal).
+            return await anyio.to_thread.run_sync(self._commit, run_id, path, step, rank, size, sha256, temp)
         finally:
-            temp.unlink(missing_ok=True)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_unlink, temp)
 
     async def _stream_to(self, temp: Path, path: str, body: AsyncIterator[bytes]) -> tuple[int, str]:
         hasher = hashlib.sha256()
         size = 0
-        with open(temp, "wb") as fh:
+        fh = await anyio.to_thread.run_sync(open, temp, "wb")
+        try:
 
             def write(data: bytes) -> None:
                 hasher.update(data)
@@ -194,28 +208,55 @@ class RunService:
                     pending, pending_bytes = [], 0
             if pending:
                 await anyio.to_thread.run_sync(write, b"".join(pending))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(fh.close)
         return size, hasher.hexdigest()
 
-    def _publish(
+    def _commit(
         self, run_id: str, path: str, step: int | None, rank: int | None, size: int, sha256: str, temp: Path
     ) -> UploadResult:
-        # One write transaction per run (BEGIN IMMEDIATE on SQLite, a row lock on PostgreSQL), so that two
-        # uploads of one path cannot both publish, and a run cannot complete half way through an upload.
-        with self.db.write() as session:
-            repo = RunRepository(session)
-            run = self._require(repo, run_id, for_update=True)
-            if run.status == "complete":
-                raise Conflict(f"run {run_id}: already complete, {path} cannot be added")
-            existing = repo.file(run_id, path)
-            public = FilePublic(path=path, size=size, sha256=sha256)
-            if existing is not None:
-                if existing.sha256 != sha256:
-                    raise Conflict(f"run {run_id}: {path} already exists with sha256 {existing.sha256}")
-                return UploadResult(public, created=False)
-            self.store.publish(temp, run_key(run_id, path))
-            session.add(RunFile(run_id=run_id, path=path, size=size, sha256=sha256, step=step, rank=rank,
-                                created_at=utcnow()))  # fmt: skip
-        return UploadResult(public, created=True)
+        """Publish ``temp`` under a key of its own, then insert the row; the (run, path) primary key makes
+        exactly one of racing uploads win. A loser removes its blob and answers as a late retry would: 200
+        for the winner's content, 409 for other content.
+
+        No database lock is held while the blob is published (an S3 upload of a large tensor can take a
+        while); the transaction that records it is short.
+        """
+        settled = self._settled(run_id, path, sha256)  # the common case of a retry stores nothing
+        if settled is not None:
+            return settled
+        key = upload_key(run_id, uuid.uuid4().hex)
+        self.store.publish(temp, key)
+        try:
+            with self.db.write() as session:
+                repo = RunRepository(session)
+                # FOR SHARE: a concurrent delete or complete of the run waits until this row is in.
+                run = self._require(repo, run_id, for_update=True, shared=True)
+                if run.status == "complete":
+                    raise Conflict(f"run {run_id}: already complete, {path} cannot be added")
+                session.add(RunFile(run_id=run_id, path=path, size=size, sha256=sha256, blob=key, step=step,
+                                    rank=rank, created_at=utcnow()))  # fmt: skip
+                session.flush()
+        except IntegrityError:
+            self._discard(key)
+            settled = self._settled(run_id, path, sha256)
+            if settled is None:  # the winner's row is gone again (its run was deleted meanwhile)
+                raise Conflict(f"run {run_id}: {path} was changed by a concurrent request; retry") from None
+            logger.info("run %s: %s was stored by a concurrent upload of the same content", run_id, path)
+            return settled
+        except BaseException:
+            self._discard(key)
+            raise
+        return UploadResult(FilePublic(path=path, size=size, sha256=sha256), created=True)
+
+    def _discard(self, key: str) -> None:
+        """Remove the blob of an upload that was not recorded; a failure only leaves an orphan under the
+        run's prefix (deleted with the run), so it is logged, not raised over the real answer."""
+        try:
+            self.store.delete(key)
+        except (StoreError, OSError) as exc:
+            logger.warning("could not remove unrecorded blob %s: %s", key, exc)
 
     # -- complete ---------------------------------------------------------------------------------------
     def complete(self, run_id: str) -> RunPublic:
@@ -228,17 +269,19 @@ class RunService:
             run = self._require(repo, run_id)
             if run.status == "complete":
                 return run_public(run, repo.stats([run.id])[run.id])
-            dump_files = [f.path for f in repo.files(run_id) if f.path.rsplit("/", 1)[-1] == "dump.json"]
+            dump_files = {
+                f.path: f.blob for f in repo.files(run_id) if f.path.rsplit("/", 1)[-1] == "dump.json"
+            }
         if not dump_files:
             raise Unprocessable(f"run {run_id}: no dump.json uploaded")
 
         problem: str | None = None
         with tempfile.TemporaryDirectory(prefix="parity-validate-") as tmp:
-            for rel in dump_files:
-                local = self.store.local_path(run_key(run_id, rel))
+            for rel, blob in dump_files.items():
+                local = self.store.local_path(blob)
                 if local is None:
                     local = Path(tmp) / rel.replace("/", "__")
-                    self.store.download(run_key(run_id, rel), local)
+                    self.store.download(blob, local)
                 try:
                     load_dump(local)
                 except ParityError as exc:
@@ -247,6 +290,12 @@ class RunService:
         with self.db.write() as session:
             repo = RunRepository(session)
             run = self._require(repo, run_id, for_update=True)
+            if run.status != "complete" and problem is None:
+                # A dump.json uploaded while the others were being read has not been validated.
+                now = {f.path for f in repo.files(run_id) if f.path.rsplit("/", 1)[-1] == "dump.json"}
+                if now != set(dump_files):
+                    added = ", ".join(sorted(now - set(dump_files)))
+                    raise Conflict(f"run {run_id}: {added} arrived during validation; complete again")
             if problem is not None:
                 run.error = problem
             elif run.status != "complete":
@@ -255,6 +304,10 @@ class RunService:
             raise Unprocessable(problem)
         logger.info("run %s complete (%d dump.json files)", run_id, len(dump_files))
         return self.get(run_id)
+
+
+def _unlink(path: Path) -> None:
+    path.unlink(missing_ok=True)
 
 
 def _describe(exc: Exception) -> str:
