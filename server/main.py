@@ -97,7 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # A bug: the traceback goes to the log, the client gets a one-line JSON detail rather than
         # Starlette's plain-text page.
         logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        detail = f"internal error ({type(exc).__name__}) in {request.method} {request.url.path}; see the server log"
+        where = f"{request.method} {request.url.path}"
+        detail = f"internal error ({type(exc).__name__}) in {where}; see the server log"
         return JSONResponse({"detail": detail}, status_code=500)
 
     @app.exception_handler(RequestValidationError)
