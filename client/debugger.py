@@ -25,6 +25,7 @@ from parity.client.distributed import DistributedPatch
 from parity.client.errors import CaptureError
 from parity.client.modules import ModuleHooks
 from parity.client.recorder import Recorder
+from parity.client.tensor_writer import BackgroundWriter
 from torch import nn
 
 __all__ = ["PrecisionDebugger", "seed_all"]
@@ -118,7 +119,8 @@ class PrecisionDebugger:
         self._modules = ModuleHooks(self._active_recorder)
         self._dist = DistributedPatch(self._active_recorder)
         self._uploader: Any = None
-        self._submitted: set[tuple[int, int]] = set()
+        self._submitted: set[tuple[int, int]] = set()  # touched on the writer thread only
+        self._writer: BackgroundWriter | None = None  # started with the first recorder
         atexit.register(self._at_exit)
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -156,7 +158,9 @@ class PrecisionDebugger:
         if self.recorder is None or self.recorder.rank != rank or self.recorder.step != self.current_step:
             if self.recorder is not None:
                 self.recorder.close()
-            self.recorder = Recorder(cfg, rank, self.current_step)
+            if self._writer is None:
+                self._writer = BackgroundWriter()
+            self.recorder = Recorder(cfg, rank, self.current_step, self._writer)
         if model is not None and cfg.level in ("L0", "mix"):
             self._modules.attach(model)
         self.running = True
@@ -167,7 +171,7 @@ class PrecisionDebugger:
 
     @classmethod
     def stop(cls) -> None:
-        """Stop dumping and flush what the step holds so far (start may be called again in the same step)."""
+        """Stop dumping and queue what the step holds so far for writing (start may follow in the same step)."""
         self = cls._get()
         if not self.running:
             return
@@ -180,8 +184,18 @@ class PrecisionDebugger:
             self.recorder.flush()
 
     @classmethod
+    def drain(cls) -> None:
+        """Block until every flushed step is on disk (and handed to the uploader).
+
+        ``stop()`` and ``step()`` only queue their files for the background writer; call this before reading
+        the dump from the training process itself. Exit and :meth:`reset` drain on their own."""
+        writer = cls._get()._writer
+        if writer is not None:
+            writer.drain()
+
+    @classmethod
     def step(cls) -> None:
-        """Finish the step: flush, hand the rank directory to the uploader, reset counters, step += 1."""
+        """Finish the step: hand its files to the writer (then the uploader), reset counters, step += 1."""
         self = cls._get()
         was_running = self.running
         if was_running:
@@ -199,13 +213,14 @@ class PrecisionDebugger:
         rec = self.recorder
         if rec is None or rec.step != self.current_step:
             return
-        rank_dir = rec.flush()  # catches API backward hooks that fired after stop() (§1.3)
-        if rank_dir is not None:
-            self._submit(rec.step, rec.rank, rank_dir)
+        # final: catches API backward hooks that fired after stop() (§1.3); the uploader gets the directory
+        # on the writer thread, once its files are completely written
+        rec.flush(final=True, on_written=self._submit if self.config.server else None)
         rec.close()
         self.recorder = None
 
     def _submit(self, step: int, rank: int, rank_dir: Path) -> None:
+        """Writer thread: hand one completely written rank directory to the uploader (once per step/rank)."""
         cfg = self.config
         if not cfg.server or (step, rank) in self._submitted:
             return
@@ -228,6 +243,12 @@ class PrecisionDebugger:
             self._finish_step()
         except Exception as exc:  # interpreter shutdown: report, do not raise
             log.warning("parity: final flush failed: %s", exc)
+        if self._writer is not None:  # every queued file is written (and submitted) before the upload ends
+            try:
+                self._writer.close()
+            except Exception as exc:
+                log.warning("parity: finishing the dump files failed: %s", exc)
+            self._writer = None
         if self._uploader is not None:
             try:
                 self._uploader.close()

@@ -15,6 +15,7 @@ import sys
 import threading
 import zlib
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
-from parity.client.tensor_writer import TensorWriter
+from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.naming import backward_of, tensor_file
 from parity.shared.dump.writer import RankDirWriter
 
@@ -31,6 +32,7 @@ __all__ = ["Recorder"]
 log = logging.getLogger(__name__)
 
 Tensor = torch.Tensor
+_Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
 _SCALARS = (bool, int, float, str)
 # Frames of the tool itself are dropped from stack.json (the user wants their own code, not ours).
 _TOOL_DIRS = tuple(
@@ -73,12 +75,18 @@ def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
 class Recorder:
     """Entries of the current step for one rank, and everything needed to name and flush them."""
 
-    def __init__(self, cfg: DebuggerConfig, rank: int, step: int) -> None:
+    def __init__(self, cfg: DebuggerConfig, rank: int, step: int,
+                 background: BackgroundWriter | None = None) -> None:  # fmt: skip
         self.cfg = cfg
         self.rank = rank
         self.step = step
         self.tensors = cfg.task == "tensor"
-        self.writer = TensorWriter() if self.tensors else None
+        # One writer thread for the process (the debugger's), shared across steps so a step's files are
+        # written while the next step trains; a recorder used on its own gets (and closes) its own.
+        self._owns_background = background is None
+        self.background = BackgroundWriter() if background is None else background
+        self.writer = self.background if self.tensors else None  # tensor files: task ``tensor`` only
+        self._failed: set[Path] = set()  # rank dirs whose last write failed (writer thread only)
         self.lock = threading.RLock()
         self.want_fwd_in = cfg.wants("forward", "input")
         self.want_fwd_out = cfg.wants("forward", "output")
@@ -110,6 +118,7 @@ class Recorder:
         self.dir_writer = RankDirWriter(self.rank_dir)
         self.dirty = False  # entries changed since the last flush
         self.flushed = False
+        self.handed_over = False  # the step's live containers went to the writer (final flush)
         if self.tensors:
             self.dir_writer.prepare(tensors=True)
 
@@ -276,30 +285,81 @@ class Recorder:
         return hook
 
     # ------------------------------------------------------------------------------------------- flush
-    def flush(self) -> Path | None:
-        """Resolve statistics and rewrite the rank directory's JSON files; None when nothing was recorded."""
+    def flush(
+        self, *, final: bool = False, on_written: Callable[[int, int, Path], None] | None = None
+    ) -> Path | None:
+        """Resolve statistics and hand the step's documents to the writer thread; None if nothing recorded.
+
+        The training thread only moves the statistics to the host (one copy per dtype) and enqueues. The
+        documents handed off are never touched again: ``final`` (the step boundary) hands over the live
+        containers and starts fresh ones, so a hook firing after the step cannot reach them; otherwise
+        (``stop()``, recording may resume in this step) a snapshot is handed over. ``on_written`` runs on the
+        writer thread after the files are completely written, and only if they were.
+        """
         with self.lock, quiet():
-            if not self.dirty:  # unchanged since the last flush (stop() then step()): nothing to rewrite
-                return self.rank_dir if self.flushed else None
-            self.stats.resolve()
-            if self.writer is not None:
-                self.writer.drain()
-            extra = self.cfg.extra_info
-            self.dir_writer.write(
-                task=self.cfg.task,
-                level=self.cfg.level,
-                data=self.data,
-                tensors=self.tensors,
-                stacks=self.stacks if extra else None,
-                construct=(self.construct if self.modules_on else {}) if extra else None,
-            )
-            self.dirty = False
-            self.flushed = True
+            if self.dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
+                self.stats.resolve()
+                docs = self._take_documents() if final else self._snapshot_documents()
+                self.background.submit_call(partial(self._write, self.dir_writer, *docs), document=True)
+                self.dirty = False
+                self.flushed = True
+            if not self.flushed:  # unchanged since the last flush and never written: nothing to hand on
+                return None
+            if on_written is not None:
+                done = partial(self._after_write, on_written, self.step, self.rank, self.rank_dir)
+                self.background.submit_call(done)
             return self.rank_dir
 
+    def _snapshot_documents(self) -> _Documents:
+        """Copies deep enough that later recording cannot change them.
+
+        Recording after a flush only ever sets keys of an entry dict (``output``, backward ``input``, a
+        parameter's grad) or adds entries, stack names and construct keys; the values it stores are new
+        objects and resolved leaves are final. So one level of entry copies is a complete snapshot."""
+        data = {k: dict(v) if type(v) is dict else v for k, v in self.data.items()}
+        stacks = [(list(names), frames) for names, frames in self.stacks]
+        return data, stacks, dict(self.construct)
+
+    def _take_documents(self) -> _Documents:
+        """The live containers, replaced by fresh ones (what late hooks of this step may still touch)."""
+        docs = self.data, self.stacks, self.construct
+        self.handed_over = True
+        self.data = {}
+        self.grad_current = {}  # its dicts are entries of the data handed off
+        self.construct = {}
+        self.stacks = []
+        self._stack_index = {}
+        return docs
+
+    def _write(self, dir_writer: RankDirWriter, data: dict[str, Any],
+               stacks: list[tuple[list[str], list[str]]], construct: dict[str, str | None]) -> None:  # fmt: skip
+        """Writer thread: the rank directory's JSON files (tensor files queued before are already saved)."""
+        extra = self.cfg.extra_info
+        try:
+            dir_writer.write(
+                task=self.cfg.task,
+                level=self.cfg.level,
+                data=data,
+                tensors=self.tensors,
+                stacks=stacks if extra else None,
+                construct=(construct if self.modules_on else {}) if extra else None,
+            )
+        except Exception:
+            self._failed.add(dir_writer.rank_dir)
+            raise  # logged (once) by the writer
+        self._failed.discard(dir_writer.rank_dir)
+
+    def _after_write(self, on_written: Callable[[int, int, Path], None], step: int, rank: int,
+                     rank_dir: Path) -> None:  # fmt: skip
+        if rank_dir in self._failed:
+            log.debug("parity: %s was not written completely; not handed on", rank_dir)
+            return
+        on_written(step, rank, rank_dir)
+
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        """Stop this recorder's own writer thread (after its queue is written); a shared one stays."""
+        if self._owns_background:
+            self.background.close()
 
 
 def _plain(v: Any) -> Any:

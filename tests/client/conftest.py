@@ -129,5 +129,9 @@ def dump_once(
 
 
 def load_data(root: Path, step: int = 0, rank: int = 0) -> dict[str, Any]:
+    """``data`` of one dump.json, after the debugger's background writer (if any) has written it."""
+    inst = PrecisionDebugger._instance
+    if inst is not None and getattr(inst, "_initialised", False):
+        PrecisionDebugger.drain()
     doc = json.loads((root / f"step{step}" / f"rank{rank}" / "dump.json").read_text())
     return doc["data"]

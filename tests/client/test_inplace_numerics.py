@@ -75,4 +75,5 @@ def test_numerics_bit_for_bit(tmp_path: Path, kind: str, level: str) -> None:
     assert torch.equal(loss, plain_loss)
     assert len(grads) == len(plain_grads)
     assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
+    PrecisionDebugger.drain()
     assert json.loads((tmp_path / "step1" / "rank0" / "dump.json").read_text())["data"]
