@@ -171,7 +171,7 @@ class PrecisionDebugger:
 
     @classmethod
     def stop(cls) -> None:
-        """Stop dumping and queue what the step holds so far for writing (start may follow in the same step)."""
+        """Stop dumping and queue what the step holds so far for writing (start may follow in this step)."""
         self = cls._get()
         if not self.running:
             return

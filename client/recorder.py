@@ -331,8 +331,8 @@ class Recorder:
         self._stack_index = {}
         return docs
 
-    def _write(self, dir_writer: RankDirWriter, data: dict[str, Any],
-               stacks: list[tuple[list[str], list[str]]], construct: dict[str, str | None]) -> None:  # fmt: skip
+    def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: list[tuple[list[str], list[str]]],
+               construct: dict[str, str | None]) -> None:  # fmt: skip
         """Writer thread: the rank directory's JSON files (tensor files queued before are already saved)."""
         extra = self.cfg.extra_info
         try:
