@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
+_Stacks = list[tuple[list[str], list[str]]]
 _SCALARS = (bool, int, float, str)
 # Frames of the tool itself are dropped from stack.json (the user wants their own code, not ours).
 _TOOL_DIRS = tuple(
@@ -331,7 +332,7 @@ class Recorder:
         self._stack_index = {}
         return docs
 
-    def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: list[tuple[list[str], list[str]]],
+    def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: _Stacks,
                construct: dict[str, str | None]) -> None:  # fmt: skip
         """Writer thread: the rank directory's JSON files (tensor files queued before are already saved)."""
         extra = self.cfg.extra_info
