@@ -125,7 +125,7 @@ def test_comparison_requests_are_checked(api: httpx.Client, tmp_path: Path) -> N
 def test_failing_job_records_its_error(api: httpx.Client, server: ServerProcess, tmp_path: Path) -> None:
     target, bench = two_runs(api, tmp_path)
     # The store loses the bench run's files behind the server's back: the job must fail, not the server.
-    shutil.rmtree(server.data_dir / "blobs" / "runs" / bench["id"] / "step0")
+    shutil.rmtree(server.data_dir / "blobs" / "runs" / bench["id"] / "blobs")
     cid = api.post("/comparisons", json={"target_run": target["id"], "bench_run": bench["id"]}).json()["id"]
     done = wait_comparison(api, cid)
     assert done["status"] == "failed" and done["summary"] is None

@@ -49,10 +49,10 @@ def test_upgrade_empty_database(backend: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "parity", "db", "upgrade"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert revision(url) == head_revision() == "0002"
+    assert revision(url) == head_revision() == "0003"
     assert_matches_models(url)
     upgrade(url)  # a second upgrade is a no-op
-    assert revision(url) == "0002"
+    assert revision(url) == "0003"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -71,15 +71,22 @@ def test_upgrade_from_first_revision_keeps_data(backend: str, tmp_path: Path) ->
             "INSERT INTO comparisons (id, target_run_id, bench_run_id, options, status, progress, "
             "created_at) VALUES ('c1', 'r1', 'r1', '{}', 'queued', 0, CURRENT_TIMESTAMP)"
         ))  # fmt: skip
+        conn.execute(text(
+            "INSERT INTO run_files (run_id, path, size, sha256, step, rank, created_at) "
+            "VALUES ('r1', 'step0/rank0/dump.json', 2, :sha, 0, 0, CURRENT_TIMESTAMP)"
+        ), {"sha": "0" * 64})  # fmt: skip
     engine.dispose()
     upgrade(url)
-    assert revision(url) == "0002"
+    assert revision(url) == "0003"
     assert_matches_models(url)
     engine = create_engine(url)
     with engine.connect() as conn:
         row = conn.execute(text("SELECT status, attempt FROM comparisons WHERE id = 'c1'")).one()
+        blob = conn.execute(text("SELECT blob FROM run_files WHERE run_id = 'r1'")).scalar_one()
     engine.dispose()
     assert tuple(row) == ("queued", 0)
+    # A file stored before 0003 keeps the key it was published under.
+    assert blob == "runs/r1/step0/rank0/dump.json"
 
 
 def test_migrations_dir_is_found_from_the_package() -> None:

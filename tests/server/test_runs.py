@@ -79,7 +79,7 @@ def test_delete_run_removes_files(api: httpx.Client, server: ServerProcess, tmp_
     run = new_run(api)
     assert put(api, run["id"], "step0/rank0/dump.json", b"{}").status_code == 201
     blob_dir = server.data_dir / "blobs" / "runs" / run["id"]
-    assert (blob_dir / "step0/rank0/dump.json").is_file()
+    assert [p.read_bytes() for p in blob_dir.rglob("*") if p.is_file()] == [b"{}"]
     assert api.delete(f"/runs/{run['id']}").status_code == 204
     assert api.get(f"/runs/{run['id']}").status_code == 404
     assert not blob_dir.exists()

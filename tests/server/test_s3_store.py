@@ -53,14 +53,15 @@ def test_s3_store_end_to_end(s3_env: dict[str, str], tmp_path: Path) -> None:
             assert put(api, run["id"], "step0/rank0/stack.json", b"{}").status_code == 201
             assert put(api, run["id"], "step0/rank0/stack.json", b"{}").status_code == 200
             assert put(api, run["id"], "step0/rank0/x.pt", b"abc", digest=sha(b"abd")).status_code == 422
-            assert keys(s3_env, f"team/runs/{run['id']}/") == [
-                f"team/runs/{run['id']}/step0/rank0/stack.json"
-            ]
+            stored = keys(s3_env, f"team/runs/{run['id']}/")
+            assert len(stored) == 1 and stored[0].startswith(f"team/runs/{run['id']}/blobs/")
             assert not (tmp_path / "data" / "blobs").exists()
 
             target = upload_run(api, build_dump(tmp_path / "npu", perturb=0.5))
             bench = upload_run(api, build_dump(tmp_path / "gpu"))
-            assert f"team/runs/{target['id']}/step0/rank0/dump.json" in keys(s3_env, "team/runs/")
+            assert len(keys(s3_env, f"team/runs/{target['id']}/")) == api.get(
+                f"/runs/{target['id']}/files"
+            ).json()["count"]
             cid = api.post(
                 "/comparisons", json={"target_run": target["id"], "bench_run": bench["id"]}
             ).json()["id"]

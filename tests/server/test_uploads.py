@@ -18,7 +18,8 @@ RW, RO = "secret-rw", "secret-ro"
 
 
 def stored(server: ServerProcess, run_id: str) -> list[str]:
-    """Every blob of the run and every stray temp file: what a refused upload must not leave."""
+    """Every blob of the run (``blobs/{upload id}``) and every stray temp file: what a refused upload must
+    not leave."""
     blobs = server.data_dir / "blobs"
     run_dir = blobs / "runs" / run_id
     found = (
@@ -44,9 +45,9 @@ def test_put_is_idempotent_and_conflicts_on_other_content(api: httpx.Client, ser
     other = put(api, run["id"], "step0/rank0/dump.json", b'{"task": "statistics"}')
     assert other.status_code == 409 and "step0/rank0/dump.json" in other.json()["detail"]
     assert listed(api, run["id"]) == ["step0/rank0/dump.json"]
-    assert stored(server, run["id"]) == ["step0/rank0/dump.json"]
-    path = server.data_dir / "blobs" / "runs" / run["id"] / "step0/rank0/dump.json"
-    assert path.read_bytes() == b'{"task": "tensor"}'
+    (blob,) = stored(server, run["id"])  # the retry and the conflict stored nothing
+    assert blob.startswith("blobs/")
+    assert (server.data_dir / "blobs" / "runs" / run["id"] / blob).read_bytes() == b'{"task": "tensor"}'
 
 
 def test_sha_mismatch_is_422_and_nothing_is_kept(api: httpx.Client, server: ServerProcess) -> None:
