@@ -82,3 +82,27 @@ def test_s3_store_end_to_end(s3_env: dict[str, str], tmp_path: Path) -> None:
             assert not list((tmp_path / "data" / "tmp").glob("upload-*"))
     finally:
         srv.stop()
+
+
+def test_s3_racing_uploads_keep_one_object_matching_its_row(s3_env: dict[str, str], tmp_path: Path) -> None:
+    from tests.server.test_upload_race import N, bodies, race_puts
+
+    s3 = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                      aws_access_key_id="test", aws_secret_access_key="test")  # fmt: skip
+    srv = ServerProcess(tmp_path / "data", {**s3_env, "PARITY_STORE_URL": f"s3://{BUCKET}/race",
+                                            "PARITY_WORKERS": "0"}).start()  # fmt: skip
+    try:
+        with srv.client() as api:
+            run = new_run(api)
+            same = race_puts(srv, run["id"], "step0/rank0/same.pt", bodies(distinct=False, seed=1))
+            assert sorted(same) == [200] * (N - 1) + [201], same
+            other = race_puts(srv, run["id"], "step0/rank0/other.pt", bodies(distinct=True, seed=2))
+            assert sorted(other) == [201] + [409] * (N - 1), other
+            files = api.get(f"/runs/{run['id']}/files").json()["data"]
+        objects = keys(s3_env, f"race/runs/{run['id']}/")
+        assert len(objects) == len(files) == 2  # the losers' objects were deleted
+        stored = {sha(s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()) for k in objects}
+        assert stored == {f["sha256"] for f in files}
+        assert not list((tmp_path / "data" / "tmp").glob("upload-*"))
+    finally:
+        srv.stop()
