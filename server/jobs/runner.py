@@ -176,7 +176,9 @@ def _run(db: Database, store: BlobStore, settings: Settings, job_id: str, attemp
         for out in outputs:
             store.put_file(out.xlsx, comparison_key(job_id, f"rank{out.rank}/report.xlsx"))
             store.put_file(out.advisor, comparison_key(job_id, f"rank{out.rank}/advisor.txt"))
-        _finish_succeeded(db, store, job_id, attempt, outputs)
+    # After the staging folder is gone (the results are in memory, the reports in the store): a job seen
+    # as succeeded has left nothing in the temp folder.
+    _finish_succeeded(db, store, job_id, attempt, outputs)
 
 
 def _row_name(cells: list[Any]) -> str:

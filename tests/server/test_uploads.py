@@ -190,3 +190,12 @@ def test_client_gone_mid_upload_leaves_nothing(api: httpx.Client, server: Server
         time.sleep(0.05)
     assert stored(server, run["id"]) == [] and listed(api, run["id"]) == []
     assert put(api, run["id"], "step0/rank0/x.pt", data).status_code == 201  # the retry succeeds
+
+
+def test_a_path_segment_longer_than_a_file_name_is_stored(api: httpx.Client, server: ServerProcess) -> None:
+    # The client's path is a database key, never a file name in the store: a 300-character segment (over
+    # the 255 bytes a file name may have) is stored and listed like any other.
+    run = new_run(api)
+    path = "step0/rank0/dump_tensor_data/" + "a" * 300 + ".pt"
+    assert put(api, run["id"], path, b"t").status_code == 201
+    assert listed(api, run["id"]) == [path] and len(stored(server, run["id"])) == 1
