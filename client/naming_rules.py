@@ -29,7 +29,12 @@ IGNORED = frozenset({
     "__setstate__", "__getstate__", "__iter__", "__dir__", "__torch_function__", "item", "tolist", "numpy",
     "backward", "grad", "register_hook", "register_post_accumulate_grad_hook", "retain_grad",
     "requires_grad_", "_backward_hooks", "is_tensor",
+    # grad-mode switches (``torch.no_grad()`` blocks, the optimizer's ``step``) change no value
+    "_set_grad_enabled", "set_grad_enabled", "is_grad_enabled", "is_inference_mode_enabled",
 })  # fmt: skip
+
+#: Profiler bookkeeping (``record_function`` ranges that optimizers and modules open): markers, not maths.
+_IGNORED_NAMESPACES = ("profiler.", "torch.autograd.profiler.", "torch.profiler.", "torch.ops.profiler.")
 
 #: msprobe keeps a separate ``VF`` namespace for the RNN kernels nn.LSTM calls through ``torch._VF``.
 _VF_APIS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
@@ -96,7 +101,7 @@ def api_name(resolved: str | None, func: object) -> tuple[str, str] | None:
             return None
         module = getattr(func, "__module__", None) or "Torch"
         resolved = f"{module}.{qual}"
-    if resolved.endswith(("__get__", "__set__", "__delete__")):
+    if resolved.endswith(("__get__", "__set__", "__delete__")) or resolved.startswith(_IGNORED_NAMESPACES):
         return None
     if resolved.startswith("torch.Tensor."):
         prefix, api = "Tensor", resolved[len("torch.Tensor.") :]

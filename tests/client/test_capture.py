@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import RowStatus
 
-from tests.client.conftest import dump_once, load_data
+from parity.client import PrecisionDebugger
+
+from tests.client.conftest import dump_once, load_data, model_and_input, train_step
 
 # Entries each model must produce at L1 (APIs) and L0 (modules), forward and backward.
 EXPECTED_APIS = {
@@ -68,3 +71,22 @@ def test_capture_names_stable_and_self_compare_passes(tmp_path: Path, kind: str,
     assert result.rows
     bad = [(r.api, r.status) for r in result.rows if r.status is not RowStatus.PASS]
     assert not bad, bad[:5]
+
+
+
+def test_optimizer_step_records_its_maths_not_its_bookkeeping(tmp_path: Path) -> None:
+    """An optimizer's ``record_function`` profiler ranges and grad-mode switches are not APIs."""
+    PrecisionDebugger.reset()
+    PrecisionDebugger(dump_path=str(tmp_path), level="L1")
+    model, x = model_and_input("mlp")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+    PrecisionDebugger.start(model)
+    train_step(model, x)
+    optimizer.step()  # opens a profiler range and runs under no_grad
+    PrecisionDebugger.stop()
+    PrecisionDebugger.step()
+    names = list(load_data(tmp_path))
+    PrecisionDebugger.reset()
+    assert any(n.startswith("Tensor.add_.") for n in names), names  # the update itself is recorded
+    bookkeeping = [n for n in names if "profiler" in n or "grad_enabled" in n or "RecordFunction" in n]
+    assert not bookkeeping, bookkeeping
