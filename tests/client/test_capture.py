@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from parity.client import PrecisionDebugger
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import RowStatus
-
-from parity.client import PrecisionDebugger
 
 from tests.client.conftest import dump_once, load_data, model_and_input, train_step
 
