@@ -7,7 +7,6 @@ unique run names, so they never see each other's runs.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -23,17 +22,11 @@ from tests.factories import DumpBuilder
 BACKENDS = ["sqlite"] + (["postgres"] if os.environ.get("PARITY_TEST_POSTGRES_URL") else [])
 
 
-def _server_installed() -> bool:
-    return all(importlib.util.find_spec(m) for m in ("parity.commands.server", "parity.server.main"))
-
-
 @pytest.fixture(scope="module", params=BACKENDS)
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """A running server (module scope); its log is printed when it fails to start."""
-    if not _server_installed():
-        pytest.skip("parity.server is not installed in this checkout")
     env = {"PARITY_WORKERS": "2"}
     if request.param == "postgres":
         env["PARITY_DATABASE_URL"] = os.environ["PARITY_TEST_POSTGRES_URL"]

@@ -9,16 +9,12 @@ from pathlib import Path
 import openpyxl
 import pytest
 
-from tests.e2e.conftest import _server_installed
-
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
-    if not _server_installed():
-        pytest.skip("parity.server is not installed in this checkout")
     out_dir = tmp_path / "demo-output"
     done = subprocess.run(
         [sys.executable, "-m", "parity.demo", "-o", str(out_dir)],

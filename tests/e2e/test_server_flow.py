@@ -151,10 +151,6 @@ def test_sixteen_concurrent_uploaders(
 
 
 def test_commands_send_the_token(tmp_path: Path, unique: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.e2e.conftest import _server_installed
-
-    if not _server_installed():
-        pytest.skip("parity.server is not installed in this checkout")
     root = write_model_dump(tmp_path / "dump")
     with ServerProcess(
         tmp_path / "data", env={"PARITY_TOKENS": "rw-tok,ro-tok:ro", "PARITY_WORKERS": "0"}
