@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 
@@ -13,8 +14,17 @@ from sqlalchemy import Engine
 
 logger = logging.getLogger(__name__)
 
-#: The one migration tree for SQLite and PostgreSQL, beside the ``server`` folder in the source tree.
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+def _migrations_dir() -> Path:
+    """The one migration tree for SQLite and PostgreSQL: ``migrations/`` in the source tree, installed as
+    ``parity.migrations`` (found through the import system, so a wheel install finds it too)."""
+    spec = importlib.util.find_spec("parity.migrations")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parent.parent / "migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 
 def alembic_config(url: str) -> Config:
