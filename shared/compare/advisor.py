@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from parity.shared.compare.headers import CompareMode
-from parity.shared.compare.result import Advice, CompareRow
+from parity.shared.compare.result import Advice, CompareRow, RowStatus
 
 NO_ERROR = "NA"
 NO_ERR_SUGGEST = "All data in comparison result meets the accuracy requirements."
@@ -67,12 +67,18 @@ def _deterministic(message: str, node_name: str) -> str:
 
 
 def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode) -> Advice:
-    """The first row (table order) whose verdict fails, or the all-clear advice."""
+    """The first row (table order) that fails, or the all-clear advice.
+
+    msprobe looks at its verdict column only; Parity also counts a row that its highlight rules paint red (a
+    NaN maximum, an output whose error ratio collapses while its inputs agree): its status is ``fail``, and an
+    all-clear line above a list of suspects would contradict the report it heads.
+    """
     column, failing = FAILING_VERDICT[mode]
     verdict_col = header.index(column)
     name_col = header.index("NPU Name")
+    fail = RowStatus.FAIL
     for line, row in enumerate(rows):
-        if row.cells[verdict_col] == failing:
+        if row.cells[verdict_col] == failing or row.status is fail:
             name = str(row.cells[name_col])
             return Advice(line=line, suspect_node=name, text=advice_text(name))
     return Advice(line=None, suspect_node=None, text=NO_ERR_SUGGEST)

@@ -126,3 +126,25 @@ def test_suspects_are_capped_per_direction(tmp_path: Path) -> None:
     bench = {f"Torch.f{i}.0.forward": {"input_args": [OK], "output": [OK]} for i in range(8)}
     result = compare_dumps(*_write(tmp_path, npu, bench), CompareOptions())
     assert [s.api for s in result.suspects] == [f"Torch.f{i}.0.forward" for i in range(5)]
+
+
+def test_a_row_failing_only_by_its_red_highlight_is_the_advice(tmp_path: Path) -> None:
+    """msprobe's verdict says Yes (cosine 0.99995, tiny MaxAbsErr) but the output's one-thousandth ratio
+    collapses while the input agrees: the row is red, so the advisor must not print the all-clear."""
+    import numpy as np
+
+    from tests.factories import DumpBuilder
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(256).astype(np.float32)
+    y = (x * 1e-2).astype(np.float32)
+    noisy = (y * (1 + 1e-2 * rng.standard_normal(256))).astype(np.float32)
+    npu = DumpBuilder().api("Torch.scale.0.forward", [x], [noisy]).write(tmp_path / "npu")
+    bench = DumpBuilder().api("Torch.scale.0.forward", [x], [y]).write(tmp_path / "bench")
+    result = compare_dumps(npu, bench, CompareOptions())
+    out_row = result.rows[1]
+    assert out_row.cells[result.header.index("Accuracy Reached or Not")] == "Yes"
+    assert out_row.highlight is not None and out_row.highlight.value == "red"
+    assert result.advice == Advice(
+        line=1, suspect_node="Torch.scale.0.forward.output.0", text=advisor.FORWARD_OUTPUT_SUGGEST
+    )
