@@ -25,14 +25,20 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60
 
 
-def postgres_url_or_skip() -> str:
-    """The test PostgreSQL's URL; in CI its absence is a failure, elsewhere a visible skip."""
-    url = os.environ.get("PARITY_TEST_POSTGRES_URL")
+def service_url_or_skip(variable: str, service: str) -> str:
+    """The URL of a service scripts/test.sh started; in CI its absence is a failure, elsewhere a visible
+    skip (a developer running one test file without the services)."""
+    url = os.environ.get(variable)
     if url:
         return url
     if os.environ.get("CI") == "true":
-        pytest.fail("PARITY_TEST_POSTGRES_URL is not set in CI: scripts/test.sh must start PostgreSQL")
-    pytest.skip("PARITY_TEST_POSTGRES_URL not set (run the suite through scripts/test.sh)")
+        pytest.fail(f"{variable} is not set in CI: scripts/test.sh must start {service}")
+    pytest.skip(f"{variable} not set (run the suite through scripts/test.sh)")
+
+
+def postgres_url_or_skip() -> str:
+    """The test PostgreSQL's URL (see service_url_or_skip)."""
+    return service_url_or_skip("PARITY_TEST_POSTGRES_URL", "PostgreSQL")
 
 
 def fresh_postgres_database(base_url: str) -> str:

@@ -5,7 +5,6 @@ database, running them. Its results must be those of the local process pool for 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -18,20 +17,22 @@ import httpx
 import pytest
 import redis
 
-from tests.server.conftest import REPO, ServerProcess, build_dump, upload_run, wait_comparison
+from tests.server.conftest import (
+    REPO,
+    ServerProcess,
+    build_dump,
+    service_url_or_skip,
+    upload_run,
+    wait_comparison,
+)
 
 CELERY_APP = "parity.server.jobs.celery_app"
 QUEUE_KEY = "celery"  # Celery's default queue: a Redis list holding the messages no worker has taken yet
 
 
 def redis_url_or_skip() -> str:
-    """The test Redis's URL; in CI its absence is a failure, elsewhere a visible skip."""
-    url = os.environ.get("PARITY_TEST_REDIS_URL")
-    if url:
-        return url
-    if os.environ.get("CI") == "true":
-        pytest.fail("PARITY_TEST_REDIS_URL is not set in CI: scripts/test.sh must start Redis")
-    pytest.skip("PARITY_TEST_REDIS_URL not set (run the suite through scripts/test.sh)")
+    """The test Redis's URL (see service_url_or_skip)."""
+    return service_url_or_skip("PARITY_TEST_REDIS_URL", "Redis")
 
 
 class WorkerProcess:
