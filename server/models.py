@@ -128,6 +128,9 @@ class Comparison(Base):
     headers: Mapped[dict[str, list[str]] | None] = mapped_column(JSON, nullable=True)
     # Bumped each time a worker claims the job, so a stale worker cannot overwrite a newer attempt.
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # While ``running``: until when the claiming worker holds the job (revision 0004). Its worker renews it
+    # every few seconds; once it has passed, the worker is presumed dead and another may claim the job.
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class ComparisonRow(Base):

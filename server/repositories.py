@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from parity.server.models import Comparison, ComparisonRow, Run, RunFile, RunTag
-from sqlalchemy import Select, and_, delete, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 
@@ -167,3 +168,55 @@ class ComparisonRepository:
         if exclude:
             stmt = stmt.where(Comparison.id.not_in(list(exclude)))
         return list(self.session.scalars(stmt.order_by(Comparison.created_at, Comparison.id).limit(limit)))
+
+    def claim(self, job_id: str, now: datetime, lease_seconds: float) -> int | None:
+        """Make ``job_id`` running under a lease until ``now + lease_seconds`` and return its new attempt
+        number, if it is queued or running under a lease that has passed (its worker died); else None.
+
+        One conditional UPDATE, so that of any number of claimants exactly one wins: SQLite's
+        ``BEGIN IMMEDIATE`` serialises them, and on PostgreSQL a second UPDATE waits for the first one's row
+        lock and then re-checks the condition against the row the first one wrote.
+        """
+        result = self.session.execute(
+            update(Comparison)
+            .where(Comparison.id == job_id, _claimable(now))
+            .values(
+                status="running", attempt=Comparison.attempt + 1, started_at=now, progress=0.0, error=None,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+            )  # fmt: skip
+            .execution_options(synchronize_session=False)
+        )
+        if getattr(result, "rowcount", 0) != 1:
+            return None
+        # Read inside the same transaction, which holds the row (or the database) until it commits.
+        return self.session.scalar(select(Comparison.attempt).where(Comparison.id == job_id))
+
+    def renew_lease(self, job_id: str, attempt: int, until: datetime) -> bool:
+        """Extend the lease of ``attempt``; False when that attempt no longer holds the job (it finished, was
+        claimed again after its lease passed, or the comparison was deleted)."""
+        result = self.session.execute(
+            update(Comparison)
+            .where(Comparison.id == job_id, Comparison.attempt == attempt, Comparison.status == "running")
+            .values(lease_expires_at=until)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
+    def expired_leases(self, now: datetime, limit: int) -> list[tuple[str, datetime | None]]:
+        """(id, lease expiry) of the running jobs whose lease has passed at ``now``: their worker is gone."""
+        stmt = (
+            select(Comparison.id, Comparison.lease_expires_at)
+            .where(Comparison.status == "running", _lease_passed(now))
+            .order_by(Comparison.created_at, Comparison.id)
+            .limit(limit)
+        )
+        return [(job_id, lease) for job_id, lease in self.session.execute(stmt)]
+
+
+def _lease_passed(now: datetime) -> ColumnElement[bool]:
+    # NULL: claimed before revision 0004 by a worker that never renews; it counts as passed.
+    return or_(Comparison.lease_expires_at.is_(None), Comparison.lease_expires_at < now)
+
+
+def _claimable(now: datetime) -> ColumnElement[bool]:
+    return or_(Comparison.status == "queued", and_(Comparison.status == "running", _lease_passed(now)))

@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         default="local", description="local: a pool of processes in the server; celery: Celery workers"
     )
     celery_broker_url: str | None = Field(default=None, description="e.g. redis://localhost:6379/0")
+    job_lease_seconds: float = Field(
+        default=60.0, gt=0,
+        description="how long a running job stays its worker's without a renewal (renewed every third of "
+        "it); a job whose worker died is claimed again once its lease has passed",
+    )  # fmt: skip
 
     @field_validator("database_url")
     @classmethod

@@ -3,26 +3,37 @@
 The server only sends job ids; workers started with ``celery -A parity.server.jobs.celery_app worker``
 (configured by the same ``PARITY_*`` variables: database, store, broker) call ``run_compare_job``. Nothing
 else changes: routes, services and the runner are the same as with the local pool. A message delivered twice
-is harmless: the runner's claim lets only one delivery run a queued job, so messages are acknowledged late
-(after the job) and a worker lost before it claimed the job leaves its message to be delivered again. No
-result backend: the job's row in the database is its result.
+is harmless: the runner's claim lets only one delivery run a job, so messages are acknowledged late (after
+the job) and a worker lost before it claimed the job leaves its message to be delivered again. No result
+backend: the job's row in the database is its result.
+
+A worker killed *mid-job* leaves the row ``running``. The runner holds each job under a lease that it renews
+while it works (``PARITY_JOB_LEASE_SECONDS``); once a lease has passed, any delivery of the id claims the job
+again. The broker redelivers the dead worker's unacknowledged message only after its visibility timeout
+(an hour with Redis), so the server also watches the leases: every half lease it sends the id of each job
+whose lease has passed, once per lapsed lease, and an idle worker picks it up within about a lease.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
 from parity.server.db import Database
 from parity.server.errors import ServiceError
+from parity.server.models import utcnow
 from parity.server.repositories import ComparisonRepository
 from parity.server.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 TASK_NAME = "parity.compare.run"
+#: At most this many lapsed jobs are sent again per look at the leases.
+LEASE_SCAN_LIMIT = 1000
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -53,11 +64,17 @@ def make_celery(settings: Settings) -> Celery:
 
 
 class CeleryQueue:
-    """``JobQueue`` over Celery: ``submit`` sends the id; the workers do the rest."""
+    """``JobQueue`` over Celery: ``submit`` sends the id; the workers do the rest. A watcher thread sends
+    again the jobs whose worker died mid-job (their lease passed)."""
 
     def __init__(self, settings: Settings, db: Database) -> None:
         self.db = db
         self.app = make_celery(settings)
+        self.watch_interval = max(settings.job_lease_seconds / 2, 0.5)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        # job id -> the lapsed lease it was last sent for: one message per lapse, not one per look.
+        self._resent: dict[str, datetime | None] = {}
 
     def submit(self, job_id: str) -> None:
         self.app.tasks[TASK_NAME].apply_async(args=[job_id])
@@ -70,9 +87,35 @@ class CeleryQueue:
             self.submit(job_id)
         if queued:
             logger.info("sent %d queued comparison(s) to the Celery workers", len(queued))
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._watch_leases, name="parity-leases", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
-        pass
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def resend_lapsed(self) -> list[str]:
+        """Send the id of every running job whose lease has passed and was not yet sent for that lapse."""
+        with self.db.read() as session:
+            lapsed = ComparisonRepository(session).expired_leases(utcnow(), LEASE_SCAN_LIMIT)
+        sent = [job_id for job_id, lease in lapsed
+                if job_id not in self._resent or self._resent[job_id] != lease]  # fmt: skip
+        for job_id in sent:
+            self.submit(job_id)
+            logger.warning("comparison %s: its worker's lease passed; sent to the workers again", job_id)
+        self._resent = dict(lapsed)  # a job reclaimed (new lease) or finished is forgotten
+        return sent
+
+    def _watch_leases(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.resend_lapsed()
+            except Exception:  # the watcher must outlive a database or broker hiccup
+                logger.exception("lease watcher error; retrying")
+            self._stopping.wait(self.watch_interval)
 
 
 @functools.cache

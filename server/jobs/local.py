@@ -3,7 +3,9 @@
 One dispatcher thread starts a fresh process per job (``spawn``, at most ``workers`` at a time), so a job that
 crashes or leaks memory takes nothing else with it, and the server never imports the compare engine itself.
 Each child dies with the server (``PR_SET_PDEATHSIG``), and the job's ``attempt`` counter stops a stale child
-from writing over a newer attempt in any case.
+from writing over a newer attempt in any case. The runner's lease (``PARITY_JOB_LEASE_SECONDS``) is not what
+recovers a job here: the children die with the server, so at start every job still ``running`` is queued again
+at once (its lease cleared) rather than after its lease passes; a child that dies alone fails its job.
 """
 
 from __future__ import annotations
@@ -66,12 +68,12 @@ class LocalProcessQueue:
 
     def start(self) -> None:
         # Only one server runs a given database's local pool, so whatever is still "running" was
-        # interrupted by the death of the previous server: it runs again.
+        # interrupted by the death of the previous server: it runs again, without waiting for its lease.
         with self.db.write() as session:
             result = session.execute(
                 update(Comparison)
                 .where(Comparison.status == "running")
-                .values(status="queued", progress=0.0, started_at=None)
+                .values(status="queued", progress=0.0, started_at=None, lease_expires_at=None)
             )
         requeued = getattr(result, "rowcount", 0)
         if requeued:
@@ -134,7 +136,7 @@ class LocalProcessQueue:
             session.execute(
                 update(Comparison)
                 .where(Comparison.id == job_id, Comparison.status == "running")
-                .values(status="failed", error=message, finished_at=utcnow())
+                .values(status="failed", error=message, finished_at=utcnow(), lease_expires_at=None)
             )
         logger.error("comparison %s failed: %s", job_id, message)
 
@@ -146,7 +148,7 @@ class LocalProcessQueue:
                 session.execute(
                     update(Comparison)
                     .where(Comparison.id == job_id, Comparison.status == "running")
-                    .values(status="queued", progress=0.0, started_at=None)
+                    .values(status="queued", progress=0.0, started_at=None, lease_expires_at=None)
                 )
             logger.info("comparison %s interrupted by shutdown; queued again", job_id)
         self._running.clear()

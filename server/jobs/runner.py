@@ -1,9 +1,14 @@
 """``run_compare_job(job_id, settings)``: the one entry point every job backend calls.
 
-It claims the job (queued → running, ``attempt`` + 1), stages the two runs' files for the chosen step and
+It claims the job (queued → running, ``attempt`` + 1) under a lease that a background thread renews while it
+works, stages the two runs' files for the chosen step and
 ranks, runs the shared compare engine, stores each rank's xlsx and advisor in the blob store, and writes the
 rows, the summary and ``succeeded`` in one transaction, guarded by the attempt it claimed: a job interrupted
 at any point simply runs again from the start. Any error is recorded on the job; nothing is raised.
+
+The lease is what lets a job outlive its worker: a Celery worker killed mid-job leaves the row ``running``
+with nobody renewing it, and once the lease has passed the next delivery of the job id (the broker's, or the
+one the server's lease watcher sends) claims it again as attempt + 1.
 """
 
 from __future__ import annotations
@@ -13,15 +18,17 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.models import Comparison, ComparisonRow, RunFile, utcnow
-from parity.server.repositories import RunRepository
+from parity.server.repositories import ComparisonRepository, RunRepository
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store
 from sqlalchemy import delete, insert, update
@@ -38,17 +45,29 @@ class JobError(ServiceError):
     """A compare job cannot run (its files are missing from the store, the runs disagree)."""
 
 
+class LeaseLost(Exception):
+    """This attempt no longer holds its job (its lease passed and another worker claimed it, or the job was
+    deleted): the work stops, and nothing is recorded, since the job's row is no longer this attempt's."""
+
+
 def run_compare_job(job_id: str, settings: Settings) -> None:
     """Run comparison ``job_id`` to completion or record why it failed; never raises."""
     db = Database.connect(settings.resolved_database_url)
     try:
-        attempt = _claim(db, job_id)
+        attempt = _claim(db, job_id, settings.job_lease_seconds)
         if attempt is None:
-            logger.info("comparison %s is not queued; nothing to do", job_id)
+            logger.info(
+                "comparison %s is not claimable (finished, deleted, or running under a live lease); "
+                "nothing to do", job_id,
+            )  # fmt: skip
             return
+        logger.info("comparison %s claimed: attempt %d", job_id, attempt)
         try:
-            store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
-            _run(db, store, settings, job_id, attempt)
+            with _Lease(db, job_id, attempt, settings.job_lease_seconds) as lease:
+                store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
+                _run(db, store, settings, job_id, attempt, lease)
+        except LeaseLost as exc:
+            logger.warning("comparison %s: %s; this attempt stops", job_id, exc)
         except Exception as exc:
             expected = isinstance(exc, ServiceError) or _is_parity_error(exc)
             message = str(exc) if expected else f"{type(exc).__name__}: {exc}"
@@ -65,13 +84,53 @@ def _is_parity_error(exc: BaseException) -> bool:
     return isinstance(exc, ParityError)
 
 
-def _claim(db: Database, job_id: str) -> int | None:
+def _claim(db: Database, job_id: str, lease_seconds: float) -> int | None:
     with db.write() as session:
-        c = session.get(Comparison, job_id)
-        if c is None or c.status != "queued":
-            return None
-        c.status, c.attempt, c.started_at, c.progress, c.error = "running", c.attempt + 1, utcnow(), 0.0, None
-        return c.attempt
+        return ComparisonRepository(session).claim(job_id, utcnow(), lease_seconds)
+
+
+class _Lease:
+    """Renews the claimed attempt's lease from a daemon thread every third of its length, for as long as the
+    ``with`` block runs, so a live worker keeps its job however long the engine or the final writes take.
+
+    A renewal that finds the attempt no longer holding the job sets ``lost``; ``check`` (called with each
+    progress report) then stops the work. A renewal that fails (the database is briefly unreachable) is only
+    logged: the next one may succeed, and if the lease lapses meanwhile the attempt guard on every write
+    keeps a reclaimed job's newer attempt safe.
+    """
+
+    def __init__(self, db: Database, job_id: str, attempt: int, seconds: float) -> None:
+        self.db, self.job_id, self.attempt, self.seconds = db, job_id, attempt, seconds
+        self.lost = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"parity-lease-{job_id[:8]}", daemon=True)
+
+    def __enter__(self) -> _Lease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def check(self) -> None:
+        if self.lost.is_set():
+            raise LeaseLost(f"attempt {self.attempt} no longer holds the job")
+
+    def _renew(self) -> None:
+        while not self._done.wait(self.seconds / 3):
+            try:
+                with self.db.write() as session:
+                    held = ComparisonRepository(session).renew_lease(
+                        self.job_id, self.attempt, utcnow() + timedelta(seconds=self.seconds)
+                    )
+            except Exception:
+                logger.warning("comparison %s: lease renewal failed; retrying", self.job_id, exc_info=True)
+                continue
+            if not held:
+                logger.warning("comparison %s: attempt %d lost its lease", self.job_id, self.attempt)
+                self.lost.set()
+                return
 
 
 def _finish_failed(db: Database, job_id: str, attempt: int, message: str) -> None:
@@ -79,7 +138,7 @@ def _finish_failed(db: Database, job_id: str, attempt: int, message: str) -> Non
         session.execute(
             update(Comparison)
             .where(Comparison.id == job_id, Comparison.attempt == attempt, Comparison.status == "running")
-            .values(status="failed", error=message[:4000], finished_at=utcnow())
+            .values(status="failed", error=message[:4000], finished_at=utcnow(), lease_expires_at=None)
         )
     logger.warning("comparison %s failed: %s", job_id, message)
 
@@ -87,11 +146,16 @@ def _finish_failed(db: Database, job_id: str, attempt: int, message: str) -> Non
 class _Progress:
     """Throttled progress writes: the engine may call back per row, the database hears twice a second."""
 
-    def __init__(self, db: Database, job_id: str, attempt: int, low: float, high: float) -> None:
+    def __init__(
+        self, db: Database, job_id: str, attempt: int, low: float, high: float, lease: _Lease | None = None
+    ) -> None:
         self.db, self.job_id, self.attempt, self.low, self.high = db, job_id, attempt, low, high
+        self.lease = lease
         self._last = 0.0
 
     def set(self, fraction: float) -> None:
+        if self.lease is not None:
+            self.lease.check()  # stop early, rather than finish work whose result would be dropped
         now = time.monotonic()
         if now - self._last < PROGRESS_INTERVAL_S:
             return
@@ -136,7 +200,9 @@ def _stage(store: BlobStore, run_id: str, files: Iterable[RunFile], dest: Path, 
     return count
 
 
-def _run(db: Database, store: BlobStore, settings: Settings, job_id: str, attempt: int) -> None:
+def _run(
+    db: Database, store: BlobStore, settings: Settings, job_id: str, attempt: int, lease: _Lease | None = None
+) -> None:
     with db.read() as session:
         c = session.get(Comparison, job_id)
         assert c is not None
@@ -159,7 +225,7 @@ def _run(db: Database, store: BlobStore, settings: Settings, job_id: str, attemp
         _stage(store, target_id, target_files, npu_dir, "target")
         _stage(store, bench_id, bench_files, bench_dir, "bench")
         out_dir.mkdir()
-        progress = _Progress(db, job_id, attempt, 0.05, 0.85)
+        progress = _Progress(db, job_id, attempt, 0.05, 0.85, lease)
         progress.set(0.0)
 
         from parity.server.jobs.engine import compare_step
@@ -192,13 +258,15 @@ def _row_name(cells: list[Any]) -> str:
 def _finish_succeeded(db: Database, store: BlobStore, job_id: str, attempt: int, outputs: list[Any]) -> None:
     summary, headers = build_summary(outputs)
     with db.write() as session:
-        c = session.get(Comparison, job_id)
+        # Locked (PostgreSQL) from this check to the commit, so that a claim made meanwhile, after a lapsed
+        # lease, either comes first and makes this attempt stale, or waits and finds the job succeeded.
+        c = session.get(Comparison, job_id, with_for_update=True)
         if c is not None:
             if c.attempt != attempt or c.status != "running":
                 logger.warning("comparison %s: attempt %d is stale; its result is dropped", job_id, attempt)
                 return
             _insert_rows(session, job_id, outputs)
-            c.status, c.progress, c.finished_at = "succeeded", 1.0, utcnow()
+            c.status, c.progress, c.finished_at, c.lease_expires_at = "succeeded", 1.0, utcnow(), None
             c.summary, c.headers, c.error = summary, headers, None
     if c is None:
         # Deleted while it ran (with its run, or on its own): the deleter removed the reports that were there

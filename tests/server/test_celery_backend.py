@@ -1,22 +1,33 @@
 """The Celery backend end to end with real parts: a ``parity server`` subprocess with
 ``PARITY_JOB_BACKEND=celery`` sending job ids through the Redis that ``scripts/test.sh`` starts
 (``PARITY_TEST_REDIS_URL``), and a real ``celery worker`` subprocess, on the same data directory and
-database, running them. Its results must be those of the local process pool for the same dumps."""
+database, running them. Its results must be those of the local process pool for the same dumps, and a
+worker killed mid-job must leave its job to the next worker (the runner's lease)."""
 
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import redis
+from parity.server.db import Database
+from parity.server.migrate import upgrade
+from parity.server.models import Comparison, Run, utcnow
+from parity.server.repositories import ComparisonRepository
 
+from tests.factories import stats_leaf, write_raw_dump
 from tests.server.conftest import (
     REPO,
     ServerProcess,
@@ -56,6 +67,12 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: the worker dies mid-task, acknowledging nothing and recording nothing."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
 
     def stop(self) -> None:
         """SIGTERM (Celery's warm shutdown), then SIGKILL if it does not exit."""
@@ -181,3 +198,141 @@ def test_a_job_waits_queued_for_a_worker(
         assert done["status"] == "succeeded", (done["error"], worker.log()[-3000:])
         assert "Torch.relu.0.forward" in done["summary"]["failing_apis"]
     assert broker.llen(QUEUE_KEY) == 0
+
+
+# -- a worker killed mid-job ---------------------------------------------------------------------------------
+LEASE_S = 3  # short, so the test sees a dead worker's lease pass; the server looks at leases every 1.5 s
+LARGE_APIS = 10_000  # per rank: 20,000 rows per rank, a few seconds of work for one worker
+
+
+def build_large_dump(root: Path, *, perturb: float, ranks: tuple[int, ...] = (0, 1)) -> Path:
+    """A statistics-mode dump of ``LARGE_APIS`` relu calls per rank: one dump.json per rank (quick to
+    upload) whose rows take the worker long enough (matching, metrics, xlsx, row inserts) to be killed
+    while it runs. ``perturb`` shifts the statistics so the target's rows differ from the bench's."""
+    for rank in ranks:
+        stats = np.random.default_rng(rank).standard_normal((LARGE_APIS, 2, 4)) + 5.0  # same on both sides
+        shift = perturb * np.random.default_rng(100 + rank).standard_normal(stats.shape)
+        data = {
+            f"Torch.relu.{i}.forward": {
+                "input_args": [stats_leaf(*map(float, stats[i, 0] + shift[i, 0]))],
+                "input_kwargs": {},
+                "output": [stats_leaf(*map(float, stats[i, 1] + shift[i, 1]))],
+            }
+            for i in range(LARGE_APIS)
+        }
+        write_raw_dump(root / "step0" / f"rank{rank}", data)
+    return root
+
+
+def wait_status(api: httpx.Client, cid: str, status: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = dict(api.get(f"/comparisons/{cid}").json())
+        if body["status"] == status:
+            return body
+        assert body["status"] in ("queued", "running"), body
+        time.sleep(0.05)
+    raise AssertionError(f"comparison {cid} was not {status} within {timeout}s: {body}")
+
+
+def attempt_of(data_dir: Path, cid: str) -> int:
+    """The job's claim counter, read from the server's SQLite database (the API does not show it)."""
+    conn = sqlite3.connect(f"file:{data_dir / 'parity.db'}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("SELECT attempt FROM comparisons WHERE id = ?", (cid,)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_job_whose_worker_is_killed_runs_again_on_the_next(
+    tmp_path: Path, redis_url: str, broker: redis.Redis, spawn: Callable[[Stoppable], Any]
+) -> None:
+    data_dir = tmp_path / "data"
+    env = {**celery_env(redis_url), "PARITY_JOB_LEASE_SECONDS": str(LEASE_S)}
+    srv: ServerProcess = spawn(ServerProcess(data_dir, env))
+    first: WorkerProcess = spawn(WorkerProcess(srv.env, tmp_path / "worker1.log"))
+    with srv.client() as api:
+        target = upload_run(api, build_large_dump(tmp_path / "npu", perturb=0.5))["id"]
+        bench = upload_run(api, build_large_dump(tmp_path / "gpu", perturb=0.0), device="gpu")["id"]
+        cid = post_comparison(api, target, bench)["id"]
+        wait_status(api, cid, "running")
+        first.kill()
+        # Killed mid-job: nothing finished it, and nothing but another worker will.
+        assert api.get(f"/comparisons/{cid}").json()["status"] == "running", first.log()[-3000:]
+        assert f"comparison {cid} succeeded" not in first.log()
+
+        second: WorkerProcess = spawn(WorkerProcess(srv.env, tmp_path / "worker2.log"))
+        done = wait_comparison(api, cid, timeout=60)
+        assert done["status"] == "succeeded", (done["error"], second.log()[-3000:])
+        assert f"comparison {cid} claimed: attempt 2" in second.log(), second.log()[-3000:]
+        assert attempt_of(data_dir, cid) == 2
+        assert "its worker's lease passed" in srv.log(), srv.log()[-3000:]
+        recovered = outcome(api, cid)
+
+        # The same pair compared by an undisturbed worker: the recovered job's results are a normal run's.
+        normal_id = post_comparison(api, target, bench)["id"]
+        normal = outcome(api, normal_id)
+        assert attempt_of(data_dir, normal_id) == 1
+    assert recovered == normal
+    assert recovered["summary"]["ranks"] == [0, 1]
+    assert recovered["summary"]["rows"] == 2 * 2 * LARGE_APIS and recovered["summary"]["failing_rows"] > 0
+
+
+# -- the claim itself, on the database alone -----------------------------------------------------------------
+@pytest.fixture
+def db_with_job(tmp_path: Path) -> Iterator[tuple[Database, str]]:
+    url = f"sqlite:///{tmp_path / 'claims.db'}"
+    upgrade(url)
+    db = Database.connect(url)
+    with db.write() as session:
+        session.add(Run(id="r1", name="n", project="p", device="npu", status="complete"))
+        session.flush()  # the run first: no ORM relationship orders the two inserts
+        session.add(Comparison(id="c1", target_run_id="r1", bench_run_id="r1", options={}, status="queued"))
+    yield db, "c1"
+    db.dispose()
+
+
+def claim(db: Database, job_id: str, at: datetime, lease_s: float = 60) -> int | None:
+    with db.write() as session:
+        return ComparisonRepository(session).claim(job_id, at, lease_s)
+
+
+def test_a_live_lease_keeps_the_job_and_a_lapsed_one_gives_it_up(db_with_job: tuple[Database, str]) -> None:
+    db, cid = db_with_job
+    now = utcnow()
+    assert claim(db, cid, now) == 1
+    assert claim(db, cid, now + timedelta(seconds=59)) is None  # its worker still holds it
+    with db.read() as session:
+        repo = ComparisonRepository(session)
+        assert repo.expired_leases(now + timedelta(seconds=59), 10) == []
+        assert [job for job, _ in repo.expired_leases(now + timedelta(seconds=61), 10)] == [cid]
+    assert claim(db, cid, now + timedelta(seconds=61)) == 2  # the lease passed: its worker is gone
+    with db.write() as session:
+        repo = ComparisonRepository(session)
+        assert not repo.renew_lease(cid, 1, now + timedelta(seconds=120))  # the first attempt lost it
+        assert repo.renew_lease(cid, 2, now + timedelta(seconds=180))
+    assert claim(db, cid, now + timedelta(seconds=121)) is None  # renewed: still held
+    with db.write() as session:
+        session.get_one(Comparison, cid).status = "succeeded"
+    assert claim(db, cid, now + timedelta(seconds=999)) is None  # a finished job is never claimed again
+
+
+def test_exactly_one_of_many_claimants_wins_a_lapsed_job(db_with_job: tuple[Database, str]) -> None:
+    db, cid = db_with_job
+    now = utcnow()
+    assert claim(db, cid, now, lease_s=1) == 1
+    later = now + timedelta(seconds=2)
+    results: list[int | None] = []
+    barrier = threading.Barrier(6)
+
+    def contend() -> None:
+        barrier.wait()
+        results.append(claim(db, cid, later))
+
+    threads = [threading.Thread(target=contend) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results, key=lambda r: r or 0) == [None] * 5 + [2]
