@@ -336,3 +336,34 @@ def test_exactly_one_of_many_claimants_wins_a_lapsed_job(db_with_job: tuple[Data
     for t in threads:
         t.join()
     assert sorted(results, key=lambda r: r or 0) == [None] * 5 + [2]
+
+
+def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
+    db_with_job: tuple[Database, str],
+) -> None:
+    from parity.server.jobs.runner import LeaseLost, _Lease
+
+    db, cid = db_with_job
+    now = utcnow()
+    assert claim(db, cid, now, lease_s=0.3) == 1
+
+    def lease_expiry() -> datetime:
+        with db.read() as session:
+            value = session.get_one(Comparison, cid).lease_expires_at
+        assert value is not None
+        return value
+
+    first = lease_expiry()
+    with _Lease(db, cid, 1, 0.3) as lease:
+        deadline = time.monotonic() + 10
+        while lease_expiry() <= first and time.monotonic() < deadline:  # renewed every 0.1 s
+            time.sleep(0.02)
+        assert lease_expiry() > first
+        lease.check()  # still held: the work goes on
+        # Its lease passes unrenewed (as when the worker stalls) and another worker claims the job.
+        assert claim(db, cid, lease_expiry() + timedelta(seconds=1)) == 2
+        assert lease.lost.wait(timeout=10)
+        with pytest.raises(LeaseLost, match="attempt 1 no longer holds the job"):
+            lease.check()
+    with db.read() as session:
+        assert session.get_one(Comparison, cid).attempt == 2  # the lost attempt wrote nothing over it
