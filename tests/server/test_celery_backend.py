@@ -6,7 +6,6 @@ worker killed mid-job must leave its job to the next worker (the runner's lease)
 
 from __future__ import annotations
 
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from parity.server.repositories import ComparisonRepository
 from tests.factories import stats_leaf, write_raw_dump
 from tests.server.conftest import (
     REPO,
+    LoggedProcess,
     ServerProcess,
     build_dump,
     service_url_or_skip,
@@ -46,7 +46,7 @@ def redis_url_or_skip() -> str:
     return service_url_or_skip("PARITY_TEST_REDIS_URL", "Redis")
 
 
-class WorkerProcess:
+class WorkerProcess(LoggedProcess):
     """``celery -A parity.server.jobs.celery_app worker`` as a subprocess, configured by ``env`` as the server
     is (database, store, broker), as it is deployed."""
 
@@ -65,28 +65,6 @@ class WorkerProcess:
         log.close()
         return self
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def kill(self) -> None:
-        """SIGKILL: the worker dies mid-task, acknowledging nothing and recording nothing."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        """SIGTERM (Celery's warm shutdown), then SIGKILL if it does not exit."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-Stoppable = ServerProcess | WorkerProcess
-
 
 @pytest.fixture
 def redis_url() -> str:
@@ -104,12 +82,12 @@ def broker(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def spawn() -> Iterator[Callable[[Stoppable], Any]]:
+def spawn() -> Iterator[Callable[[LoggedProcess], Any]]:
     """Starts a server or worker and stops it at teardown, whatever the test did (last started, first
     stopped)."""
-    started: list[Stoppable] = []
+    started: list[LoggedProcess] = []
 
-    def _spawn(proc: Stoppable) -> Any:
+    def _spawn(proc: LoggedProcess) -> Any:
         started.append(proc)
         return proc.start()
 
@@ -148,7 +126,7 @@ def outcome(api: httpx.Client, cid: str) -> dict[str, Any]:
 
 
 def test_worker_runs_the_job_as_the_local_pool_does(
-    tmp_path: Path, redis_url: str, broker: redis.Redis, spawn: Callable[[Stoppable], Any]
+    tmp_path: Path, redis_url: str, broker: redis.Redis, spawn: Callable[[LoggedProcess], Any]
 ) -> None:
     data_dir = tmp_path / "data"
     srv: ServerProcess = spawn(ServerProcess(data_dir, celery_env(redis_url)))
@@ -174,7 +152,7 @@ def test_worker_runs_the_job_as_the_local_pool_does(
 
 
 def test_a_job_waits_queued_for_a_worker(
-    tmp_path: Path, redis_url: str, broker: redis.Redis, spawn: Callable[[Stoppable], Any]
+    tmp_path: Path, redis_url: str, broker: redis.Redis, spawn: Callable[[LoggedProcess], Any]
 ) -> None:
     data_dir = tmp_path / "data"
     env = celery_env(redis_url)
@@ -246,7 +224,7 @@ def attempt_of(data_dir: Path, cid: str) -> int:
 
 
 def test_a_job_whose_worker_is_killed_runs_again_on_the_next(
-    tmp_path: Path, redis_url: str, broker: redis.Redis, spawn: Callable[[Stoppable], Any]
+    tmp_path: Path, redis_url: str, broker: redis.Redis, spawn: Callable[[LoggedProcess], Any]
 ) -> None:
     data_dir = tmp_path / "data"
     env = {**celery_env(redis_url), "PARITY_JOB_LEASE_SECONDS": str(LEASE_S)}
