@@ -27,7 +27,8 @@ from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highli
 from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.suspects import find_suspects
 from parity.shared.dump.layout import find_rank_dirs, sibling_stack_json
-from parity.shared.dump.reader import STATE_INPUT, Dump, Leaf, gc_paused, load_dump, load_stack
+from parity.shared.dump.columns import STATE_INPUT, Leaf
+from parity.shared.dump.reader import Dump, gc_paused, load_dump, load_stack
 from parity.shared.errors import CompareInputError
 
 logger = logging.getLogger(__name__)
@@ -329,7 +330,7 @@ def _build_bench_only(table: _Table, mode: CompareMode, bench_rows: SideRows, be
     """Bench rows nobody paired with: reported after the NPU rows with every NPU column ``N/A``."""
     status = RowStatus.BENCH_ONLY
     for j in bench_only:
-        b = bench_rows.leaves[j]
+        b = bench_rows.columns.leaf(j)
         cells: list[Cell] = [NA, bench_rows.names[j], NA, b.dtype, NA, b.shape, NA, b.requires_grad]
         bench_stats = _stat_cells(b.max, b.min, b.mean, b.norm)
         if mode is CompareMode.STATISTICS:

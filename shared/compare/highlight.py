@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.result import Cell, CompareRow, Highlight, RowStatus
-from parity.shared.dump.reader import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
+from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
 
 RED_NAN_INF = "maximum or minimum is nan, -inf, or inf"
 RED_HUGE_ERR = "maximum absolute error exceeds 1e+10"

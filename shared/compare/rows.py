@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from parity.shared.dump.reader import Dump, Leaf
+from parity.shared.dump.columns import DumpColumns, Leaf
+from parity.shared.dump.reader import Dump
 
 #: the Data_name cell of a leaf that has no tensor file (msprobe's marker)
 NO_DATA_FILE = "-1"
@@ -17,14 +18,21 @@ NO_DATA_FILE = "-1"
 
 @dataclass(slots=True)
 class SideRows:
-    """The rows of one side (NPU or bench), in dump order: ``names[i]`` is the row of ``leaves[i]``."""
+    """The rows of one side (NPU or bench), in dump order: ``names[i]`` is the row name of leaf ``i`` of
+    ``columns`` and ``apis[i]`` its dump entry."""
 
     names: list[str] = field(default_factory=list)
-    leaves: list[Leaf] = field(default_factory=list)
-    apis: list[str] = field(default_factory=list)  # the dump entry of each row
+    apis: list[str] = field(default_factory=list)
+    columns: DumpColumns = field(default_factory=DumpColumns)
 
     def __len__(self) -> int:
         return len(self.names)
+
+    @property
+    def leaves(self) -> list[Leaf]:
+        """Every row as a ``Leaf`` object (built on each call: the row-at-a-time modes want them)."""
+        leaf = self.columns.leaf
+        return [leaf(i) for i in range(len(self.names))]
 
 
 def data_file(leaf: Leaf) -> str:
@@ -40,22 +48,15 @@ def side_rows(dump: Dump, *, tensor_mode: bool) -> SideRows:
     Strings that start with ``+ - = % @`` are kept as they are: msprobe aborts on them, the report writer
     escapes them instead.
     """
-    rows = SideRows()
-    names, leaves, apis = rows.names, rows.leaves, rows.apis
-    for entry in dump.entries:
-        entry_leaves = entry.leaves
-        leaves.extend(entry_leaves)
-        apis.extend([entry.name] * len(entry_leaves))
-        if tensor_mode:
-            names.extend([_tensor_row_name(leaf) for leaf in entry_leaves])
-        else:
-            names.extend([leaf.name for leaf in entry_leaves])
-    return rows
+    cols = dump.columns
+    names = cols.names
+    if tensor_mode:
+        names = [_tensor_row_name(name, data_name) for name, data_name in zip(names, cols.data_names, strict=True)]
+    return SideRows(names, cols.apis, cols)
 
 
-def _tensor_row_name(leaf: Leaf) -> str:
-    data_name = leaf.data_name
+def _tensor_row_name(name: str, data_name: str | None) -> str:
     if not data_name:
-        return leaf.name
+        return name
     dot = data_name.rfind(".")
     return data_name[:dot] if dot > 0 else data_name

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from parity.shared.compare.result import CompareRow, RowStatus, Suspect
-from parity.shared.dump.reader import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
+from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
 
 MAX_PER_DIRECTION = 5
 _BAD_INPUT = frozenset({RowStatus.FAIL, RowStatus.UNMATCHED})

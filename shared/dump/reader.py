@@ -23,6 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from parity.shared.dump.columns import (
+    NAN4,
+    STATE_INPUT,
+    STATE_OUTPUT,
+    STATE_PARAMETERS,
+    STATE_PARAMETERS_GRAD,
+    DumpColumns,
+    DumpEntry,
+    Leaf,
+)
 from parity.shared.errors import DumpError
 
 try:  # optional speed-up: the reader is correct without it
@@ -44,63 +54,11 @@ _CONTAINERS: tuple[tuple[str, str, str], ...] = (
     ("parameters", ".parameters", "parameters"),
     ("output", ".output", "output"),
 )
-STATE_INPUT = "input"
-STATE_PARAMETERS = "parameters"
-STATE_OUTPUT = "output"
-STATE_PARAMETERS_GRAD = "parameters_grad"
 
 _P2POP = "torch.distributed.P2POp"
 _RANK_ARGS = frozenset({"src", "dst", "group_src", "group_dst"})
 _STAT_TYPES = frozenset({type(None), bool, int, float, str})
 _PY_TYPE_NAMES: dict[type, str] = {t: str(t) for t in (bool, int, float, str, type(None), list, dict)}
-
-
-class Leaf:
-    """One leaf of one dump entry: the raw material of one compare row (compare.md §2).
-
-    ``name`` is the recursion name (``Functional.linear.0.forward.input.0``); the tensor-mode row name comes
-    from ``data_name`` instead (see ``parity.shared.compare.rows``). Statistics are kept as dumped (float,
-    int, bool, str or None); ``shape`` is already the string msprobe shows (``[2, 4]``) and ``requires_grad``
-    the string ``"True"``/``"False"`` or None.
-    """
-
-    __slots__ = ("name", "state", "dtype", "shape", "requires_grad", "max", "min", "mean", "norm", "md5",
-                 "data_name", "is_tensor", "p2p")  # fmt: skip
-
-    def __init__(
-        self,
-        name: str,
-        state: str,
-        dtype: str | None,
-        shape: str | None,
-        requires_grad: str | None,
-        stats: tuple[Any, Any, Any, Any],
-        md5: str | None,
-        data_name: str | None,
-        is_tensor: bool,
-        p2p: dict[str, Any] | None = None,
-    ) -> None:
-        self.name = name
-        self.state = state
-        self.dtype = dtype
-        self.shape = shape
-        self.requires_grad = requires_grad
-        self.max, self.min, self.mean, self.norm = stats
-        self.md5 = md5
-        self.data_name = data_name
-        self.is_tensor = is_tensor
-        self.p2p = p2p
-
-    def __repr__(self) -> str:
-        return f"Leaf({self.name!r}, dtype={self.dtype!r}, shape={self.shape!r})"
-
-
-@dataclass(slots=True)
-class DumpEntry:
-    """One API or module call of the dump (``Functional.linear.0.forward``) and its leaves in row order."""
-
-    name: str
-    leaves: list[Leaf]
 
 
 @dataclass(slots=True)
@@ -112,8 +70,13 @@ class Dump:
     level: str | None
     framework: str
     dump_data_dir: str | None
-    entries: list[DumpEntry] = field(default_factory=list)
+    columns: DumpColumns = field(default_factory=DumpColumns)
     has_md5: bool = False  # some leaf carries an ``md5`` key: selects md5 mode for statistics dumps (§1.4)
+
+    @property
+    def entries(self) -> list[DumpEntry]:
+        """Every entry in file order with its leaves, built from the columns on each call."""
+        return self.columns.entries()
 
     @property
     def tensor_dir(self) -> Path:
@@ -122,7 +85,7 @@ class Dump:
 
     def leaf_count(self) -> int:
         """How many rows this dump yields."""
-        return sum(len(e.leaves) for e in self.entries)
+        return len(self.columns)
 
 
 @contextmanager
@@ -180,38 +143,42 @@ def _parse_json(raw: bytes) -> Any:
     return json.loads(raw)
 
 
-class _Walker:
-    """Flattens the entries of one dump.json; holds the file path only so errors can name it."""
+_NONE4 = (None, None, None, None)
 
-    __slots__ = ("path", "entry", "has_md5")
+
+class _Walker:
+    """Flattens the entries of one dump.json into columns; holds the file path only so errors can name it."""
+
+    __slots__ = ("path", "entry", "has_md5", "cols", "shape_text")
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entry = ""
         self.has_md5 = False
+        self.cols = DumpColumns()
+        self.shape_text: dict[tuple[Any, ...], str] = {}  # most shapes repeat: format each once
 
     def error(self, field_path: str, problem: str) -> DumpError:
         return DumpError(self.path, problem, where=f"entry {self.entry!r} field {field_path!r}")
 
-    def entry_leaves(self, name: str, data: Any) -> list[Leaf]:
+    def add_entry(self, name: str, data: Any) -> None:
         self.entry = name
         if not isinstance(data, dict):
             raise DumpError(self.path, "must be an object", where=f"entry {name!r}")
-        out: list[Leaf] = []
+        self.cols.entry_names.append(name)
         if "parameters_grad" in name.split("."):
             # ``{param_name: [leaf]}``: the whole entry is one container (compare.md §2).
-            self.walk(data, name, STATE_PARAMETERS_GRAD, out, 0)
-            return out
+            self.walk(data, name, STATE_PARAMETERS_GRAD, 0)
+            return
         for key, suffix, state in _CONTAINERS:
             node = data.get(key)
             if node is None:
                 continue
             if not isinstance(node, (list, dict)):
                 raise self.error(key, f"must be a list or an object, not {type(node).__name__}")
-            self.walk(node, name + suffix, state, out, 0)
-        return out
+            self.walk(node, name + suffix, state, 0)
 
-    def walk(self, node: Any, path: str, state: str, out: list[Leaf], depth: int) -> None:
+    def walk(self, node: Any, path: str, state: str, depth: int) -> None:
         if depth > MAX_DEPTH:
             raise self.error(path, f"nested deeper than {MAX_DEPTH} levels")
         kind = type(node)
@@ -219,24 +186,25 @@ class _Walker:
             for i, item in enumerate(node):
                 sub = f"{path}.{i}"
                 if type(item) is dict and type(item.get("type")) is str:
-                    out.append(self.leaf(item, sub, state))  # the common case, without a recursive call
+                    self.leaf(item, sub, state)  # the common case, without a recursive call
                 else:
-                    self.walk(item, sub, state, out, depth + 1)
+                    self.walk(item, sub, state, depth + 1)
         elif kind is dict:
             if type(node.get("type")) is str:
-                out.append(self.leaf(node, path, state))
+                self.leaf(node, path, state)
             elif node.get("class_type") == _P2POP:
-                out.append(self.p2p_leaf(node, path, state))
+                self.p2p_leaf(node, path, state)
             else:  # a plain container (kwargs, nested dicts, namedtuples); ``{}`` yields no row
                 for key, value in node.items():
-                    self.walk(value, f"{path}.{key}", state, out, depth + 1)
+                    self.walk(value, f"{path}.{key}", state, depth + 1)
         elif node is None:
-            out.append(Leaf(path, state, None, None, None, (None, None, None, None), None, None, False))
+            self.cols.add(path, state, None, None, None, _NONE4, None, None, False)
         else:
             raise self.error(path, f"expected an object, a list or null, not {kind.__name__} {node!r}")
 
-    def leaf(self, rec: dict[str, Any], path: str, state: str) -> Leaf:
-        # The hot path of the reader (one call per row): plain lookups, checks inlined, errors out of line.
+    def leaf(self, rec: dict[str, Any], path: str, state: str) -> None:
+        # The hot path of the reader (one call per row): plain lookups, checks inlined, errors out of line,
+        # and a tensor's row appended to the columns here rather than through DumpColumns.add.
         get = rec.get
         dtype = get("dtype")
         rg = get("requires_grad")
@@ -257,7 +225,8 @@ class _Walker:
         if data_name is not None and type(data_name) is not str:
             raise self.error(f"{path}.data_name", f"must be a string, not {data_name!r}")
         if dtype is None:
-            return self.scalar_leaf(rec, path, state, requires_grad, md5, data_name)
+            self.scalar_leaf(rec, path, state, requires_grad, md5, data_name)
+            return
         # A tensor-like leaf: torch.Tensor and its subclasses (DTensor, ...), numpy.ndarray.
         if type(dtype) is not str:
             raise self.error(f"{path}.dtype", f"must be a string, not {dtype!r}")
@@ -267,13 +236,38 @@ class _Walker:
                 raise self.error(f"{path}.shape", "missing (a tensor leaf needs its shape)")
             raise self.error(f"{path}.shape", f"must be a list, not {shape!r}")
         mx, mn, mean, norm = get("Max"), get("Min"), get("Mean"), get("Norm")
-        ok = _STAT_TYPES
-        if type(mx) not in ok or type(mn) not in ok or type(mean) not in ok or type(norm) not in ok:
-            raise self.bad_stats(path, (mx, mn, mean, norm))
-        if mx is None and "tensor_stat_index" in rec:
-            raise self.error(path, "holds a 'tensor_stat_index' placeholder: the dump was never flushed "
-                                   "(was PrecisionDebugger.stop() or step() called?)")  # fmt: skip
-        return Leaf(path, state, dtype, str(shape), requires_grad, (mx, mn, mean, norm), md5, data_name, True)
+        cols = self.cols
+        row = len(cols.names)
+        if type(mx) is float and type(mn) is float and type(mean) is float and type(norm) is float:
+            cols.stats.extend((mx, mn, mean, norm))
+            cols.plain.append(1)
+        else:
+            ok = _STAT_TYPES
+            if type(mx) not in ok or type(mn) not in ok or type(mean) not in ok or type(norm) not in ok:
+                raise self.bad_stats(path, (mx, mn, mean, norm))
+            if mx is None and "tensor_stat_index" in rec:
+                raise self.error(path, "holds a 'tensor_stat_index' placeholder: the dump was never flushed "
+                                       "(was PrecisionDebugger.stop() or step() called?)")  # fmt: skip
+            cols.stats.extend(NAN4)
+            cols.plain.append(0)
+            cols.odd[row] = (mx, mn, mean, norm)
+        try:
+            key = tuple(shape)
+            text = self.shape_text.get(key)
+            if text is None:
+                text = self.shape_text[key] = str(shape)
+        except TypeError:  # a nested list in a shape: unhashable, and rare
+            text = str(shape)
+        cols.names.append(path)
+        cols.apis.append(cols.entry_names[-1])
+        cols.entry_of.append(len(cols.entry_names) - 1)
+        cols.states.append(state)
+        cols.dtypes.append(dtype)
+        cols.shapes.append(text)
+        cols.requires_grads.append(requires_grad)
+        cols.md5s.append(md5)
+        cols.data_names.append(data_name)
+        cols.is_tensor.append(1)
 
     def bad_stats(self, path: str, stats: tuple[Any, ...]) -> DumpError:
         for stat_name, value in zip(("Max", "Min", "Mean", "Norm"), stats, strict=True):
@@ -284,7 +278,7 @@ class _Walker:
     def scalar_leaf(
         self, rec: dict[str, Any], path: str, state: str, requires_grad: str | None, md5: str | None,
         data_name: str | None,
-    ) -> Leaf:  # fmt: skip
+    ) -> None:  # fmt: skip
         """A non-tensor argument (dump-format.md §4.3): stats = the value, shape ``[]`` (compare.md §2)."""
         kind = rec["type"]
         if kind.endswith("Tensor"):
@@ -315,20 +309,20 @@ class _Walker:
             # msprobe hashes str(value); we hash what the row shows, so two different process groups (whose
             # "value" is absent) do not get the same checksum.
             md5 = f"{zlib.crc32(str(stat if stat is not None else value).encode()) & 0xFFFFFFFF:08x}"
-        return Leaf(path, state, dtype, shape, requires_grad, (stat, stat, stat, stat), md5, data_name, False)
+        self.cols.add(path, state, dtype, shape, requires_grad, (stat, stat, stat, stat), md5, data_name, False)
 
-    def p2p_leaf(self, rec: dict[str, Any], path: str, state: str) -> Leaf:
+    def p2p_leaf(self, rec: dict[str, Any], path: str, state: str) -> None:
         """A ``torch.distributed.P2POp``: the row is its tensor, with op/peer/tag kept for diff analysis."""
         tensor = rec.get("tensor")
         p2p = {k: rec.get(k) for k in ("op", "peer", "tag", "group_id")}
+        row = len(self.cols)
         if isinstance(tensor, dict) and type(tensor.get("type")) is str:
-            leaf = self.leaf(tensor, path, state)
+            self.leaf(tensor, path, state)
         elif tensor is None:
-            leaf = Leaf(path, state, None, None, None, (None, None, None, None), None, None, False)
+            self.cols.add(path, state, None, None, None, _NONE4, None, None, False)
         else:
             raise self.error(f"{path}.tensor", f"must be a tensor record, not {tensor!r}")
-        leaf.p2p = p2p
-        return leaf
+        self.cols.p2p[row] = p2p
 
 
 def load_dump(path: str | Path) -> Dump:
@@ -357,15 +351,17 @@ def _load_dump(path: Path) -> Dump:
     framework = doc.get("framework") or "pytorch"
     dump_data_dir = doc.get("dump_data_dir")
     walker = _Walker(path)
-    entries = [DumpEntry(name, walker.entry_leaves(name, value)) for name, value in data.items()]
-    logger.debug("read %s: task %s, %d entries", path, task, len(entries))
+    for name, value in data.items():
+        walker.add_entry(name, value)
+    columns = walker.cols
+    logger.debug("read %s: task %s, %d entries, %d rows", path, task, len(columns.entry_names), len(columns))
     return Dump(
         path=path,
         task=task,
         level=level if isinstance(level, str) else None,
         framework=framework if isinstance(framework, str) else "pytorch",
         dump_data_dir=dump_data_dir if isinstance(dump_data_dir, str) else None,
-        entries=entries,
+        columns=columns,
         has_md5=walker.has_md5,
     )
 

@@ -1,0 +1,170 @@
+"""The leaves of one dump.json held column-wise: what the reader produces and the compare engine consumes.
+
+A statistics compare touches ~60k leaves a side. Held as objects they cost a Python object each to build, to
+ship between processes and to free; held as columns (one list per field, the four statistics in one float64
+buffer) they are built by appends, cross a pipe as a few ``marshal`` blobs, and feed NumPy directly. ``leaf(i)``
+and ``entries()`` give the object view where a caller wants one row at a time (tensor and md5 modes, tests).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+STATE_INPUT = "input"
+STATE_PARAMETERS = "parameters"
+STATE_OUTPUT = "output"
+STATE_PARAMETERS_GRAD = "parameters_grad"
+
+#: the statistics slot of a leaf whose four statistics are not all floats (its real values are in ``odd``)
+NAN4 = (float("nan"),) * 4
+
+
+class Leaf:
+    """One leaf of one dump entry: the raw material of one compare row (compare.md §2).
+
+    ``name`` is the recursion name (``Functional.linear.0.forward.input.0``); the tensor-mode row name comes
+    from ``data_name`` instead (see ``parity.shared.compare.rows``). Statistics are kept as dumped (float,
+    int, bool, str or None); ``shape`` is already the string msprobe shows (``[2, 4]``) and ``requires_grad``
+    the string ``"True"``/``"False"`` or None.
+    """
+
+    __slots__ = ("name", "state", "dtype", "shape", "requires_grad", "max", "min", "mean", "norm", "md5",
+                 "data_name", "is_tensor", "p2p")  # fmt: skip
+
+    def __init__(
+        self,
+        name: str,
+        state: str,
+        dtype: str | None,
+        shape: str | None,
+        requires_grad: str | None,
+        stats: tuple[Any, Any, Any, Any],
+        md5: str | None,
+        data_name: str | None,
+        is_tensor: bool,
+        p2p: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.state = state
+        self.dtype = dtype
+        self.shape = shape
+        self.requires_grad = requires_grad
+        self.max, self.min, self.mean, self.norm = stats
+        self.md5 = md5
+        self.data_name = data_name
+        self.is_tensor = is_tensor
+        self.p2p = p2p
+
+    def __repr__(self) -> str:
+        return f"Leaf({self.name!r}, dtype={self.dtype!r}, shape={self.shape!r})"
+
+
+@dataclass(slots=True)
+class DumpEntry:
+    """One API or module call of the dump (``Functional.linear.0.forward``) and its leaves in row order."""
+
+    name: str
+    leaves: list[Leaf]
+
+
+@dataclass(slots=True)
+class DumpColumns:
+    """Every leaf of a dump in row order (compare.md §2): row ``i`` is ``names[i]``, ``dtypes[i]``, ...
+
+    ``stats`` holds Max, Min, Mean, Norm of row ``i`` at ``4*i .. 4*i+3`` when all four are floats (NaN and
+    infinities included), and ``plain[i]`` is 1; otherwise ``plain[i]`` is 0, the slot holds NaNs and ``odd[i]``
+    the four values as dumped (int, bool, str, None). ``entry_names`` lists the entries in file order, empty
+    ones included, and ``entry_of[i]`` is the position of row ``i``'s entry there; ``apis[i]`` is its name.
+    """
+
+    entry_names: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    apis: list[str] = field(default_factory=list)
+    entry_of: array = field(default_factory=lambda: array("i"))  # type: ignore[type-arg]
+    states: list[str] = field(default_factory=list)
+    dtypes: list[str | None] = field(default_factory=list)
+    shapes: list[str | None] = field(default_factory=list)
+    requires_grads: list[str | None] = field(default_factory=list)
+    stats: array = field(default_factory=lambda: array("d"))  # type: ignore[type-arg]
+    plain: bytearray = field(default_factory=bytearray)
+    odd: dict[int, tuple[Any, Any, Any, Any]] = field(default_factory=dict)
+    md5s: list[str | None] = field(default_factory=list)
+    data_names: list[str | None] = field(default_factory=list)
+    is_tensor: bytearray = field(default_factory=bytearray)
+    p2p: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def add(
+        self,
+        name: str,
+        state: str,
+        dtype: str | None,
+        shape: str | None,
+        requires_grad: str | None,
+        stats: tuple[Any, Any, Any, Any],
+        md5: str | None,
+        data_name: str | None,
+        is_tensor: bool,
+    ) -> None:
+        """Append one row to the current (last) entry; the reader's hot path inlines this for tensors."""
+        row = len(self.names)
+        self.names.append(name)
+        self.apis.append(self.entry_names[-1])
+        self.entry_of.append(len(self.entry_names) - 1)
+        self.states.append(state)
+        self.dtypes.append(dtype)
+        self.shapes.append(shape)
+        self.requires_grads.append(requires_grad)
+        a, b, c, d = stats
+        if type(a) is float and type(b) is float and type(c) is float and type(d) is float:
+            self.stats.extend(stats)
+            self.plain.append(1)
+        else:
+            self.stats.extend(NAN4)
+            self.plain.append(0)
+            self.odd[row] = stats
+        self.md5s.append(md5)
+        self.data_names.append(data_name)
+        self.is_tensor.append(1 if is_tensor else 0)
+
+    def stats_of(self, i: int) -> tuple[Any, Any, Any, Any]:
+        """Row ``i``'s Max, Min, Mean, Norm as dumped."""
+        if self.plain[i]:
+            s = self.stats
+            k = 4 * i
+            return s[k], s[k + 1], s[k + 2], s[k + 3]
+        return self.odd[i]
+
+    def leaf(self, i: int) -> Leaf:
+        """Row ``i`` as one object."""
+        return Leaf(self.names[i], self.states[i], self.dtypes[i], self.shapes[i], self.requires_grads[i],
+                    self.stats_of(i), self.md5s[i], self.data_names[i], bool(self.is_tensor[i]),
+                    self.p2p.get(i))  # fmt: skip
+
+    def entries(self) -> list[DumpEntry]:
+        """The object view: every entry in file order with its leaves (entries without leaves included)."""
+        out = [DumpEntry(name, []) for name in self.entry_names]
+        for i, k in enumerate(self.entry_of):
+            out[k].leaves.append(self.leaf(i))
+        return out
+
+    def to_wire(self) -> tuple[Any, ...]:
+        """The columns as plain values ``marshal`` can carry (see ``from_wire``)."""
+        return (self.entry_names, self.names, self.apis, self.entry_of.tobytes(), self.states, self.dtypes,
+                self.shapes, self.requires_grads, self.stats.tobytes(), bytes(self.plain), self.odd, self.md5s,
+                self.data_names, bytes(self.is_tensor), self.p2p)  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, wire: tuple[Any, ...]) -> DumpColumns:
+        """Rebuild the columns ``to_wire`` produced (in another process)."""
+        (entry_names, names, apis, entry_of, states, dtypes, shapes, requires_grads, stats, plain, odd, md5s,
+         data_names, is_tensor, p2p) = wire  # fmt: skip
+        entry_array, stats_array = array("i"), array("d")
+        entry_array.frombytes(entry_of)
+        stats_array.frombytes(stats)
+        return cls(entry_names, names, apis, entry_array, states, dtypes, shapes, requires_grads, stats_array,
+                   bytearray(plain), odd, md5s, data_names, bytearray(is_tensor), p2p)  # fmt: skip
