@@ -26,8 +26,8 @@ from parity.shared.compare.pairing import FLOAT_FAMILY, pair_rows
 from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, RowStatus
 from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.suspects import find_suspects
-from parity.shared.dump.layout import find_rank_dirs, sibling_stack_json
 from parity.shared.dump.columns import STATE_INPUT, Leaf
+from parity.shared.dump.layout import find_rank_dirs, sibling_stack_json
 from parity.shared.dump.reader import Dump, gc_paused, load_dump, load_stack
 from parity.shared.errors import CompareInputError
 

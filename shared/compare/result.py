@@ -104,11 +104,20 @@ class CompareResult:
             "rows": len(self.rows),
             "status_counts": counts,
             "failing_apis": self.failing_apis(),
-            "advice": {"line": self.advice.line, "suspect_node": self.advice.suspect_node,
-                       "text": self.advice.text},  # fmt: skip
+            "advice": {
+                "line": self.advice.line,
+                "suspect_node": self.advice.suspect_node,
+                "text": self.advice.text,
+            },  # fmt: skip
             "suspects": [
-                {"rank": s.rank, "api": s.api, "direction": s.direction, "row_index": s.row_index,
-                 "reason": s.reason, "stack": s.stack}  # fmt: skip
+                {
+                    "rank": s.rank,
+                    "api": s.api,
+                    "direction": s.direction,
+                    "row_index": s.row_index,
+                    "reason": s.reason,
+                    "stack": s.stack,
+                }  # fmt: skip
                 for s in self.suspects
             ],
         }

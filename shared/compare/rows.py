@@ -51,7 +51,8 @@ def side_rows(dump: Dump, *, tensor_mode: bool) -> SideRows:
     cols = dump.columns
     names = cols.names
     if tensor_mode:
-        names = [_tensor_row_name(name, data_name) for name, data_name in zip(names, cols.data_names, strict=True)]
+        names = [_tensor_row_name(name, data_name)
+                 for name, data_name in zip(names, cols.data_names, strict=True)]  # fmt: skip
     return SideRows(names, cols.apis, cols)
 
 

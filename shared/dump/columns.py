@@ -1,9 +1,10 @@
 """The leaves of one dump.json held column-wise: what the reader produces and the compare engine consumes.
 
-A statistics compare touches ~60k leaves a side. Held as objects they cost a Python object each to build, to
-ship between processes and to free; held as columns (one list per field, the four statistics in one float64
-buffer) they are built by appends, cross a pipe as a few ``marshal`` blobs, and feed NumPy directly. ``leaf(i)``
-and ``entries()`` give the object view where a caller wants one row at a time (tensor and md5 modes, tests).
+A statistics compare touches ~60k leaves a side. Held as objects they cost a Python object each to build,
+to ship between processes and to free; held as columns (one list per field, the four statistics in one
+float64 buffer) they are built by appends, cross a pipe as a few ``marshal`` blobs, and feed NumPy directly.
+``leaf(i)`` and ``entries()`` give the object view where a caller wants one row at a time (tensor and md5
+modes, tests).
 """
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ class DumpColumns:
     """Every leaf of a dump in row order (compare.md §2): row ``i`` is ``names[i]``, ``dtypes[i]``, ...
 
     ``stats`` holds Max, Min, Mean, Norm of row ``i`` at ``4*i .. 4*i+3`` when all four are floats (NaN and
-    infinities included), and ``plain[i]`` is 1; otherwise ``plain[i]`` is 0, the slot holds NaNs and ``odd[i]``
-    the four values as dumped (int, bool, str, None). ``entry_names`` lists the entries in file order, empty
-    ones included, and ``entry_of[i]`` is the position of row ``i``'s entry there; ``apis[i]`` is its name.
+    infinities included), and ``plain[i]`` is 1; otherwise ``plain[i]`` is 0, the slot holds NaNs and
+    ``odd[i]`` the four values as dumped (int, bool, str, None). ``entry_names`` lists the entries in file
+    order, empty ones included; ``entry_of[i]`` is the position of row ``i``'s entry there, ``apis[i]`` its
+    name.
     """
 
     entry_names: list[str] = field(default_factory=list)
@@ -155,8 +157,8 @@ class DumpColumns:
     def to_wire(self) -> tuple[Any, ...]:
         """The columns as plain values ``marshal`` can carry (see ``from_wire``)."""
         return (self.entry_names, self.names, self.apis, self.entry_of.tobytes(), self.states, self.dtypes,
-                self.shapes, self.requires_grads, self.stats.tobytes(), bytes(self.plain), self.odd, self.md5s,
-                self.data_names, bytes(self.is_tensor), self.p2p)  # fmt: skip
+                self.shapes, self.requires_grads, self.stats.tobytes(), bytes(self.plain), self.odd,
+                self.md5s, self.data_names, bytes(self.is_tensor), self.p2p)  # fmt: skip
 
     @classmethod
     def from_wire(cls, wire: tuple[Any, ...]) -> DumpColumns:

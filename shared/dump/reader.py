@@ -25,13 +25,9 @@ from typing import Any
 
 from parity.shared.dump.columns import (
     NAN4,
-    STATE_INPUT,
-    STATE_OUTPUT,
-    STATE_PARAMETERS,
     STATE_PARAMETERS_GRAD,
     DumpColumns,
     DumpEntry,
-    Leaf,
 )
 from parity.shared.errors import DumpError
 
@@ -309,7 +305,8 @@ class _Walker:
             # msprobe hashes str(value); we hash what the row shows, so two different process groups (whose
             # "value" is absent) do not get the same checksum.
             md5 = f"{zlib.crc32(str(stat if stat is not None else value).encode()) & 0xFFFFFFFF:08x}"
-        self.cols.add(path, state, dtype, shape, requires_grad, (stat, stat, stat, stat), md5, data_name, False)
+        stats = (stat, stat, stat, stat)
+        self.cols.add(path, state, dtype, shape, requires_grad, stats, md5, data_name, False)
 
     def p2p_leaf(self, rec: dict[str, Any], path: str, state: str) -> None:
         """A ``torch.distributed.P2POp``: the row is its tensor, with op/peer/tag kept for diff analysis."""
