@@ -13,20 +13,21 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from parity.shared.compare import md5 as md5_mode
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
+from parity.shared.compare.cells import PairFacts, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import apply_highlights
 from parity.shared.compare.options import CompareOptions
-from parity.shared.compare.pairing import FLOAT_FAMILY, pair_rows
+from parity.shared.compare.pairing import pair_rows
 from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, RowStatus
 from parity.shared.compare.rows import SideRows, data_file, side_rows
+from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import find_suspects
-from parity.shared.dump.columns import STATE_INPUT, Leaf
+from parity.shared.dump.columns import Leaf
 from parity.shared.dump.layout import find_rank_dirs, sibling_stack_json
 from parity.shared.dump.reader import Dump, gc_paused, load_dump, load_stack
 from parity.shared.errors import CompareInputError
@@ -157,10 +158,6 @@ class _Table:
         self.jobs: list[tuple[int, Leaf, Leaf]] = []  # tensor mode: (row, npu leaf, bench leaf)
 
 
-def _same_scalar(a: Any, b: Any) -> bool:
-    return a == b or (a != a and b != b)  # NaN equals NaN here
-
-
 def compare_loaded(
     npu: Dump,
     bench: Dump,
@@ -190,13 +187,21 @@ def _compare(
     tensor = mode is CompareMode.TENSOR
     header = full_header(mode, stack=stack_mode)
     table = _Table()
-    stack_lookup = stacks if (stack_mode and stacks is not None) else None
     npu_rows = side_rows(npu, tensor_mode=tensor)
     bench_rows = side_rows(bench, tensor_mode=tensor)
     pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
-    _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack_mode,
-                stack_lookup)  # fmt: skip
+    stack = stack_cells(npu_rows.apis, stacks) if stack_mode else None
+    highlight_ranges: list[tuple[int, int]] | None = None
+    if mode is CompareMode.STATISTICS:
+        built = build_statistics_rows(npu_rows, bench_rows, pairing.bench_index, fuzzy=options.fuzzy_match,
+                                      stack=stack)  # fmt: skip
+        table.rows, table.states, table.messages = built.rows, built.states, built.messages
+        highlight_ranges = built.highlight_ranges
+    else:
+        _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack)
     _build_bench_only(table, mode, bench_rows, pairing.bench_only, stack_mode)
+    if highlight_ranges is not None and pairing.bench_only:
+        highlight_ranges = _with_tail(highlight_ranges, npu_rows.apis, len(table.rows))
     paired = len(npu_rows) - pairing.bench_index.count(-1)
     logger.debug("%s mode: %d NPU rows, %d bench rows, %d paired, %d bench-only", mode.value,
                  len(npu_rows), len(bench_rows), paired, len(pairing.bench_only))  # fmt: skip
@@ -210,7 +215,7 @@ def _compare(
             gc.disable()
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
-    apply_highlights(table.rows, table.states, mode, header, table.messages)
+    apply_highlights(table.rows, table.states, mode, header, table.messages, highlight_ranges)
     disagree = _finish_rows(table, header, mode)
     advice = advise(table.rows, header, mode)
     pos = {name: i for i, name in enumerate(header)}
@@ -222,13 +227,6 @@ def _compare(
     return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects)
 
 
-def _stack_cell(stack_lookup: Mapping[str, list[str]] | None, api: str) -> Cell:
-    if stack_lookup is None:
-        return NA
-    frames = stack_lookup.get(api)
-    return repr(frames) if frames is not None else NA
-
-
 def _build_rows(
     table: _Table,
     mode: CompareMode,
@@ -236,87 +234,38 @@ def _build_rows(
     bench_rows: SideRows,
     bench_index: list[int],
     fuzzy: bool,
-    stack_mode: bool,
-    stack_lookup: Mapping[str, list[str]] | None,
+    stack: list[Cell] | None,
 ) -> None:
-    """One row per NPU leaf, in NPU dump order. The hot loop of the engine: locals only, one list per row."""
+    """Tensor and md5 modes: one row per NPU leaf, in NPU dump order (statistics mode is column-wise, in
+    ``statistics_table``)."""
     rows, states, messages, jobs = table.rows, table.states, table.messages, table.jobs
-    b_names, b_leaves = bench_rows.names, bench_rows.leaves
-    tensor, statistics = mode is CompareMode.TENSOR, mode is CompareMode.STATISTICS
-    fail, passed, unmatched = RowStatus.FAIL, RowStatus.PASS, RowStatus.UNMATCHED
-    family = FLOAT_FAMILY
-    statistics_cells, stat_cells, na4 = stats_mode.statistics_cells, _stat_cells, [NA] * 4
-    warning_text, double_check = stats_mode.WARNING, stats_mode.NEED_DOUBLE_CHECK
-    previous_api = None
+    b_names, b_leaf = bench_rows.names, bench_rows.columns.leaf
+    tensor = mode is CompareMode.TENSOR
     for i, (name, n, api) in enumerate(zip(npu_rows.names, npu_rows.leaves, npu_rows.apis, strict=True)):
         j = bench_index[i]
-        msgs: list[str] = []
-        status = passed
-        nd = n.dtype
-        b: Leaf | None
-        if j >= 0:
-            b = b_leaves[j]
-            b_name = b_names[j]
-            bd = b.dtype
-            rg_consistent = n.requires_grad == b.requires_grad
-            compatible = nd == bd or (nd in family and bd in family)
-            if fuzzy and b_name != name:
-                msgs.append(v.MSG_FUZZY)
-            if not compatible:
-                msgs.append(v.MSG_DTYPE_MISMATCH)
-                status = fail
-            if not rg_consistent:
-                msgs.append(v.MSG_REQUIRES_GRAD)
-            if (not n.is_tensor and not b.is_tensor and n.state == STATE_INPUT and nd is not None
-                    and nd.startswith("<class") and not _same_scalar(n.max, b.max)):  # fmt: skip
-                msgs.append(v.MSG_SCALAR_MISMATCH)  # v2's "Parameters" rule: a changed scalar argument
-                status = fail
-            prefix: list[Cell] = [name, b_name, nd, bd, n.shape, b.shape, n.requires_grad, b.requires_grad]
-            npu_max, npu_min, npu_mean, npu_norm = n.max, n.min, n.mean, n.norm
-            stats = [*stat_cells(npu_max, npu_min, npu_mean, npu_norm),
-                     *stat_cells(b.max, b.min, b.mean, b.norm)]  # fmt: skip
-        else:
-            b = None
-            prefix = [name, NA, nd, NA, n.shape, NA, n.requires_grad, NA]
-            rg_consistent = False  # msprobe compares "True" with "N/A" [checked]
-            compatible = False
-            status = unmatched
-            stats = [*stat_cells(n.max, n.min, n.mean, n.norm), *na4]
-        if statistics:
-            if b is None:
-                metric, result = [NA] * 8, NA
-                msgs.append(stats_mode.NO_BENCH)
-            else:
-                metric, warn = statistics_cells((npu_max, npu_min, npu_mean, npu_norm),
-                                                (b.max, b.min, b.mean, b.norm))  # fmt: skip
-                if warn or status is fail:
-                    result = warning_text
-                    msgs.insert(0, double_check)
-                    status = fail
-                else:
-                    result = ""
-            cells = [*prefix, *metric, *stats, rg_consistent, result, None]
-        elif tensor:
+        b = b_leaf(j) if j >= 0 else None
+        facts = PairFacts(name, n, b_names[j] if j >= 0 else None, b, fuzzy)
+        msgs, status = facts.messages, facts.status
+        if tensor:
             if b is None:
                 accuracy = NA
                 msgs.append(v.MSG_BENCH_UNMATCHED)
-            elif not compatible:
+            elif not facts.compatible:
                 accuracy = v.NO
             else:
                 accuracy = v.NONE  # set once the metrics are in
                 jobs.append((i, n, b))
-            cells = [*prefix, *_UNSUPPORTED6, *stats, rg_consistent, accuracy, None]
+            cells = [*facts.prefix, *_UNSUPPORTED6, *facts.stats, facts.rg_consistent, accuracy, None]
         else:
             md5_result = md5_mode.md5_result(n.md5, b.md5 if b is not None else None, matched=b is not None)
             if md5_result == md5_mode.DIFFERENT:
-                status = fail
-            cells = [*prefix, n.md5, b.md5 if b is not None else NA, rg_consistent, md5_result]
-        if stack_mode:
-            cells.append(_stack_cell(stack_lookup, api) if api != previous_api else NA)
+                status = v.escalate(status, RowStatus.FAIL)
+            cells = [*facts.prefix, n.md5, b.md5 if b is not None else NA, facts.rg_consistent, md5_result]
+        if stack is not None:
+            cells.append(stack[i])
         if tensor:
             cells.append(repr([data_file(n), data_file(b) if b is not None else NA]))
         cells += (None, api)  # Parity Status: written by _finish_rows
-        previous_api = api
         rows.append(CompareRow(cells, api, status))
         states.append(n.state)
         messages.append(msgs)
@@ -351,6 +300,15 @@ def _build_bench_only(table: _Table, mode: CompareMode, bench_rows: SideRows, be
         table.rows.append(CompareRow(cells, bench_rows.apis[j], status))
         table.states.append(b.state)
         table.messages.append([v.MSG_NPU_UNMATCHED])
+
+
+def _with_tail(ranges: list[tuple[int, int]], npu_apis: list[str], total: int) -> list[tuple[int, int]]:
+    """Add the bench-only rows to the highlight ranges, with the last NPU entry: a bench-only row of that
+    entry follows it directly, and the rules group consecutive rows of one entry."""
+    tail = len(npu_apis)
+    while tail > 0 and npu_apis[tail - 1] == npu_apis[-1]:
+        tail -= 1
+    return [r for r in ranges if r[0] < tail] + [(tail, total)]
 
 
 def _run_tensor_metrics(table: _Table, header: list[str], npu: Dump, bench: Dump, options: CompareOptions,

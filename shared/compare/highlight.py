@@ -10,7 +10,7 @@ through ``Requires_grad Consistent = False``) without a misleading requires_grad
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.result import Cell, CompareRow, Highlight, RowStatus
@@ -85,18 +85,21 @@ def apply_highlights(
     mode: CompareMode,
     header: Sequence[str],
     messages: Sequence[list[str]],
+    ranges: Iterable[tuple[int, int]] | None = None,
 ) -> None:
-    """Set ``row.highlight`` on every row and append each reason to ``messages[i]`` (once)."""
+    """Set ``row.highlight`` and append each reason to ``messages[i]`` (once), on every row or, with
+    ``ranges``, on the rows of those ``(start, stop)`` ranges only (each starting on an entry's first row):
+    the caller vouches that no rule can fire elsewhere."""
     cols = _Columns(header, mode)
-    start = 0
-    n = len(rows)
-    while start < n:
-        api = rows[start].api
-        stop = start + 1
-        while stop < n and rows[stop].api == api:
-            stop += 1
-        _highlight_api(rows, states, messages, range(start, stop), cols, mode)
-        start = stop
+    for first, last in ranges if ranges is not None else [(0, len(rows))]:
+        start = first
+        while start < last:
+            api = rows[start].api
+            stop = start + 1
+            while stop < last and rows[stop].api == api:
+                stop += 1
+            _highlight_api(rows, states, messages, range(start, stop), cols, mode)
+            start = stop
 
 
 def _mark(rows: Sequence[CompareRow], messages: Sequence[list[str]], i: int, colour: Highlight, reason: str
