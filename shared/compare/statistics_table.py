@@ -1,12 +1,12 @@
 """The statistics-mode table (compare.md §5) built column-wise: NumPy for the arithmetic, lists for the cells.
 
-A statistics compare is ~60k rows of eight subtractions, eight divisions and eight ``"x%"`` strings. Row by
-row in Python that was most of the engine's time; here the common row (a matched tensor pair with the same
-dtype and requires_grad, eight finite float statistics, no zero in the bench) is computed for all rows at once,
-and every other row (unmatched, NaN, inf, ints, strings, zeros, dtype or requires_grad mismatches) goes
-through the row-at-a-time rules of ``parity.shared.compare.statistics`` and ``cells``. The two give the same
-cells: the vector path does the same IEEE operations in the same order, and formats each relative error as
-Python's ``repr`` does (see ``percent_strings``).
+A statistics compare is ~60k rows of eight subtractions, eight divisions and eight ``"x%"`` strings. Row
+by row in Python that was most of the engine's time; here the common row (a matched tensor pair with the
+same dtype and requires_grad, eight finite float statistics, no zero in the bench) is computed for all rows
+at once, and every other row (unmatched, NaN, inf, ints, strings, zeros, dtype or requires_grad mismatches)
+goes through the row-at-a-time rules of ``parity.shared.compare.statistics`` and ``cells``. Both give the
+same cells: the vector path does the same IEEE operations in the same order, and formats each relative
+error as Python's ``repr`` does (see ``percent_strings``).
 
 The builder also says which entries the highlight rules can skip: an entry whose every row is common, with
 ``|Max diff| <= 1`` and a MaxRelativeErr of at most 10 %, cannot trigger any rule of §7.2.
@@ -71,7 +71,7 @@ def statistics_row(name: str, n: Leaf, b_name: str | None, b: Leaf | None, fuzzy
 
 
 class StatisticsTable:
-    """The NPU rows of a statistics compare, in NPU order, and the row ranges the highlight pass must visit."""
+    """The NPU rows of a statistics compare in NPU order, and the row ranges the highlight pass must visit."""
 
     __slots__ = ("rows", "states", "messages", "highlight_ranges")
 
