@@ -29,7 +29,8 @@ from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import find_suspects
 from parity.shared.dump.columns import Leaf
 from parity.shared.dump.layout import find_rank_dirs, sibling_stack_json
-from parity.shared.dump.reader import Dump, gc_paused, load_dump, load_stack
+from parity.shared.dump.pair_reader import load_dump_pair
+from parity.shared.dump.reader import Dump, gc_paused, load_stack
 from parity.shared.errors import CompareInputError
 
 logger = logging.getLogger(__name__)
@@ -88,8 +89,7 @@ def compare_dumps(
     ``(done, total)`` in tensor pairs (tensor mode) or rows (other modes, once at the end).
     """
     with gc_paused() as collector_was_on:
-        npu = load_dump(npu_dump_json)
-        bench = load_dump(bench_dump_json)
+        npu, bench = load_dump_pair(npu_dump_json, bench_dump_json, parallel=options.workers != 1)
         mode = detect_mode(npu, bench)
         stacks: dict[str, list[str]] | None
         if stack_path is not None:

@@ -1,0 +1,117 @@
+"""Read the two dumps of a compare at once: the bench one in a forked child, the NPU one here.
+
+Parsing and flattening a dump.json is pure Python and takes about a quarter of a second per 60k rows; the
+two sides are independent, so on a machine with two cores they overlap. The child sends its dump back as the
+``DumpColumns`` wire form through a pipe (``marshal``: plain lists, bytes and dicts, a few milliseconds to
+load, and only this process's own child writes it), then leaves with ``os._exit`` so it never pays for freeing
+what it parsed.
+
+The fork is taken only where it is safe and pays: ``os.fork`` exists, this process runs a single thread (a
+fork copies no other thread, and a lock one of them held would stay held in the child), and the files are
+big enough. Otherwise, or if the child fails for any reason other than a bad dump, the bench dump is read
+here, so the result never depends on the path taken. A bad dump read by the child raises the same
+``DumpError`` as it would here.
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from parity.shared.dump.columns import DumpColumns
+from parity.shared.dump.reader import Dump, load_dump
+from parity.shared.errors import DumpError
+
+logger = logging.getLogger(__name__)
+
+#: below this many bytes of dump.json (both sides) forking costs more than it saves
+MIN_PARALLEL_BYTES = 2 << 20
+
+_OK, _DUMP_ERROR, _FAILED = 0, 1, 2
+
+
+def load_dump_pair(npu_path: Path, bench_path: Path, *, parallel: bool = True) -> tuple[Dump, Dump]:
+    """Both dumps, as ``load_dump`` reads them; the bench one in a child process when ``parallel`` allows."""
+    if not (parallel and _fork_pays(npu_path, bench_path)):
+        return load_dump(npu_path), load_dump(bench_path)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: read, send, leave without cleaning up
+        os.close(read_fd)
+        try:
+            _send(write_fd, _child_payload(bench_path))
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        npu = load_dump(npu_path)
+        payload = _receive(read_fd)
+    except BaseException:
+        _reap(pid, kill=True)
+        raise
+    finally:
+        os.close(read_fd)
+    _reap(pid, kill=False)
+    bench = _bench_from(payload, bench_path)
+    return npu, bench
+
+
+def _fork_pays(npu_path: Path, bench_path: Path) -> bool:
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return False
+    try:
+        size = os.path.getsize(npu_path) + os.path.getsize(bench_path)
+    except OSError:
+        return False  # a missing file: let load_dump name it
+    return size >= MIN_PARALLEL_BYTES
+
+
+def _child_payload(path: Path) -> bytes:
+    try:
+        dump = load_dump(path)
+        header = (str(dump.path), dump.task, dump.level, dump.framework, dump.dump_data_dir, dump.has_md5)
+        return marshal.dumps((_OK, header, dump.columns.to_wire()))
+    except DumpError as exc:
+        return marshal.dumps((_DUMP_ERROR, exc.file, exc.problem, exc.where))
+    except BaseException as exc:  # noqa: BLE001 - anything else: the parent reads the file itself
+        return marshal.dumps((_FAILED, f"{type(exc).__name__}: {exc}"))
+
+
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.close(fd)
+
+
+def _receive(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _reap(pid: int, *, kill: bool) -> None:
+    if kill:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    os.waitpid(pid, 0)
+
+
+def _bench_from(payload: bytes, path: Path) -> Dump:
+    message: Any = marshal.loads(payload) if payload else (_FAILED, "no answer")
+    if message[0] == _OK:
+        (dump_path, task, level, framework, dump_data_dir, has_md5), wire = message[1], message[2]
+        columns = DumpColumns.from_wire(wire)
+        return Dump(path=Path(dump_path), task=task, level=level, framework=framework,
+                    dump_data_dir=dump_data_dir, columns=columns, has_md5=has_md5)  # fmt: skip
+    if message[0] == _DUMP_ERROR:
+        raise DumpError(message[1], message[2], where=message[3])
+    logger.warning("reading %s in a child process failed (%s); reading it here", path, message[1])
+    return load_dump(path)
