@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from parity.shared.compare.rows import SideRows
 
@@ -115,14 +116,14 @@ def pair_exact(npu: SideRows, bench: SideRows) -> Pairing:
     """Join on the row name after backward renumbering on each side; the first bench row of a key wins."""
     npu_keys = row_keys(npu, renumber_backward(_unique_entries(npu.apis)))
     bench_keys = row_keys(bench, renumber_backward(_unique_entries(bench.apis)))
-    bench_pos: dict[str, int] = {}
-    for j, key in enumerate(bench_keys):
-        bench_pos.setdefault(key, j)
-    get = bench_pos.get
-    index = [get(key, -1) for key in npu_keys]
+    # Built back to front, so the first bench row of a key is the one that stays.
+    bench_pos = dict(zip(reversed(bench_keys), range(len(bench_keys) - 1, -1, -1), strict=True))
+    index = list(map(bench_pos.get, npu_keys, repeat(-1)))
     used = set(index)
-    bench_only = [j for j in range(len(bench_keys)) if j not in used]
-    return Pairing(index, bench_only)
+    used.discard(-1)
+    if len(used) == len(bench_keys):
+        return Pairing(index, [])
+    return Pairing(index, [j for j in range(len(bench_keys)) if j not in used])
 
 
 class _Occurrences:

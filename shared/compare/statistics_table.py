@@ -15,6 +15,7 @@ The builder also says which entries the highlight rules can skip: an entry whose
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from operator import eq
 
 import numpy as np
@@ -135,7 +136,7 @@ def build_statistics_rows(npu: SideRows, bench: SideRows, bench_index: Sequence[
         columns.append(stack)
     columns += ([None] * n_rows, npu.apis)
     status = [RowStatus.PASS] * n_rows
-    messages: list[list[str]] = [[] for _ in range(n_rows)]
+    messages: list[list[str]] = list(map(list, repeat((), n_rows)))
     double_check = [stats_mode.NEED_DOUBLE_CHECK]
     for i in np.flatnonzero(warn_fast).tolist():
         status[i] = RowStatus.FAIL

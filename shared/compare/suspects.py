@@ -49,27 +49,34 @@ def find_suspects(
     """Suspects from the finished table: ``disagree[i]`` marks a failing row, ``reason_of(i)`` says why
     (a callable, so only the few suspects' rows pay for the text)."""
     found: dict[str, list[tuple[str, int]]] = {"forward": [], "backward": []}
-    start, n = 0, len(rows)
-    while start < n:
-        api = rows[start].api
-        stop = start + 1
+    n = len(rows)
+    # Only an entry with a disagreeing output row can be a suspect: visit just those, in table order.
+    stop = 0
+    for candidate in [i for i, bad in enumerate(disagree) if bad]:
+        if candidate < stop or states[candidate] != STATE_OUTPUT:
+            continue
+        api = rows[candidate].api
+        start = candidate
+        while start > 0 and rows[start - 1].api == api:
+            start -= 1
+        stop = candidate + 1
         while stop < n and rows[stop].api == api:
             stop += 1
         direction = direction_of(api)
-        if direction is not None and len(found[direction]) < limit:
-            first_bad_output = -1
-            inputs_agree = True
-            for i in range(start, stop):
-                state = states[i]
-                if state in (STATE_INPUT, STATE_PARAMETERS):
-                    if rows[i].status in _BAD_INPUT or disagree[i]:
-                        inputs_agree = False
-                        break
-                elif state == STATE_OUTPUT and first_bad_output < 0 and disagree[i]:
-                    first_bad_output = i
-            if inputs_agree and first_bad_output >= 0 and rows[start].status is not RowStatus.BENCH_ONLY:
-                found[direction].append((api, first_bad_output))
-        start = stop
+        if direction is None or len(found[direction]) >= limit:
+            continue
+        first_bad_output = -1
+        inputs_agree = True
+        for i in range(start, stop):
+            state = states[i]
+            if state in (STATE_INPUT, STATE_PARAMETERS):
+                if rows[i].status in _BAD_INPUT or disagree[i]:
+                    inputs_agree = False
+                    break
+            elif state == STATE_OUTPUT and first_bad_output < 0 and disagree[i]:
+                first_bad_output = i
+        if inputs_agree and first_bad_output >= 0 and rows[start].status is not RowStatus.BENCH_ONLY:
+            found[direction].append((api, first_bad_output))
     suspects: list[Suspect] = []
     for direction in ("forward", "backward"):
         for api, row_index in found[direction]:

@@ -145,7 +145,7 @@ _NONE4 = (None, None, None, None)
 class _Walker:
     """Flattens the entries of one dump.json into columns; holds the file path only so errors can name it."""
 
-    __slots__ = ("path", "entry", "has_md5", "cols", "shape_text")
+    __slots__ = ("path", "entry", "has_md5", "cols", "shape_text", "same_text")
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -153,6 +153,7 @@ class _Walker:
         self.has_md5 = False
         self.cols = DumpColumns()
         self.shape_text: dict[tuple[Any, ...], str] = {}  # most shapes repeat: format each once
+        self.same_text: dict[str, str] = {}
 
     def error(self, field_path: str, problem: str) -> DumpError:
         return DumpError(self.path, problem, where=f"entry {self.entry!r} field {field_path!r}")
@@ -232,6 +233,7 @@ class _Walker:
                 raise self.error(f"{path}.shape", "missing (a tensor leaf needs its shape)")
             raise self.error(f"{path}.shape", f"must be a list, not {shape!r}")
         mx, mn, mean, norm = get("Max"), get("Min"), get("Mean"), get("Norm")
+        dtype = self.same_text.setdefault(dtype, dtype)  # one object per dtype: cheaper to ship and compare
         cols = self.cols
         row = len(cols.names)
         if type(mx) is float and type(mn) is float and type(mean) is float and type(norm) is float:
