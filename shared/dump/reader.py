@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from parity.shared.dump.columns import (
-    NAN4,
     STATE_PARAMETERS_GRAD,
+    ColumnsBuilder,
     DumpColumns,
     DumpEntry,
 )
@@ -151,7 +151,7 @@ class _Walker:
         self.path = path
         self.entry = ""
         self.has_md5 = False
-        self.cols = DumpColumns()
+        self.cols = ColumnsBuilder()
         self.shape_text: dict[tuple[Any, ...], str] = {}  # most shapes repeat: format each once
         self.same_text: dict[str, str] = {}
 
@@ -162,8 +162,8 @@ class _Walker:
         self.entry = name
         if not isinstance(data, dict):
             raise DumpError(self.path, "must be an object", where=f"entry {name!r}")
-        self.cols.entry_names.append(name)
-        if "parameters_grad" in name.split("."):
+        self.cols.start_entry(name)
+        if "parameters_grad" in name and "parameters_grad" in name.split("."):
             # ``{param_name: [leaf]}``: the whole entry is one container (compare.md §2).
             self.walk(data, name, STATE_PARAMETERS_GRAD, 0)
             return
@@ -235,7 +235,6 @@ class _Walker:
         mx, mn, mean, norm = get("Max"), get("Min"), get("Mean"), get("Norm")
         dtype = self.same_text.setdefault(dtype, dtype)  # one object per dtype: cheaper to ship and compare
         cols = self.cols
-        row = len(cols.names)
         if type(mx) is float and type(mn) is float and type(mean) is float and type(norm) is float:
             cols.stats.extend((mx, mn, mean, norm))
             cols.plain.append(1)
@@ -246,9 +245,7 @@ class _Walker:
             if mx is None and "tensor_stat_index" in rec:
                 raise self.error(path, "holds a 'tensor_stat_index' placeholder: the dump was never flushed "
                                        "(was PrecisionDebugger.stop() or step() called?)")  # fmt: skip
-            cols.stats.extend(NAN4)
-            cols.plain.append(0)
-            cols.odd[row] = (mx, mn, mean, norm)
+            cols.add_stats((mx, mn, mean, norm))
         try:
             key = tuple(shape)
             text = self.shape_text.get(key)
@@ -256,16 +253,7 @@ class _Walker:
                 text = self.shape_text[key] = str(shape)
         except TypeError:  # a nested list in a shape: unhashable, and rare
             text = str(shape)
-        cols.names.append(path)
-        cols.apis.append(cols.entry_names[-1])
-        cols.entry_of.append(len(cols.entry_names) - 1)
-        cols.states.append(state)
-        cols.dtypes.append(dtype)
-        cols.shapes.append(text)
-        cols.requires_grads.append(requires_grad)
-        cols.md5s.append(md5)
-        cols.data_names.append(data_name)
-        cols.is_tensor.append(1)
+        cols.rows.append((path, state, dtype, text, requires_grad, md5, data_name, True))
 
     def bad_stats(self, path: str, stats: tuple[Any, ...]) -> DumpError:
         for stat_name, value in zip(("Max", "Min", "Mean", "Norm"), stats, strict=True):
@@ -314,7 +302,7 @@ class _Walker:
         """A ``torch.distributed.P2POp``: the row is its tensor, with op/peer/tag kept for diff analysis."""
         tensor = rec.get("tensor")
         p2p = {k: rec.get(k) for k in ("op", "peer", "tag", "group_id")}
-        row = len(self.cols)
+        row = len(self.cols.rows)
         if isinstance(tensor, dict) and type(tensor.get("type")) is str:
             self.leaf(tensor, path, state)
         elif tensor is None:
@@ -352,7 +340,7 @@ def _load_dump(path: Path) -> Dump:
     walker = _Walker(path)
     for name, value in data.items():
         walker.add_entry(name, value)
-    columns = walker.cols
+    columns = walker.cols.build()
     logger.debug("read %s: task %s, %d entries, %d rows", path, task, len(columns.entry_names), len(columns))
     return Dump(
         path=path,
