@@ -159,10 +159,6 @@ class ColumnsBuilder:
         self.odd: dict[int, tuple[Any, Any, Any, Any]] = {}
         self.p2p: dict[int, dict[str, Any]] = {}
 
-    def start_entry(self, name: str) -> None:
-        self.entry_names.append(name)
-        self.entry_starts.append(len(self.rows))
-
     def add_stats(self, stats: tuple[Any, Any, Any, Any]) -> None:
         """The statistics of the row about to be added (``DumpColumns``: floats in ``stats``, or ``odd``)."""
         a, b, c, d = stats

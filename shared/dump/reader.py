@@ -162,18 +162,22 @@ class _Walker:
         self.entry = name
         if not isinstance(data, dict):
             raise DumpError(self.path, "must be an object", where=f"entry {name!r}")
-        self.cols.start_entry(name)
+        cols = self.cols
+        cols.entry_names.append(name)
+        cols.entry_starts.append(len(cols.rows))
         if "parameters_grad" in name and "parameters_grad" in name.split("."):
             # ``{param_name: [leaf]}``: the whole entry is one container (compare.md §2).
             self.walk(data, name, STATE_PARAMETERS_GRAD, 0)
             return
+        get = data.get
         for key, suffix, state in _CONTAINERS:
-            node = data.get(key)
+            node = get(key)
             if node is None:
                 continue
             if not isinstance(node, (list, dict)):
                 raise self.error(key, f"must be a list or an object, not {type(node).__name__}")
-            self.walk(node, name + suffix, state, 0)
+            if node:  # ``[]`` and ``{}`` yield no row
+                self.walk(node, name + suffix, state, 0)
 
     def walk(self, node: Any, path: str, state: str, depth: int) -> None:
         if depth > MAX_DEPTH:
