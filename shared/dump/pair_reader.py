@@ -47,6 +47,7 @@ def load_dump_pair(npu_path: Path, bench_path: Path, *, parallel: bool = True) -
         finally:
             os._exit(0)
     os.close(write_fd)
+    logger.debug("reading %s in child process %d, %s here", bench_path, pid, npu_path)
     try:
         npu = load_dump(npu_path)
         payload = _receive(read_fd)
