@@ -182,8 +182,19 @@ def _write_rust(
 
     def records(sheet: _Sheet) -> Iterator[dict[str, XlsxValue]]:
         # Converted lazily while the writer pulls them, so a million-row table is never doubled in memory.
+        # The common cells (short text, finite floats, None, bools) are stored as they are, tested inline:
+        # a function call per cell was most of the writer's Python time. The rest goes through excel_value.
+        limit = EXCEL_CELL_CHAR_LIMIT
         for row in rows[sheet.start : sheet.stop]:
-            yield {name: excel_value(cell)[0] for name, cell in zip(header, row.cells, strict=True)}
+            yield {
+                name: cell
+                if (type(cell) is str and len(cell) <= limit)  # type: ignore[arg-type]
+                or (type(cell) is float and cell - cell == 0.0)  # type: ignore[operator]
+                or cell is None
+                or type(cell) is bool
+                else excel_value(cell)[0]
+                for name, cell in zip(header, row.cells, strict=True)
+            }
 
     # The binding reads the row formats when called, before it pulls a record, so they are decided first in a
     # cheap pass that only looks at fills and first characters.
