@@ -13,7 +13,7 @@ from typing import Any
 
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.pairing import FLOAT_FAMILY
-from parity.shared.compare.result import Cell, RowStatus
+from parity.shared.compare.result import Cell, CompareRow, RowStatus
 from parity.shared.compare.statistics import stat_cells
 from parity.shared.dump.columns import STATE_INPUT, Leaf
 
@@ -71,3 +71,17 @@ def stack_cells(apis: Sequence[str], stack_lookup: Mapping[str, list[str]] | Non
                 out[i] = repr(frames)
             previous = api
     return out
+
+
+class Table:
+    """The rows being built, with the per-row facts later passes need but the table does not show."""
+
+    __slots__ = ("rows", "states", "messages", "jobs", "highlight_ranges")
+
+    def __init__(self) -> None:
+        self.rows: list[CompareRow] = []
+        self.states: list[str] = []
+        self.messages: list[list[str]] = []
+        self.jobs: list[tuple[int, Leaf, Leaf]] = []  # tensor mode: (row, npu leaf, bench leaf)
+        #: the ``(start, stop)`` row ranges the highlight rules must visit; None: every row
+        self.highlight_ranges: list[tuple[int, int]] | None = None

@@ -18,7 +18,7 @@ from parity.shared.compare import md5 as md5_mode
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
-from parity.shared.compare.cells import PairFacts, stack_cells
+from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import apply_highlights
 from parity.shared.compare.options import CompareOptions
@@ -27,7 +27,6 @@ from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highli
 from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import find_suspects
-from parity.shared.dump.columns import Leaf
 from parity.shared.dump.layout import find_rank_dirs, sibling_stack_json
 from parity.shared.dump.pair_reader import load_dump_pair
 from parity.shared.dump.reader import Dump, gc_paused, load_stack
@@ -146,18 +145,6 @@ def compare_ranks(
 # the table
 
 
-class _Table:
-    """The rows being built, with the per-row facts later passes need but the table does not show."""
-
-    __slots__ = ("rows", "states", "messages", "jobs")
-
-    def __init__(self) -> None:
-        self.rows: list[CompareRow] = []
-        self.states: list[str] = []
-        self.messages: list[list[str]] = []
-        self.jobs: list[tuple[int, Leaf, Leaf]] = []  # tensor mode: (row, npu leaf, bench leaf)
-
-
 def compare_loaded(
     npu: Dump,
     bench: Dump,
@@ -186,22 +173,19 @@ def _compare(
     """The pipeline, run with the cyclic collector paused (see gc_paused) except around tensor workers."""
     tensor = mode is CompareMode.TENSOR
     header = full_header(mode, stack=stack_mode)
-    table = _Table()
     npu_rows = side_rows(npu, tensor_mode=tensor)
     bench_rows = side_rows(bench, tensor_mode=tensor)
     pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
     stack = stack_cells(npu_rows.apis, stacks) if stack_mode else None
-    highlight_ranges: list[tuple[int, int]] | None = None
     if mode is CompareMode.STATISTICS:
-        built = build_statistics_rows(npu_rows, bench_rows, pairing.bench_index, fuzzy=options.fuzzy_match,
+        table = build_statistics_rows(npu_rows, bench_rows, pairing.bench_index, fuzzy=options.fuzzy_match,
                                       stack=stack)  # fmt: skip
-        table.rows, table.states, table.messages = built.rows, built.states, built.messages
-        highlight_ranges = built.highlight_ranges
     else:
+        table = Table()
         _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack)
     _build_bench_only(table, mode, bench_rows, pairing.bench_only, stack_mode)
-    if highlight_ranges is not None and pairing.bench_only:
-        highlight_ranges = _with_tail(highlight_ranges, npu_rows.apis, len(table.rows))
+    if table.highlight_ranges is not None and pairing.bench_only:
+        table.highlight_ranges = _with_tail(table.highlight_ranges, npu_rows.apis, len(table.rows))
     paired = len(npu_rows) - pairing.bench_index.count(-1)
     logger.debug("%s mode: %d NPU rows, %d bench rows, %d paired, %d bench-only", mode.value,
                  len(npu_rows), len(bench_rows), paired, len(pairing.bench_only))  # fmt: skip
@@ -215,7 +199,7 @@ def _compare(
             gc.disable()
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
-    apply_highlights(table.rows, table.states, mode, header, table.messages, highlight_ranges)
+    apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
     disagree = _finish_rows(table, header, mode)
     advice = advise(table.rows, header, mode)
     pos = {name: i for i, name in enumerate(header)}
@@ -228,7 +212,7 @@ def _compare(
 
 
 def _build_rows(
-    table: _Table,
+    table: Table,
     mode: CompareMode,
     npu_rows: SideRows,
     bench_rows: SideRows,
@@ -274,7 +258,7 @@ def _build_rows(
 _UNSUPPORTED6 = (v.UNSUPPORTED,) * 6
 
 
-def _build_bench_only(table: _Table, mode: CompareMode, bench_rows: SideRows, bench_only: list[int],
+def _build_bench_only(table: Table, mode: CompareMode, bench_rows: SideRows, bench_only: list[int],
                       stack_mode: bool) -> None:  # fmt: skip
     """Bench rows nobody paired with: reported after the NPU rows with every NPU column ``N/A``."""
     status = RowStatus.BENCH_ONLY
@@ -311,7 +295,7 @@ def _with_tail(ranges: list[tuple[int, int]], npu_apis: list[str], total: int) -
     return [r for r in ranges if r[0] < tail] + [(tail, total)]
 
 
-def _run_tensor_metrics(table: _Table, header: list[str], npu: Dump, bench: Dump, options: CompareOptions,
+def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump, options: CompareOptions,
                         progress: Progress | None) -> None:  # fmt: skip
     """Tensor mode: hand every compatible matched pair to the metric workers, then judge each row."""
     if table.jobs:
@@ -350,7 +334,7 @@ def _run_tensor_metrics(table: _Table, header: list[str], npu: Dump, bench: Dump
             row.cells[acc_col] = v.NO  # a failure found outside the metrics (a changed scalar argument)
 
 
-def _finish_rows(table: _Table, header: list[str], mode: CompareMode) -> list[bool]:
+def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[bool]:
     """Fold highlights into statuses, write Err_message and Parity Status; return which rows disagree."""
     pos = {name: i for i, name in enumerate(header)}
     msg_col = pos.get("Err_message", -1)

@@ -21,7 +21,7 @@ from operator import eq
 import numpy as np
 import orjson
 from parity.shared.compare import statistics as stats_mode
-from parity.shared.compare.cells import PairFacts
+from parity.shared.compare.cells import PairFacts, Table
 from parity.shared.compare.result import Cell, CompareRow, RowStatus
 from parity.shared.compare.rows import SideRows
 from parity.shared.dump.columns import Leaf
@@ -71,23 +71,12 @@ def statistics_row(name: str, n: Leaf, b_name: str | None, b: Leaf | None, fuzzy
     return [*facts.prefix, *metric, *facts.stats, facts.rg_consistent, result, None], msgs, status
 
 
-class StatisticsTable:
-    """The NPU rows of a statistics compare in NPU order, and the row ranges the highlight pass must visit."""
-
-    __slots__ = ("rows", "states", "messages", "highlight_ranges")
-
-    def __init__(self) -> None:
-        self.rows: list[CompareRow] = []
-        self.states: list[str] = []
-        self.messages: list[list[str]] = []
-        self.highlight_ranges: list[tuple[int, int]] = []
-
-
 def build_statistics_rows(npu: SideRows, bench: SideRows, bench_index: Sequence[int], *, fuzzy: bool,
-                          stack: list[Cell] | None) -> StatisticsTable:  # fmt: skip
+                          stack: list[Cell] | None) -> Table:  # fmt: skip
     """One row per NPU leaf (cells in the statistics header order, ``Err_message`` and ``Parity Status`` left
     ``None`` for the engine's last pass); ``stack`` is the NPU_Stack_Info column when it is shown."""
-    out = StatisticsTable()
+    out = Table()
+    out.highlight_ranges = []
     n_rows, m_rows = len(npu), len(bench)
     if n_rows == 0:
         return out
