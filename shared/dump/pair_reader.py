@@ -1,4 +1,4 @@
-"""Read the two dumps of a compare at once: the bench one in a forked child, the NPU one here.
+"""Read the two dumps of a compare at once: the bench one in a child process, the NPU one here.
 
 Parsing and flattening a dump.json is pure Python and takes about a quarter of a second per 60k rows; the
 two sides are independent, so on a machine with two cores they overlap. The child sends its dump back as the
@@ -6,11 +6,12 @@ two sides are independent, so on a machine with two cores they overlap. The chil
 load, and only this process's own child writes it), then leaves with ``os._exit`` so it never pays for freeing
 what it parsed.
 
-The fork is taken only where it is safe and pays: ``os.fork`` exists, this process runs a single thread (a
-fork copies no other thread, and a lock one of them held would stay held in the child), and the files are
-big enough. Otherwise, or if the child fails for any reason other than a bad dump, the bench dump is read
-here, so the result never depends on the path taken. A bad dump read by the child raises the same
-``DumpError`` as it would here.
+The child is a fork where that is safe: ``os.fork`` exists and this process runs a single thread (a fork
+copies no other thread, and a lock one of them held would stay held in the child). A process with threads
+(a server job worker renewing its lease) starts a fresh interpreter instead, which costs ~50 ms more and
+overlaps the same way. Small files are read here: a child costs more than it saves. If the child fails for
+any reason other than a bad dump, the bench dump is read here, so the result never depends on the path
+taken; a bad dump read by the child raises the same ``DumpError`` as it would here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import logging
 import marshal
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ from parity.shared.errors import DumpError
 
 logger = logging.getLogger(__name__)
 
-#: below this many bytes of dump.json (both sides) forking costs more than it saves
+#: below this many bytes of dump.json (both sides) a child process costs more than it saves
 MIN_PARALLEL_BYTES = 2 << 20
 
 _OK, _DUMP_ERROR, _FAILED = 0, 1, 2
@@ -36,8 +39,14 @@ _OK, _DUMP_ERROR, _FAILED = 0, 1, 2
 
 def load_dump_pair(npu_path: Path, bench_path: Path, *, parallel: bool = True) -> tuple[Dump, Dump]:
     """Both dumps, as ``load_dump`` reads them; the bench one in a child process when ``parallel`` allows."""
-    if not (parallel and _fork_pays(npu_path, bench_path)):
+    if not (parallel and _big_enough(npu_path, bench_path)):
         return load_dump(npu_path), load_dump(bench_path)
+    if hasattr(os, "fork") and threading.active_count() == 1:
+        return _read_forked(npu_path, bench_path)
+    return _read_spawned(npu_path, bench_path)
+
+
+def _read_forked(npu_path: Path, bench_path: Path) -> tuple[Dump, Dump]:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: read, send, leave without cleaning up
@@ -57,13 +66,46 @@ def load_dump_pair(npu_path: Path, bench_path: Path, *, parallel: bool = True) -
     finally:
         os.close(read_fd)
     _reap(pid, kill=False)
-    bench = _bench_from(payload, bench_path)
-    return npu, bench
+    return npu, _bench_from(payload, bench_path)
 
 
-def _fork_pays(npu_path: Path, bench_path: Path) -> bool:
-    if not hasattr(os, "fork") or threading.active_count() != 1:
-        return False
+def _read_spawned(npu_path: Path, bench_path: Path) -> tuple[Dump, Dump]:
+    # The child sees this process's import path, so it imports the same parity as this process does.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SPAWNED_CHILD, str(bench_path)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+    except OSError as exc:
+        logger.warning("cannot start a reader process (%s); reading %s here", exc, bench_path)
+        return load_dump(npu_path), load_dump(bench_path)
+    logger.debug("reading %s in reader process %d, %s here", bench_path, proc.pid, npu_path)
+    try:
+        npu = load_dump(npu_path)
+        payload, errors = proc.communicate()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if proc.returncode != 0 and not payload:
+        last = errors.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        payload = marshal.dumps((_FAILED, last[0]))
+    return npu, _bench_from(payload, bench_path)
+
+
+#: what a spawned reader runs: the same payload as a forked one, written to its standard output
+_SPAWNED_CHILD = (
+    "import os, sys\n"
+    "from pathlib import Path\n"
+    "from parity.shared.dump.pair_reader import _child_payload\n"
+    "sys.stdout.buffer.write(_child_payload(Path(sys.argv[1])))\n"
+    "sys.stdout.flush()\n"
+    "os._exit(0)\n"
+)
+
+
+def _big_enough(npu_path: Path, bench_path: Path) -> bool:
     try:
         size = os.path.getsize(npu_path) + os.path.getsize(bench_path)
     except OSError:

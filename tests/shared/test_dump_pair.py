@@ -1,7 +1,8 @@
 """Reading both dumps at once (``pair_reader``) and the columns' wire form it ships them in.
 
-The forked read must give exactly what a read in this process gives, raise the same error for a bad dump,
-fall back to reading here when the child fails, and be taken only when it is safe (one thread) and asked for.
+The read in a child (forked, or a fresh interpreter when other threads run) must give exactly what a read in
+this process gives, raise the same error for a bad dump, fall back to reading here when the child fails, and
+be taken only when asked for and when the files are big enough.
 """
 
 from __future__ import annotations
@@ -91,23 +92,66 @@ def test_the_forked_read_equals_the_read_here(big_pair: tuple[Path, Path], monke
     assert bench.columns.p2p and bench.columns.odd  # the sparse columns made the trip too
 
 
-def test_no_fork_when_not_asked_when_small_or_when_another_thread_runs(
+class _SpawnCounter:
+    """Wraps subprocess.Popen as pair_reader sees it; counts the reader processes started."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = pair_reader.subprocess.Popen
+
+        def popen(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(pair_reader.subprocess, "Popen", popen)
+
+
+class _OtherThread:
+    """A second thread alive for the duration of a ``with`` block: forking is then off limits."""
+
+    def __enter__(self) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.stop.wait)
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_no_child_when_not_asked_or_when_small(
     big_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    forks = _ForkCounter(monkeypatch)
-    pair_reader.load_dump_pair(*big_pair, parallel=False)
+    forks, spawns = _ForkCounter(monkeypatch), _SpawnCounter(monkeypatch)
+    npu, bench = pair_reader.load_dump_pair(*big_pair, parallel=False)
     small = (_write(tmp_path / "s" / "npu.json", 3), _write(tmp_path / "s" / "bench.json", 3))
     pair_reader.load_dump_pair(*small, parallel=True)
-    stop = threading.Event()
-    other = threading.Thread(target=stop.wait)
-    other.start()
-    try:
-        npu, bench = pair_reader.load_dump_pair(*big_pair, parallel=True)
-    finally:
-        stop.set()
-        other.join()
-    assert forks.calls == 0
+    assert (forks.calls, spawns.calls) == (0, 0)
     assert _state(bench) == _state(load_dump(big_pair[1]))
+
+
+def test_with_another_thread_a_fresh_interpreter_reads_instead_of_a_fork(
+    big_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forks, spawns = _ForkCounter(monkeypatch), _SpawnCounter(monkeypatch)
+    with _OtherThread():
+        npu, bench = pair_reader.load_dump_pair(*big_pair, parallel=True)
+    assert (forks.calls, spawns.calls) == (0, 1)
+    assert _state(npu) == _state(load_dump(big_pair[0]))
+    assert _state(bench) == _state(load_dump(big_pair[1]))
+
+
+def test_a_spawned_reader_that_cannot_run_falls_back_to_reading_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(pair_reader, "MIN_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(pair_reader, "_SPAWNED_CHILD", "import sys\nsys.exit('no parity here')\n")
+    npu = _write(tmp_path / "npu" / "dump.json", 5)
+    bench = _write(tmp_path / "bench" / "dump.json", 6)
+    with _OtherThread(), caplog.at_level(logging.WARNING, logger=pair_reader.__name__):
+        _npu, got = pair_reader.load_dump_pair(npu, bench, parallel=True)
+    assert _state(got) == _state(load_dump(bench))
+    assert "no parity here" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -127,11 +171,13 @@ def test_a_bad_bench_dump_read_by_the_child_raises_the_same_error(
     bench = _write(tmp_path / "bench" / "dump.json", 5, **bad)
     with pytest.raises(DumpError) as here:
         load_dump(bench)
-    with pytest.raises(DumpError) as there:
+    with pytest.raises(DumpError) as forked:
         pair_reader.load_dump_pair(npu, bench, parallel=True)
     assert forks.calls == 1
-    assert str(there.value) == str(here.value)
-    assert "Torch.bad.0.forward" in str(there.value)
+    with _OtherThread(), pytest.raises(DumpError) as spawned:
+        pair_reader.load_dump_pair(npu, bench, parallel=True)
+    assert str(forked.value) == str(spawned.value) == str(here.value)
+    assert "Torch.bad.0.forward" in str(here.value)
 
 
 def test_malformed_json_in_the_child_keeps_line_and_column(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
