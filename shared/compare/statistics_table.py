@@ -40,6 +40,7 @@ def percent_strings(values: np.ndarray) -> list[str]:
     """
     if values.size == 0:
         return []
+    values = np.ascontiguousarray(values, dtype=np.float64)  # orjson serialises contiguous arrays only
     text = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].replace(b",", b"%,")
     out = (text.decode() + "%").split(",")
     outside = np.flatnonzero(~((values >= _PLAIN_LOW) & (values < _PLAIN_HIGH)))

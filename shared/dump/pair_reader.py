@@ -48,7 +48,13 @@ def load_dump_pair(npu_path: Path, bench_path: Path, *, parallel: bool = True) -
 
 def _read_forked(npu_path: Path, bench_path: Path) -> tuple[Dump, Dump]:
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # EAGAIN, ENOMEM: no child today, the read still happens
+        os.close(read_fd)
+        os.close(write_fd)
+        logger.warning("cannot fork a reader process (%s); reading %s here", exc, bench_path)
+        return load_dump(npu_path), load_dump(bench_path)
     if pid == 0:  # the child: read, send, leave without cleaning up
         os.close(read_fd)
         try:
@@ -148,7 +154,12 @@ def _reap(pid: int, *, kill: bool) -> None:
 
 
 def _bench_from(payload: bytes, path: Path) -> Dump:
-    message: Any = marshal.loads(payload) if payload else (_FAILED, "no answer")
+    try:
+        message: Any = marshal.loads(payload) if payload else (_FAILED, "no answer")
+    except (EOFError, ValueError, TypeError):  # a child that died halfway through its answer
+        message = (_FAILED, f"a truncated answer of {len(payload)} bytes")
+    if not isinstance(message, tuple) or not message:
+        message = (_FAILED, "an answer of the wrong shape")
     if message[0] == _OK:
         (dump_path, task, level, framework, dump_data_dir, has_md5), wire = message[1], message[2]
         columns = DumpColumns.from_wire(wire)
