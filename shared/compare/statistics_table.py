@@ -33,11 +33,13 @@ _PLAIN_LOW, _PLAIN_HIGH = 1e-4, 1e16
 
 
 def percent_strings(values: np.ndarray) -> list[str]:
-    """``[f"{x}%" for x in values]`` for non-negative float64 values, about 4x faster.
+    """``[f"{x}%" for x in values]`` for a 1-d array of non-negative float64 values, about 4x faster.
 
     orjson writes the same shortest round-trip digits as ``repr`` and, for 1e-4 <= x < 1e16, the same
     layout; values outside that range (exponent notation in one or both, ``inf``) are formatted by Python.
     """
+    if values.ndim != 1:
+        raise ValueError(f"percent_strings takes a 1-d array, not {values.ndim}-d")
     if values.size == 0:
         return []
     values = np.ascontiguousarray(values, dtype=np.float64)  # orjson serialises contiguous arrays only
