@@ -16,9 +16,11 @@ taken; a bad dump read by the child raises the same ``DumpError`` as it would he
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import marshal
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -146,10 +148,8 @@ def _receive(fd: int) -> bytes:
 
 def _reap(pid: int, *, kill: bool) -> None:
     if kill:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(ProcessLookupError):  # it may have finished already; waitpid still reaps it
+            os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
 
 
