@@ -159,10 +159,10 @@ def test_built_columns_round_trip(entries: list[list[tuple[Any, ...]]]) -> None:
     for k, rows in enumerate(entries):
         api = f"Torch.op.{k}.forward"
         builder.entry_names.append(api)
-        builder.entry_starts.append(len(builder.rows))
+        builder.entry_starts.append(len(builder))
         for i, (stats, state, dtype, shape, rg, md5, is_tensor, p2p) in enumerate(rows):
             if p2p is not None:
-                builder.p2p[len(builder.rows)] = p2p
+                builder.p2p[len(builder)] = p2p
             builder.add(f"{api}.input.{i}", state, dtype, shape, rg, stats, md5, None, is_tensor)
     cols = builder.build()
     back = _round_trip(cols)
