@@ -335,27 +335,36 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
 
 
 def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[bool]:
-    """Fold highlights into statuses, write Err_message and Parity Status; return which rows disagree."""
+    """Fold highlights into statuses, write Err_message and Parity Status; return which rows disagree.
+
+    With ``table.highlight_ranges`` (statistics mode), the builder has written both cells of every row
+    already, as they stand without highlights, and only the rows of those ranges can have changed since.
+    """
     pos = {name: i for i, name in enumerate(header)}
     msg_col = pos.get("Err_message", -1)
     status_col = pos["Parity Status"]
     shape_col = pos.get("Cosine", -1)
-    disagree: list[bool] = []
     red, yellow, fail, warning = Highlight.RED, Highlight.YELLOW, RowStatus.FAIL, RowStatus.WARNING
     escalate, join, status_text = v.escalate, v.join_messages, _STATUS_TEXT
-    for row, msgs in zip(table.rows, table.messages, strict=True):
-        highlight = row.highlight
-        if highlight is red:
-            row.status = escalate(row.status, fail)
-        elif highlight is yellow:
-            row.status = escalate(row.status, warning)
-        cells = row.cells
-        if msg_col >= 0:
-            cells[msg_col] = join(msgs) if msgs else ""
-        status = row.status
-        cells[status_col] = status_text[status]
-        disagree.append(status is fail or (shape_col >= 0 and cells[shape_col] == v.SHAPE_UNMATCHED))
-    return disagree
+    rows, messages = table.rows, table.messages
+    spans = table.highlight_ranges if table.highlight_ranges is not None else [(0, len(rows))]
+    for start, stop in spans:
+        for i in range(start, stop):
+            row = rows[i]
+            highlight = row.highlight
+            if highlight is red:
+                row.status = escalate(row.status, fail)
+            elif highlight is yellow:
+                row.status = escalate(row.status, warning)
+            cells = row.cells
+            if msg_col >= 0:
+                msgs = messages[i]
+                cells[msg_col] = join(msgs) if msgs else ""
+            cells[status_col] = status_text[row.status]
+    if shape_col < 0:
+        return [row.status is fail for row in rows]
+    unmatched = v.SHAPE_UNMATCHED
+    return [row.status is fail or row.cells[shape_col] == unmatched for row in rows]
 
 
 def _reason(row: CompareRow, pos: Mapping[str, int], mode: CompareMode) -> str:

@@ -21,12 +21,15 @@ from operator import eq
 import numpy as np
 import orjson
 from parity.shared.compare import statistics as stats_mode
+from parity.shared.compare import verdicts as v
 from parity.shared.compare.cells import PairFacts, Table
 from parity.shared.compare.result import Cell, CompareRow, RowStatus
 from parity.shared.compare.rows import SideRows
 from parity.shared.dump.columns import Leaf
 
 NA = "N/A"
+_PASS_TEXT, _FAIL_TEXT = RowStatus.PASS.value, RowStatus.FAIL.value
+_DOUBLE_CHECK_TEXT = v.join_messages([stats_mode.NEED_DOUBLE_CHECK])
 
 #: where orjson's float text equals ``repr``: outside it one of them switches to exponent notation
 _PLAIN_LOW, _PLAIN_HIGH = 1e-4, 1e16
@@ -76,8 +79,9 @@ def statistics_row(name: str, n: Leaf, b_name: str | None, b: Leaf | None, fuzzy
 
 def build_statistics_rows(npu: SideRows, bench: SideRows, bench_index: Sequence[int], *, fuzzy: bool,
                           stack: list[Cell] | None) -> Table:  # fmt: skip
-    """One row per NPU leaf (cells in the statistics header order, ``Err_message`` and ``Parity Status`` left
-    ``None`` for the engine's last pass); ``stack`` is the NPU_Stack_Info column when it is shown."""
+    """One row per NPU leaf, cells in the statistics header order; ``stack`` is the NPU_Stack_Info column
+    when it is shown. ``Err_message`` and ``Parity Status`` are written as they stand before the highlight
+    rules, which can change them only on the rows of ``highlight_ranges``."""
     out = Table()
     out.highlight_ranges = []
     n_rows, m_rows = len(npu), len(bench)
@@ -118,32 +122,44 @@ def build_statistics_rows(npu: SideRows, bench: SideRows, bench_index: Sequence[
     percents = percent_strings(np.ascontiguousarray(rel.T).ravel())
     warn_fast = warn & fast
 
-    results = np.where(warn_fast, stats_mode.WARNING, "").tolist()
+    # Err_message and Parity Status are final here for every row the highlight rules cannot reach (see
+    # ``_noisy_ranges``); the engine finishes the rows of the highlight ranges only.
+    warned = np.flatnonzero(warn_fast).tolist()
+    results: list[Cell] = [""] * n_rows
+    status = [RowStatus.PASS] * n_rows
+    status_text: list[Cell] = [_PASS_TEXT] * n_rows
+    messages: list[list[str]] = list(map(list, repeat((), n_rows)))
+    err_message: list[Cell] = [""] * n_rows
+    for i in warned:
+        results[i] = stats_mode.WARNING
+        status[i] = RowStatus.FAIL
+        status_text[i] = _FAIL_TEXT
+        messages[i] = [stats_mode.NEED_DOUBLE_CHECK]
+        err_message[i] = _DOUBLE_CHECK_TEXT
     columns: list[list[Cell]] = [
         npu.names, b_names, nc.dtypes, b_dtypes, nc.shapes, b_shapes, nc.requires_grads, b_rgs,  # type: ignore[list-item]
         *d.T.tolist(), *(percents[k * n_rows : (k + 1) * n_rows] for k in range(4)),
-        *a.T.tolist(), *b.T.tolist(), [True] * n_rows, results, [None] * n_rows,
+        *a.T.tolist(), *b.T.tolist(), [True] * n_rows, results, err_message,
     ]  # fmt: skip
     if stack is not None:
         columns.append(stack)
-    columns += ([None] * n_rows, npu.apis)
-    status = [RowStatus.PASS] * n_rows
-    messages: list[list[str]] = list(map(list, repeat((), n_rows)))
-    double_check = [stats_mode.NEED_DOUBLE_CHECK]
-    for i in np.flatnonzero(warn_fast).tolist():
-        status[i] = RowStatus.FAIL
-        messages[i] = double_check.copy()
+    status_col = len(columns)
+    columns += (status_text, npu.apis)
     cells = list(map(list, zip(*columns, strict=True)))
     for i in np.flatnonzero(~fast).tolist():
         j = bench_index[i]
-        head, messages[i], status[i] = statistics_row(
+        head, msgs, row_status = statistics_row(
             npu.names[i],
             nc.leaf(i),
             bench.names[j] if j >= 0 else None,
             bc.leaf(j) if j >= 0 else None,
             fuzzy,
         )
-        cells[i][: len(head)] = head
+        row = cells[i]
+        row[: len(head)] = head
+        row[len(head) - 1] = v.join_messages(msgs) if msgs else ""
+        row[status_col] = row_status.value
+        messages[i], status[i] = msgs, row_status
     out.rows = list(map(CompareRow, cells, npu.apis, status))
     out.states = list(nc.states)  # the engine appends bench-only rows' states: not to the dump's list
     out.messages = messages

@@ -377,8 +377,10 @@ def test_table_rows_messages_and_status_equal_the_row_at_a_time_rules(tmp_path: 
     assert len(table.rows) == len(table.messages) == len(npu_rows)
     for i, (cells, messages, status) in enumerate(expected):
         row = table.rows[i]
-        assert _reprs(row.cells[: MSG_COL + 1]) == _reprs(cells), npu_rows.names[i]
-        assert row.cells[MSG_COL + 1 :] == [None, npu_rows.apis[i]]  # Parity Status, Parity API
+        assert _reprs(row.cells[:MSG_COL]) == _reprs(cells[:MSG_COL]), npu_rows.names[i]
+        # Err_message, Parity Status (as they stand before the highlight rules) and Parity API
+        err_message = v.join_messages(messages) if messages else ""
+        assert row.cells[MSG_COL:] == [err_message, status.value, npu_rows.apis[i]], npu_rows.names[i]
         assert table.messages[i] == messages, npu_rows.names[i]
         assert row.status is status, npu_rows.names[i]
         assert (row.api, row.highlight) == (npu_rows.apis[i], None)
@@ -399,7 +401,7 @@ def test_table_with_the_stack_column(tmp_path: Path) -> None:
     for i, (a, b) in enumerate(zip(with_stack.rows, without.rows, strict=True)):
         assert len(a.cells) == len(header)
         assert _reprs(a.cells[:stack_col]) == _reprs(b.cells[:stack_col])
-        assert a.cells[stack_col:] == [stack[i], None, npu_rows.apis[i]]
+        assert a.cells[stack_col:] == [stack[i], b.cells[stack_col], npu_rows.apis[i]]  # Parity Status
     assert with_stack.rows[0].cells[stack_col] == repr(["model.py:3 forward"])
 
 
@@ -411,7 +413,8 @@ def test_a_bench_dump_without_rows(tmp_path: Path) -> None:
     index = pair_rows(npu_rows, bench_rows, fuzzy=False).bench_index
     table = build_statistics_rows(npu_rows, bench_rows, index, fuzzy=False, stack=None)
     expected = _row_at_a_time(npu, bench, npu_rows, bench_rows, index, False)
-    assert [_reprs(r.cells[: MSG_COL + 1]) for r in table.rows] == [_reprs(c) for c, _m, _s in expected]
+    assert [_reprs(r.cells[:MSG_COL]) for r in table.rows] == [_reprs(c[:MSG_COL]) for c, _m, _s in expected]
+    assert [r.cells[MSG_COL] for r in table.rows] == [v.join_messages(m) for _c, m, _s in expected]
     assert all(row.status is RowStatus.UNMATCHED for row in table.rows)
     # Every entry is noisy (its rows are unmatched): the ranges cover the table, entry by entry.
     assert table.highlight_ranges is not None
