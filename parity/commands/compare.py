@@ -87,15 +87,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse compare.json, run the compare, print the top suspects and the report paths."""
-    from parity.shared.compare.job import run_compare
-    from parity.shared.compare.options import CompareOptions
     from parity.shared.compare.spec import load_compare_spec
     from parity.shared.errors import CompareInputError
-    from parity.shared.report.advisor import one_line
 
     if args.workers is not None and args.workers < 1:
         raise CompareInputError(f"--workers must be at least 1, got {args.workers}")
     spec = load_compare_spec(args.input_path)
+    if args.workers != 1:
+        from parity.shared.dump.pair_reader import start_reader
+
+        start_reader()  # the bench dump's reader process boots while the engine is imported
+
+    from parity.shared.compare.job import run_compare
+    from parity.shared.compare.options import CompareOptions
+    from parity.shared.report.advisor import one_line
+
     options = CompareOptions(fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, workers=args.workers)
     bar = ProgressBar("compare") if args.progress else None
     try:
