@@ -8,8 +8,9 @@ through ``parity.shared.metrics.parallel.compare_tensor_files`` (auto, forced pr
 through the whole engine ``parity.shared.compare.engine.compare_dumps``. MB/s counts **both sides' bytes**
 over the wall time, as msprobe's docs do (msprobe measured ~78 MB/s here).
 
-Statistics mode: 20,000 APIs (~60,000 rows a side) through ``compare_dumps`` (rows/s = NPU rows / time) and
-the whole CLI run to xlsx (``parity compare -i compare.json -o out``), against msprobe's ~500 rows/s.
+Statistics mode: 20,000 APIs (~60,000 rows a side) through ``compare_dumps`` (rows/s = NPU rows / time),
+compact and again with the ``indent=1`` layout msprobe writes, and the whole CLI run to xlsx
+(``parity compare -i compare.json -o out``), against msprobe's ~500 rows/s.
 
 Each mode runs in a process of its own (a fresh one per compare is what the CLI and the job workers use).
 Peak RSS is sampled every 20 ms over this process and all its children (sum of RSS, so pages shared between
@@ -126,9 +127,12 @@ def generate_tensor_dumps(out: Path, quick: bool) -> None:
         (out / side / "dump.json").write_text(json.dumps(doc))
 
 
-def generate_statistics_dumps(out: Path, apis: int) -> None:
-    """Statistics dumps of ``apis`` entries, 2 inputs + 1 output each, bench within ~0.1% (json only)."""
+def generate_statistics_dumps(out: Path, apis: int, *, indent1: bool = False) -> None:
+    """Statistics dumps of ``apis`` entries, 2 inputs + 1 output each, bench within ~0.1% (json only);
+    ``indent1`` writes them as msprobe does (``json.dump(indent=1)``), compact otherwise."""
     import random
+
+    from parity.shared.dump.writer import dumps_indent1
 
     rnd = random.Random(0)
 
@@ -151,7 +155,7 @@ def generate_statistics_dumps(out: Path, apis: int) -> None:
         (out / side).mkdir(parents=True, exist_ok=True)
         doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None,
                "data": data}  # fmt: skip
-        (out / side / "dump.json").write_text(json.dumps(doc))
+        (out / side / "dump.json").write_text(dumps_indent1(doc) if indent1 else json.dumps(doc))
 
 
 # --- measurements ------------------------------------------------------------------------------------------
@@ -212,6 +216,11 @@ def bench_statistics(base: Path, quick: bool, repeat: int) -> list[tuple[str, st
         return f"{rows_a_side / t:7.0f} rows/s ({rows_a_side / t / 500:.0f}x msprobe)"
 
     rows.append(engine_row("compare_dumps (engine)", out, repeat, rate, None))
+    indented = base / "statistics-indent1"
+    generate_statistics_dumps(indented, apis, indent1=True)
+    os.sync()
+    size = (indented / "npu" / "dump.json").stat().st_size / MB
+    rows.append(engine_row(f"  same, indent=1 as msprobe ({size:.1f} MB)", indented, repeat, rate, None))
     spec = out / "compare.json"
     spec.write_text(json.dumps({"npu_path": str(out / "npu" / "dump.json"),
                                 "bench_path": str(out / "bench" / "dump.json")}))  # fmt: skip
