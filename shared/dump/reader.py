@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -113,6 +114,14 @@ def parse_json(path: Path, raw: bytes) -> Any:
         raise DumpError(path, f"malformed JSON: {exc.msg}", where=where) from None
     except UnicodeDecodeError as exc:
         raise DumpError(path, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    except ValueError as exc:  # an integer past Python's digit limit (int_max_str_digits)
+        raise DumpError(path, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise DumpError(path, "malformed JSON: nested too deeply to parse") from None
+
+
+#: an integer token of 19 digits or more: it may not fit 64 bits, and orjson would read it as a float
+_LONG_INTEGER = re.compile(rb"(?<![0-9.eE+-])-?[0-9]{19,}(?![0-9.eE])")
 
 
 def _parse_json(raw: bytes) -> Any:
@@ -121,9 +130,12 @@ def _parse_json(raw: bytes) -> Any:
     orjson parses a dump about 1.6x faster, but (like the JSON standard) it refuses the bare NaN / Infinity /
     -Infinity tokens msprobe writes, integers beyond 64 bits and a few other liberties; the standard library
     accepts them all (``allow_nan``). A file that orjson refuses is parsed again by the standard library,
-    which also gives the error message (with line and column) for a file that is really malformed.
+    which also gives the error message (with line and column) for a file that is really malformed. orjson
+    reads an integer beyond 64 bits as a float rather than refusing it, so a file that may hold one goes to
+    the standard library directly.
     """
-    if _orjson is not None and b"NaN" not in raw and b"Infinity" not in raw:
+    if (_orjson is not None and b"NaN" not in raw and b"Infinity" not in raw
+            and not _LONG_INTEGER.search(raw)):  # fmt: skip
         try:
             return _orjson.loads(raw)
         except _orjson.JSONDecodeError:

@@ -15,8 +15,11 @@ yields the same columns for each of them:
 - The bare ``NaN`` / ``Infinity`` / ``-Infinity`` tokens msprobe writes are not JSON. They are quoted
   before decoding (``"NaN"``). A token that stood inside a string cannot be quoted into valid JSON: the new
   quote would end the string and leave the token bare. So in a document that still decodes, each quoted
-  token came from a bare one. Each one is turned back into its float where a statistic or a scalar value
-  holds it. If any is left over, somewhere else, the classic reader reads the file.
+  token came from a bare one, unless the file escapes a letter (``"\u004eaN"`` is the text NaN too): such a
+  file is left to the classic reader. Each token is turned back into its float where a statistic or a
+  scalar value holds it. If any is left over, somewhere else, the classic reader reads the file.
+- An entry whose name holds ``parameters_grad`` is a container of its own; if the file spells such a name
+  with an escape, the bytes do not show it and the classic reader reads the file.
 - A record holds every field the walker reads, each defaulting to ``UNSET``. A leaf outside the hot case is
   turned back into the dict the classic walker would have seen, missing keys still missing, and walked
   exactly as before.
@@ -103,6 +106,7 @@ _ENTRY = msgspec.json.Decoder(EntryRecord)
 _PARAMETERS_GRAD = msgspec.json.Decoder(ParametersGrad)
 
 _NON_JSON_TOKEN = re.compile(rb"-?Infinity|NaN")
+_ESCAPED_LETTER = re.compile(rb"\\u00[4-7]")  # ``\u0041``..``\u007f``: a letter written as an escape
 _TOKEN_VALUES = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 _RESTORED_FIELDS = ("Max", "Min", "Mean", "Norm", "value")
 _FIELDS = LeafRecord.__struct_fields__
@@ -217,17 +221,23 @@ class TypedWalker(LeafWalker):
 def walk_typed(path: Path, raw: bytes) -> tuple[DumpRecord | RawEntriesRecord, TypedWalker] | None:
     """The header and the walked entries of ``raw``, or None where the classic reader must read it."""
     tokens = 0
-    if b"NaN" in raw or b"Infinity" in raw:
-        raw, tokens = _NON_JSON_TOKEN.subn(rb'"\g<0>"', raw)
     try:
+        if b"NaN" in raw or b"Infinity" in raw:
+            if _ESCAPED_LETTER.search(raw):
+                # ``"\u004eaN"`` decodes to the text NaN too: a restored token could then be a string.
+                raise _Untyped("NaN/Infinity tokens in a file that escapes letters")
+            raw, tokens = _NON_JSON_TOKEN.subn(rb'"\g<0>"', raw)
         walker = TypedWalker(path, tokens)
-        if b"parameters_grad" in raw:
-            header: DumpRecord | RawEntriesRecord = _RAW_ENTRIES.decode(raw)
-            walker.add_entries(_decoded_entries(header))  # type: ignore[arg-type]
-        else:
+        header: DumpRecord | RawEntriesRecord
+        if b"parameters_grad" not in raw:
             header = _DUMP.decode(raw)
-            if header.data:
-                walker.add_entries(header.data.items())
+            entries = header.data or {}
+            if any(map(_is_parameters_grad, entries)):  # a name spelled with an escape
+                raise _Untyped("a parameters_grad entry whose name the file escapes")
+            walker.add_entries(entries.items())
+        else:
+            header = _RAW_ENTRIES.decode(raw)
+            walker.add_entries(_decoded_entries(header))  # type: ignore[arg-type]
         if walker.tokens_left:
             raise _Untyped(f"{walker.tokens_left} NaN/Infinity token(s) outside statistics and values")
         if not isinstance(header.task, str):
@@ -238,10 +248,15 @@ def walk_typed(path: Path, raw: bytes) -> tuple[DumpRecord | RawEntriesRecord, T
     return header, walker
 
 
+def _is_parameters_grad(name: str) -> bool:
+    """The classic walker's test: such an entry is one container of its own (compare.md §2)."""
+    return "parameters_grad" in name and "parameters_grad" in name.split(".")
+
+
 def _decoded_entries(header: RawEntriesRecord) -> Iterator[tuple[str, EntryRecord | ParametersGrad]]:
     """Each entry decoded on its own: a ``parameters_grad`` one as a container, any other as an entry."""
     for name, raw_entry in (header.data or {}).items():
-        if "parameters_grad" in name and "parameters_grad" in name.split("."):
+        if _is_parameters_grad(name):
             yield name, _PARAMETERS_GRAD.decode(raw_entry)
         else:
             yield name, _ENTRY.decode(raw_entry)

@@ -197,8 +197,9 @@ class LeafWalker:
             stat = str(stat)  # a cell holds scalars only: an odd container value is shown as Python prints it
         if md5 is None:
             # msprobe hashes str(value); we hash what the row shows, so two different process groups (whose
-            # "value" is absent) do not get the same checksum.
-            md5 = f"{zlib.crc32(str(stat if stat is not None else value).encode()) & 0xFFFFFFFF:08x}"
+            # "value" is absent) do not get the same checksum; a lone surrogate (valid JSON) is hashed too.
+            text = str(stat if stat is not None else value).encode("utf-8", "surrogatepass")
+            md5 = f"{zlib.crc32(text) & 0xFFFFFFFF:08x}"
         stats = (stat, stat, stat, stat)
         self.cols.add(path, state, dtype, shape, requires_grad, stats, md5, data_name, False)
 
