@@ -2,8 +2,9 @@
 
 Reading a dump.json is pure Python and takes about 0.15 s per 60k rows; the two sides are independent, so on
 a machine with two cores they overlap. The bench side is read by a reader process: a second interpreter,
-started on first use and then kept. It reads one path per line on its standard input, and answers each
-with the ``DumpColumns`` wire form, length-prefixed, in ``marshal``.
+started on first use and then kept. Each request on its standard input is a path and the directory it is
+relative to, and each answer on its standard output the ``DumpColumns`` wire form; both are length-prefixed
+``marshal``, so that any path (a newline in it, bytes that are not UTF-8) makes the trip whole.
 
 Why a kept process rather than a fork per compare, measured on the benchmark's 60k-row pair:
 - A fork shares this process's heap copy-on-write. Each page either side then writes is copied first: twice
@@ -99,8 +100,11 @@ class _ReaderProcess:
         return self.owner == os.getpid() and self.proc.poll() is None
 
     def ask(self, path: Path) -> None:
+        """Send ``path`` as this process names it: a relative one with this process's directory."""
+        where = None if path.is_absolute() else os.fsencode(os.getcwd())
+        request = marshal.dumps((where, os.fsencode(path)))
         stdin: IO[bytes] = self.proc.stdin  # type: ignore[assignment]
-        stdin.write(os.fsencode(path) + b"\n")
+        stdin.write(_LENGTH.pack(len(request)) + request)
         stdin.flush()
 
     def answer(self) -> bytes:
@@ -162,12 +166,8 @@ atexit.register(_close_at_exit)
 
 def _read_with_reader(npu_path: Path, bench_path: Path) -> tuple[Dump, Dump]:
     global _current
-    try:
-        reader = _reader()
-        reader.ask(bench_path)
-    except OSError as exc:  # no process today (EAGAIN, ENOMEM), or one that just left: the read still happens
-        logger.warning("cannot use a reader process (%s); reading %s here", exc, bench_path)
-        _current = None
+    reader = _ask(bench_path)
+    if reader is None:
         return load_dump(npu_path), load_dump(bench_path)
     logger.debug("reading %s in reader process %d, %s here", bench_path, reader.proc.pid, npu_path)
     try:
@@ -183,20 +183,40 @@ def _read_with_reader(npu_path: Path, bench_path: Path) -> tuple[Dump, Dump]:
     return npu, _bench_from(payload, bench_path)
 
 
+def _ask(bench_path: Path) -> _ReaderProcess | None:
+    """The reader, asked for ``bench_path``; None (with a warning) when no reader can be had or asked."""
+    global _current
+    failure: OSError | None = None
+    for _attempt in range(2):  # a reader that left just now (its idle time ran out) is replaced once
+        try:
+            reader = _reader()
+        except OSError as exc:  # no process today (EAGAIN, ENOMEM): the read still happens, here
+            failure = exc
+            break
+        try:
+            reader.ask(bench_path)
+            return reader
+        except OSError as exc:  # a broken pipe, or this process's directory is gone
+            failure = exc
+            reader.close(kill=True)
+            _current = None
+    logger.warning("cannot use a reader process (%s); reading %s here", failure, bench_path)
+    return None
+
+
 #: what the reader runs: one request per line on stdin, one length-prefixed answer each on stdout
 _READER_LOOP = """\
-import os, select, sys
-from pathlib import Path
-from parity.shared.dump.pair_reader import _LENGTH, _child_payload
+import marshal, os, select, sys
+from parity.shared.dump.pair_reader import _LENGTH, _answer_to
 idle = float(sys.argv[1])
 requests, answers = sys.stdin.buffer, sys.stdout.buffer
 def requested():  # False once idle for too long; select cannot wait on a pipe outside POSIX
     return os.name != "posix" or bool(select.select([requests], [], [], idle)[0])
 while requested():
-    line = requests.readline()
-    if not line:
+    head = requests.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
         break
-    payload = _child_payload(Path(os.fsdecode(line[:-1])))
+    payload = _answer_to(requests.read(_LENGTH.unpack(head)[0]))
     answers.write(_LENGTH.pack(len(payload)))
     answers.write(payload)
     answers.flush()
@@ -210,6 +230,17 @@ def _big_enough(npu_path: Path, bench_path: Path) -> bool:
     except OSError:
         return False  # a missing file: let load_dump name it
     return size >= MIN_PARALLEL_BYTES
+
+
+def _answer_to(request: bytes) -> bytes:
+    """The reader's answer to one request: the dump, read from the directory the asking process was in."""
+    try:
+        where, path = marshal.loads(request)
+        if where is not None:
+            os.chdir(where)
+    except (EOFError, ValueError, TypeError, OSError) as exc:  # its directory is gone: the parent reads it
+        return marshal.dumps((_FAILED, f"{type(exc).__name__}: {exc}"))
+    return _child_payload(Path(os.fsdecode(path)))
 
 
 def _child_payload(path: Path) -> bytes:
