@@ -27,6 +27,8 @@ from parity.server.errors import StoreError
 logger = logging.getLogger(__name__)
 
 CHUNK = 1024 * 1024
+#: a publish whose folder a concurrent delete of the run keeps removing tries this many times
+PUBLISH_ATTEMPTS = 5
 
 
 class BlobStore(Protocol):
@@ -104,8 +106,16 @@ class FileStore:
 
     def publish(self, temp: Path, key: str) -> None:
         dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(temp, dest)
+        for attempt in range(PUBLISH_ATTEMPTS):
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(temp, dest)
+                return
+            except FileNotFoundError:
+                # A delete of the run removed the folder between the mkdir and the rename. The upload's
+                # transaction then finds no run (a 404) and removes the blob; publishing must not fail first.
+                if attempt == PUBLISH_ATTEMPTS - 1 or not temp.exists():
+                    raise
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

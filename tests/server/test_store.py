@@ -36,3 +36,47 @@ def test_publish_is_a_rename_and_keys_stay_inside(tmp_path: Path) -> None:
     (store.root / ".tmp" / "job-stale").mkdir()
     store.new_temp()
     assert store.sweep_temp() == 2 and not list((store.root / ".tmp").iterdir())
+
+
+@pytest.mark.parametrize("removals", [1, 4])
+def test_publish_survives_a_delete_of_the_run_between_mkdir_and_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, removals: int
+) -> None:
+    """What ``test_upload_race`` met on PostgreSQL: the run's folder removed under an upload's publish."""
+    import parity.server.store as store_module
+
+    store = FileStore(tmp_path / "blobs")
+    real_replace = store_module.os.replace
+    left = [removals]
+
+    def replace_after_a_delete(src: Path, dst: Path) -> None:
+        if left[0]:
+            left[0] -= 1
+            store.delete_prefix("runs/r")  # as ``RunService.delete`` does, concurrently
+        real_replace(src, dst)
+
+    monkeypatch.setattr(store_module.os, "replace", replace_after_a_delete)
+    temp = store.new_temp()
+    temp.write_bytes(b"data")
+    store.publish(temp, "runs/r/blobs/k")
+    assert not temp.exists() and b"".join(store.iter_bytes("runs/r/blobs/k")) == b"data"
+
+
+def test_publish_gives_up_on_a_folder_that_keeps_vanishing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import parity.server.store as store_module
+
+    store = FileStore(tmp_path / "blobs")
+    real_replace = store_module.os.replace
+
+    def replace_after_a_delete(src: Path, dst: Path) -> None:
+        store.delete_prefix("runs/r")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(store_module.os, "replace", replace_after_a_delete)
+    temp = store.new_temp()
+    temp.write_bytes(b"data")
+    with pytest.raises(FileNotFoundError):
+        store.publish(temp, "runs/r/blobs/k")
+    assert temp.exists()  # nothing lost: the upload's clean-up removes it
