@@ -104,15 +104,11 @@ class _ReaderProcess:
         where = None if path.is_absolute() else os.fsencode(os.getcwd())
         request = marshal.dumps((where, os.fsencode(path)))
         stdin: IO[bytes] = self.proc.stdin  # type: ignore[assignment]
-        stdin.write(_LENGTH.pack(len(request)) + request)
+        stdin.write(_frame(request))
         stdin.flush()
 
     def answer(self) -> bytes:
-        stdout: IO[bytes] = self.proc.stdout  # type: ignore[assignment]
-        head = stdout.read(_LENGTH.size)
-        if len(head) < _LENGTH.size:
-            return b""
-        return stdout.read(_LENGTH.unpack(head)[0])
+        return _unframe(self.proc.stdout)  # type: ignore[arg-type]
 
     def close(self, *, kill: bool = False) -> None:
         """Close its input, so that it leaves, and reap it; ``kill`` it first if its answer is not wanted."""
@@ -204,21 +200,31 @@ def _ask(bench_path: Path) -> _ReaderProcess | None:
     return None
 
 
-#: what the reader runs: one request per line on stdin, one length-prefixed answer each on stdout
+def _frame(message: bytes) -> bytes:
+    return _LENGTH.pack(len(message)) + message
+
+
+def _unframe(stream: IO[bytes]) -> bytes:
+    """The next framed message on ``stream``; empty once the other end has closed it."""
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        return b""
+    return stream.read(_LENGTH.unpack(head)[0])
+
+
+#: what the reader runs: one framed request at a time on stdin, one framed answer each on stdout
 _READER_LOOP = """\
-import marshal, os, select, sys
-from parity.shared.dump.pair_reader import _LENGTH, _answer_to
+import os, select, sys
+from parity.shared.dump.pair_reader import _answer_to, _frame, _unframe
 idle = float(sys.argv[1])
 requests, answers = sys.stdin.buffer, sys.stdout.buffer
 def requested():  # False once idle for too long; select cannot wait on a pipe outside POSIX
     return os.name != "posix" or bool(select.select([requests], [], [], idle)[0])
 while requested():
-    head = requests.read(_LENGTH.size)
-    if len(head) < _LENGTH.size:
+    request = _unframe(requests)
+    if not request:
         break
-    payload = _answer_to(requests.read(_LENGTH.unpack(head)[0]))
-    answers.write(_LENGTH.pack(len(payload)))
-    answers.write(payload)
+    answers.write(_frame(_answer_to(request)))
     answers.flush()
 os._exit(0)
 """
