@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TORCH := torch==2.13.0
 
-.PHONY: venv demo test lint typecheck bench clean services
+.PHONY: venv demo test test-fast lint typecheck bench clean services
 
 venv: $(STAMP)
 
@@ -24,6 +24,10 @@ demo: venv
 
 test: venv
 	bash scripts/test.sh
+
+# The inner loop: everything but the slow end-to-end tests and the PostgreSQL/Celery ones (no services).
+test-fast: venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider -x -m "not slow and not postgres" tests/shared tests/cli tests/client
 
 lint: venv
 	$(BIN)/ruff check .
