@@ -194,12 +194,17 @@ def bench_tensor(base: Path, quick: bool, repeat: int, workers: int | None) -> l
 
 def engine_row(label: str, out: Path, repeat: int, rate: Callable[[float], str],
                workers: int | None) -> tuple[str, str]:  # fmt: skip
+    from parity.process_policy import collector_paused
     from parity.shared.compare.engine import compare_dumps
     from parity.shared.compare.options import CompareOptions
 
     options = CompareOptions(workers=workers)
-    t, peak, result = timed(lambda: compare_dumps(out / "npu" / "dump.json", out / "bench" / "dump.json",
-                                                  options), repeat)  # fmt: skip
+
+    def run() -> Any:
+        with collector_paused():  # the process policy of the entry points (CLI, worker)
+            return compare_dumps(out / "npu" / "dump.json", out / "bench" / "dump.json", options)
+
+    t, peak, result = timed(run, repeat)
     return (label, f"{rate(t)}  {t:6.2f} s  peak RSS {peak / 2**20:5.0f} MiB  ({len(result.rows)} rows)")
 
 

@@ -36,26 +36,24 @@ def compare_step(
 
     One metric process per job (``workers=1``): the pool already runs ``PARITY_WORKERS`` jobs side by side.
     """
-    from parity.shared.compare.engine import compare_ranks
+    from parity.shared.compare.job import compare_rank, plan_ranks
     from parity.shared.compare.options import CompareOptions
-    from parity.shared.report.advisor import write_advisor
-    from parity.shared.report.xlsx import write_xlsx
 
     engine_options = CompareOptions(
         fuzzy_match=bool(options.get("fuzzy_match", False)),
         stack_mode=bool(options.get("stack_mode", False)),
         workers=1,
     )
-    ranked = compare_ranks(npu_step_dir, bench_step_dir, engine_options, progress=progress)
+    plan = plan_ranks(npu_step_dir, bench_step_dir)
     outputs: list[RankOutput] = []
-    for position, result in enumerate(ranked.results):
-        rank = result.rank if result.rank is not None else position
+    for position, pair in enumerate(plan.pairs):
+        rank = pair.rank if pair.rank is not None else position
         xlsx = out_dir / f"rank{rank}" / "report.xlsx"
         advisor = out_dir / f"rank{rank}" / "advisor.txt"
-        xlsx.parent.mkdir(parents=True, exist_ok=True)
-        write_xlsx(result, xlsx)
-        write_advisor(result, advisor)
-        outputs.append(RankOutput(rank, result, xlsx, advisor))
+        report = compare_rank(pair, engine_options, xlsx_path=xlsx, advisor_path=advisor)
+        outputs.append(RankOutput(rank, report.result, xlsx, advisor))
+        if progress is not None:
+            progress(position + 1, len(plan.pairs))
     if not outputs:
         from parity.shared.errors import CompareInputError
 

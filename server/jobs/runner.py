@@ -31,6 +31,7 @@ from parity.server.models import Comparison, ComparisonRow, RunFile, utcnow
 from parity.server.repositories import ComparisonRepository, RunRepository
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store
+from parity.shared.compare.result import json_cells
 from sqlalchemy import delete, insert, update
 
 logger = logging.getLogger(__name__)
@@ -289,26 +290,13 @@ def _insert_rows(session: Any, job_id: str, outputs: list[Any]) -> None:
                 "comparison_id": job_id, "rank": out.rank, "index": index, "api": row.api,
                 "status": status, "highlight": highlight, "name": _row_name(row.cells),
                 "failing": status in FAILING_STATUSES,
-                "cells": json.dumps(_json_safe(row.cells), separators=(",", ":")),
+                "cells": json.dumps(json_cells(row.cells), separators=(",", ":")),
             })  # fmt: skip
             if len(batch) >= ROW_BATCH:
                 session.execute(insert(table), batch)
                 batch = []
     if batch:
         session.execute(insert(table), batch)
-
-
-def _json_safe(cells: list[Any]) -> list[Any]:
-    """JSON has no NaN or infinity: such a float cell is served as msprobe writes it in text."""
-    out: list[Any] = []
-    for v in cells:
-        if isinstance(v, float) and v != v:
-            out.append("Nan")
-        elif isinstance(v, float) and v in (float("inf"), float("-inf")):
-            out.append("inf" if v > 0 else "-inf")
-        else:
-            out.append(v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
-    return out
 
 
 def build_summary(outputs: list[Any]) -> tuple[dict[str, Any], dict[str, list[str]]]:
