@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 Device = Literal["npu", "gpu", "cpu", "other"]
 RunStatus = Literal["uploading", "complete", "invalid"]
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
+TaskStatus = Literal["queued", "running", "succeeded", "failed", "skipped"]
 
 
 class RunCreate(BaseModel):
@@ -91,6 +92,19 @@ class ComparisonSummary(BaseModel):
     mode: str
 
 
+class RankTaskPublic(BaseModel):
+    """One rank of a comparison: its own status, progress and claims (a failed rank is retried alone)."""
+
+    rank: int
+    status: TaskStatus
+    progress: float
+    attempt: int
+    error: str | None
+    rows: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
 class ComparisonPublic(BaseModel):
     id: str
     status: JobStatus
@@ -105,6 +119,7 @@ class ComparisonPublic(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     summary: ComparisonSummary | None
+    tasks: list[RankTaskPublic] = Field(default_factory=list)
 
 
 class ComparisonsPublic(BaseModel):

@@ -48,6 +48,10 @@ class RowStatus(str, Enum):
     UNCOMPARABLE = "uncomparable"  # matched, but no metric could be computed (no file, empty, shape)
 
 
+#: Rows that count as failing (the summary's failing rows and APIs, the server's ``failing=`` filter).
+FAILING_STATUSES = frozenset({RowStatus.FAIL, RowStatus.UNMATCHED})
+
+
 class CompareRow(msgspec.Struct, gc=False):
     """One leaf of one API or module entry, with its cells in ``CompareResult.header`` order.
 
@@ -105,7 +109,7 @@ class CompareResult:
         """Entries with at least one failing or unmatched row, in table order, each once."""
         seen: dict[str, None] = {}
         for row in self.rows:
-            if row.status in (RowStatus.FAIL, RowStatus.UNMATCHED):
+            if row.status in FAILING_STATUSES:
                 seen.setdefault(row.api)
         return list(seen)
 

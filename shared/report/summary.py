@@ -67,20 +67,20 @@ def multi_rank_summary(
     }
 
 
-def _json_safe(value: Any) -> Any:
-    # Summaries hold plain values; a stray NaN would make the file invalid JSON for strict readers.
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as its text: strict JSON for files and databases."""
     if isinstance(value, float) and not math.isfinite(value):
         return non_finite_text(value)
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
 def write_summary(doc: Mapping[str, Any], path: Path) -> Path:
     """Write ``doc`` as indented, strictly valid JSON at ``path`` (atomically)."""
     write_text_atomically(
-        Path(path), json.dumps(_json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
+        Path(path), json.dumps(json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
     )
     return Path(path)
