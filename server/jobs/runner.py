@@ -35,7 +35,7 @@ from parity.server.errors import ServiceError
 from parity.server.models import Comparison, ComparisonRow, ComparisonTask, RunFile, utcnow
 from parity.server.repositories import RunRepository, TaskId, TaskRepository, parse_task_id
 from parity.server.settings import Settings
-from parity.server.store import BlobStore, FileStore, comparison_key, open_store
+from parity.server.store import BlobStore, FileStore, comparison_key, open_store, sidecar_key
 from parity.shared.compare.result import FAILING_STATUSES, json_cells
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
@@ -119,6 +119,7 @@ class TaskRunner:
 
         from parity.shared.compare.job import RankPair, compare_rank
         from parity.shared.compare.options import CompareOptions
+        from parity.shared.dump.sidecar import read_dump
 
         engine_options = CompareOptions(
             fuzzy_match=bool(options.get("fuzzy_match", False)),
@@ -151,6 +152,7 @@ class TaskRunner:
                     xlsx_path=out_dir / "report.xlsx",
                     advisor_path=out_dir / "advisor.txt",
                     progress=progress,
+                    read_dump=read_dump,  # the columns parsed at complete, when there are some
                 )
             except Exception as exc:
                 if not _is_parity_error(exc):
@@ -275,14 +277,33 @@ def _stage(store: BlobStore, run_id: str, files: Iterable[RunFile], dest: Path, 
         if local is not None:
             if not local.is_file():
                 raise JobError(f"{label} run {run_id}: {f.path} is missing from the store")
-            try:
-                os.link(local, target)
-            except OSError:
-                shutil.copyfile(local, target)
+            _link(local, target)
         else:
             store.download(f.blob, target)
         count += 1
+        if target.name == "dump.json":
+            from parity.shared.dump.sidecar import SIDECAR_NAME
+
+            _stage_sidecar(store, f.blob, target.with_name(SIDECAR_NAME))
     return count
+
+
+def _link(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _stage_sidecar(store: BlobStore, blob: str, target: Path) -> None:
+    """The dump's parsed columns, when its run's complete stored them (runs completed before had none)."""
+    key = sidecar_key(blob)
+    local = store.local_path(key)
+    if local is not None:
+        if local.is_file():
+            _link(local, target)
+    elif store.exists(key):
+        store.download(key, target)
 
 
 # -- finishing a task -------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from parity.server.models import Run, RunFile, RunTag, utcnow
 from parity.server.repositories import RunRepository, RunStats
 from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic
 from parity.server.services.paths import check_sha256, check_upload_path
-from parity.server.store import BlobStore, run_key, upload_key
+from parity.server.store import BlobStore, run_key, sidecar_key, upload_key
 from sqlalchemy.exc import IntegrityError
 
 logger = logging.getLogger(__name__)
@@ -283,7 +283,13 @@ class RunService:
                     local = Path(tmp) / rel.replace("/", "__")
                     self.store.download(blob, local)
                 local_files.append((rel, local))
-            problem = validate_dumps(local_files)  # parsed in a child process, never in this one
+            sidecars = Path(tmp) / "sidecars"
+            sidecars.mkdir()
+            problem = validate_dumps(local_files, sidecars)  # parsed in a child process, never in this one
+            if problem is None:
+                # Parsed once: the compare tasks read these instead of parsing the files again.
+                for i, blob in enumerate(dump_files.values()):
+                    self.store.put_file(sidecars / f"{i}.columns", sidecar_key(blob))
         with self.db.write() as session:
             repo = RunRepository(session)
             run = self._require(repo, run_id, for_update=True)

@@ -67,14 +67,16 @@ def compare_dumps(
     *,
     stack_path: Path | None = None,
     progress: Progress | None = None,
+    read_dump: Callable[[Path], Dump] = load_dump,
 ) -> CompareResult:
     """Compare one NPU dump.json against one bench dump.json.
 
     With ``stack_path`` the stack column follows ``options.stack_mode`` (``-s``); without it a stack.json
     next to the NPU dump.json is auto-detected and turns the column on (compare.md §1.1). ``progress`` gets
-    ``(done, total)`` in tensor pairs (tensor mode) or rows (other modes, once at the end).
+    ``(done, total)`` in tensor pairs (tensor mode) or rows (other modes, once at the end). ``read_dump``
+    reads each side (the server's tasks pass ``dump.sidecar.read_dump``, which takes already parsed columns).
     """
-    npu, bench = load_dump(npu_dump_json), load_dump(bench_dump_json)
+    npu, bench = read_dump(npu_dump_json), read_dump(bench_dump_json)
     mode = detect_mode(npu, bench)
     stacks: dict[str, list[str]] | None
     if stack_path is not None:

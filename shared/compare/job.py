@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.options import CompareOptions
@@ -41,6 +41,9 @@ from parity.shared.errors import CompareInputError
 from parity.shared.report.advisor import write_advisor
 from parity.shared.report.summary import multi_rank_summary, rank_summary, single_rank_summary, write_summary
 from parity.shared.report.xlsx import write_xlsx
+
+if TYPE_CHECKING:
+    from parity.shared.dump.reader import Dump
 
 logger = logging.getLogger(__name__)
 
@@ -156,18 +159,20 @@ def compare_rank(
     highlight: bool = True,
     log_rows: bool = False,
     progress: ProgressCallback | None = None,
+    read_dump: Callable[[Path], Dump] | None = None,
 ) -> RankReport:
     """Compare one rank pair and write its xlsx (and advisor, unless ``advisor_path`` is None).
 
     The returned ``summary`` names the files by their base names, so a folder of reports can be moved or
-    served as it is. Raises ``CompareInputError``/``DumpError`` for bad inputs, ``ReportError`` when a file
-    cannot be written.
+    served as it is. ``read_dump`` replaces ``load_dump`` for both sides (see ``engine.compare_dumps``).
+    Raises ``CompareInputError``/``DumpError`` for bad inputs, ``ReportError`` when a file cannot be written.
     """
     from parity.shared.compare import engine  # imported here: the engine pulls in numba, the plan need not
 
     started = time.perf_counter()
+    extra = {"read_dump": read_dump} if read_dump is not None else {}
     result = engine.compare_dumps(
-        pair.npu_dump, pair.bench_dump, options, stack_path=pair.stack_path, progress=progress
+        pair.npu_dump, pair.bench_dump, options, stack_path=pair.stack_path, progress=progress, **extra
     )
     result.rank = pair.rank
     logger.info("rank %s: compared %d rows in %.2f s", "-" if pair.rank is None else pair.rank,

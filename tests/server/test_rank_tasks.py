@@ -193,3 +193,21 @@ def test_retry_refuses_a_comparison_that_did_not_fail(
     cid = _create(server, pair[0], pair[1])
     with pytest.raises(Conflict, match="only a failed comparison is retried"):
         server.comparisons.retry(cid)
+
+
+def test_tasks_read_the_columns_parsed_at_complete(server: Server, pair: tuple[str, str, Path, Path]) -> None:
+    target, bench, _, _ = pair
+    reference = _create(server, target, bench)
+    _run_all(server, reference, list(RANKS))
+    with server.db.read() as session:
+        blobs = session.scalars(select(RunFile.blob).where(RunFile.path.endswith("/dump.json"))).all()
+    assert len(blobs) == 2 * len(RANKS)
+    for blob in blobs:
+        assert (server.store.root / f"{blob}.columns").is_file()  # written by complete, beside the dump
+        # The dump.json itself is now unreadable: only its sidecar can give the rows.
+        (server.store.root / blob).unlink()
+        (server.store.root / blob).write_text("not json")
+    again = _create(server, target, bench)
+    _run_all(server, again, list(RANKS))
+    assert server.comparisons.get(again).status == "succeeded"
+    assert server.rows(again) == server.rows(reference)
