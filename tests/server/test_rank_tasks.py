@@ -211,3 +211,41 @@ def test_tasks_read_the_columns_parsed_at_complete(server: Server, pair: tuple[s
     _run_all(server, again, list(RANKS))
     assert server.comparisons.get(again).status == "succeeded"
     assert server.rows(again) == server.rows(reference)
+
+
+@pytest.mark.slow
+def test_a_local_worker_killed_mid_rank_loses_only_that_rank(tmp_path: Path) -> None:
+    """The local pool's child dies (SIGKILL) while it compares a rank: that rank is queued again at once and
+    finished by the next child (attempt 2); the comparison succeeds with the rows of an undisturbed run."""
+    import psutil
+
+    from tests.server.conftest import ServerProcess, upload_run, wait_comparison
+    from tests.server.test_celery_backend import build_large_dump, wait_status
+
+    srv = ServerProcess(tmp_path / "data", {"PARITY_WORKERS": "1"}).start()
+    try:
+        with srv.client() as api:
+            target = upload_run(api, build_large_dump(tmp_path / "npu", perturb=0.5))["id"]
+            bench = upload_run(api, build_large_dump(tmp_path / "gpu", perturb=0.0), device="gpu")["id"]
+            body = {"target_run": target, "bench_run": bench}
+            cid = api.post("/comparisons", json=body).json()["id"]
+            running = wait_status(api, cid, "running")
+            held = next(t["rank"] for t in running["tasks"] if t["status"] == "running")
+            assert srv.proc is not None
+            (child,) = [p for p in psutil.Process(srv.proc.pid).children()
+                        if "spawn_main" in " ".join(p.cmdline())]  # fmt: skip
+            child.kill()
+            done = wait_comparison(api, cid, timeout=120)
+            assert done["status"] == "succeeded", done["error"]
+            attempts = {t["rank"]: t["attempt"] for t in done["tasks"]}
+            assert attempts[held] == 2 and all(a == 1 for r, a in attempts.items() if r != held), attempts
+            assert "queued again" in srv.log()
+            normal = wait_comparison(api, api.post("/comparisons", json=body).json()["id"], timeout=120)
+            assert done["summary"] == normal["summary"]
+            rows = [
+                api.get(f"/comparisons/{c}/rows", params={"limit": 100}).json() for c in (cid, normal["id"])
+            ]
+            assert rows[0] == rows[1]
+        assert not list((tmp_path / "data" / "blobs" / ".tmp").glob("task-*"))
+    finally:
+        srv.stop()
