@@ -90,6 +90,8 @@ class ComparisonSummary(BaseModel):
     top_suspects: list[SuspectPublic]
     ranks: list[int]
     mode: str
+    status_counts: dict[str, int] = Field(default_factory=dict)
+    skipped_ranks: list[int] = Field(default_factory=list)  # in both runs, but a side has no dump.json
 
 
 class RankTaskPublic(BaseModel):

@@ -249,3 +249,16 @@ def test_a_local_worker_killed_mid_rank_loses_only_that_rank(tmp_path: Path) -> 
         assert not list((tmp_path / "data" / "blobs" / ".tmp").glob("task-*"))
     finally:
         srv.stop()
+
+
+def test_a_rank_without_a_dump_json_on_one_side_is_skipped(server: Server, tmp_path: Path) -> None:
+    npu = build_dump(tmp_path / "npu", perturb=0.5, ranks=RANKS)
+    gpu = build_dump(tmp_path / "gpu", ranks=RANKS)
+    (gpu / "step0" / "rank2" / "dump.json").unlink()  # its tensors are there, its dump.json is not
+    cid = _create(server, server.upload(npu, "npu"), server.upload(gpu, "gpu"))
+    _run_all(server, cid, list(RANKS))
+    done = server.comparisons.get(cid)
+    assert done.status == "succeeded" and done.summary is not None
+    assert done.summary.ranks == [0, 1] and done.summary.skipped_ranks == [2]
+    assert [(t.rank, t.status) for t in done.tasks] == [(0, "succeeded"), (1, "succeeded"), (2, "skipped")]
+    assert done.tasks[2].error == "no dump.json in the bench run"
