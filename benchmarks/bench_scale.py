@@ -243,7 +243,7 @@ def _rank_bytes(step: Path) -> int:
 def bench_pairs(
     label: str, base: Path, npu: Path, gpu: Path, backends: list[str], redis_url: str | None
 ) -> list[tuple[str, str]]:
-    rows: list[tuple[str, str]] = []
+    rows = _Printed()
     rank_pair = _rank_bytes(npu / "step0") + _rank_bytes(gpu / "step0")
     for backend in backends:
         walls = {}
@@ -333,6 +333,14 @@ def bench_complete(base: Path, megabytes: int) -> list[tuple[str, str]]:
     ]
 
 
+class _Printed(list[tuple[str, str]]):
+    """Figures, each printed as it is measured (a long run cut short keeps what it measured)."""
+
+    def append(self, row: tuple[str, str]) -> None:
+        print(f"{row[0]:<52}  {row[1]}", flush=True)
+        super().append(row)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the data")
@@ -348,38 +356,36 @@ def main() -> int:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="parity-bench-scale-"))
     backends = ["local"] + (["celery"] if args.redis_url else [])
-    rows: list[tuple[str, str]] = [
+    rows = _Printed()
+    rows.append(
         (
             "machine",
             f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
             f"(shared: other jobs distort the speed-ups)",
         )
-    ]
+    )
     try:
         if "statistics" in args.only:
             apis = 400 if args.quick else 4000
             npu, gpu = statistics_pair(base / "stats", 16, apis)
-            rows += bench_pairs(
-                f"statistics 16 ranks x {apis} APIs", base, npu, gpu, backends, args.redis_url
-            )
+            bench_pairs(f"statistics 16 ranks x {apis} APIs", base, npu, gpu, backends, args.redis_url)
             if not args.redis_url:
                 rows.append(("statistics celery", "skipped: no --redis-url / PARITY_TEST_REDIS_URL"))
             shutil.rmtree(base / "stats", ignore_errors=True)
         if "tensor" in args.only:
             total = int(args.tensor_gb * (0.1 if args.quick else 1.0) * 1e9)
             npu, gpu = tensor_pair(base / "tensor", 8, total)
-            rows += bench_pairs(f"tensor 8 ranks, {total / 1e9:.1f} GB", base, npu, gpu, ["local"], None)
+            bench_pairs(f"tensor 8 ranks, {total / 1e9:.1f} GB", base, npu, gpu, ["local"], None)
             shutil.rmtree(base / "tensor", ignore_errors=True)
         if "overhead" in args.only:
-            rows += bench_overhead(base, 256)
+            for row in bench_overhead(base, 256):
+                rows.append(row)
         if "complete" in args.only:
-            rows += bench_complete(base, args.complete_mb // (10 if args.quick else 1))
+            for row in bench_complete(base, args.complete_mb // (10 if args.quick else 1)):
+                rows.append(row)
         rows.append(("machine after", f"load average {os.getloadavg()[0]:.1f}"))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        print(f"{label:<{width}}  {value}")
     return 0
 
 
