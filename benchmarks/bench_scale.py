@@ -141,7 +141,7 @@ def big_dump(path: Path, megabytes: int) -> Path:
     """A statistics dump.json of about ``megabytes`` MB (msprobe's indent=1 layout)."""
     from parity.shared.dump.writer import dumps_indent1
 
-    apis = megabytes * 1_000_000 // 560
+    apis = megabytes * 1_000_000 // 490
     leaf = stats_leaf(1.5, -0.5, 0.25, 3.0)
     doc = {
         "task": "statistics",
