@@ -49,7 +49,9 @@ def upload(*extra: str) -> int:
     return main(["upload", *extra, "--server", "http://parity"])
 
 
-def test_parity_layout_uploads_every_step_and_rank(tmp_path: Path, api: ParityClient, capsys) -> None:
+def test_parity_layout_uploads_every_step_and_rank(
+    tmp_path: Path, wire: AppWire, api: ParityClient, capsys
+) -> None:
     for step in (0, 1):
         for rank in (0, 1):
             write_rank(tmp_path / "dump" / f"step{step}" / f"rank{rank}")
@@ -62,6 +64,9 @@ def test_parity_layout_uploads_every_step_and_rank(tmp_path: Path, api: ParityCl
     out, err = capsys.readouterr()
     assert out.strip() == run.id
     assert f"{len(local)}/{len(local)} files" in err
+    # every dump.json goes after every tensor file, so a stored dump.json always finds its tensors
+    puts = [p.endswith("/dump.json") for m, p in wire.requests if m == "PUT"]
+    assert puts == sorted(puts) and puts.count(True) == 4
 
 
 @pytest.mark.parametrize("folder", ["rank", "proc4242"])
