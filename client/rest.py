@@ -43,6 +43,7 @@ from parity.shared.contract import (
     ComparisonsPublic,
     FilePublic,
     FilesPublic,
+    Health,
     RowsPublic,
     RunCreate,
     RunPublic,
@@ -213,8 +214,8 @@ class ParityClient:
         """Whether ``GET /healthz`` answers ``{"status": "ok"}`` (never raises)."""
         try:
             response = self._http.get(self.server + "/healthz", timeout=5.0)
-            return response.status_code == 200 and response.json().get("status") == "ok"
-        except (httpx.HTTPError, ValueError):
+            return response.status_code == 200 and Health.model_validate_json(response.content).status == "ok"
+        except (httpx.HTTPError, ValueError):  # pydantic's ValidationError is a ValueError
             return False
 
     def _call(

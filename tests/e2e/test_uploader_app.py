@@ -302,3 +302,12 @@ def test_malformed_server_url_disables_uploads(tmp_path: Path, caplog: pytest.Lo
     up.close()
     (warning,) = uploader_warnings(caplog)
     assert "'localhost:8000': expected an http:// or https:// URL" in warning
+
+
+def test_health_reads_the_contract_and_never_raises(wire: AppWire) -> None:
+    api = wire.api()
+    assert api.health()
+    wire.fail = lambda r: httpx.Response(200, json={"status": "starting"})
+    assert not api.health()
+    wire.fail = lambda r: httpx.ConnectError("refused")
+    assert not api.health()
