@@ -37,6 +37,7 @@ from parity.server.repositories import RunRepository, TaskId, TaskRepository, pa
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store, sidecar_key
 from parity.shared.compare.result import FAILING_STATUSES, json_cells
+from parity.shared.dump.layout import DUMP_JSON, rank_dir_name, step_dir_name
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
@@ -132,8 +133,8 @@ class TaskRunner:
             _stage(self.store, target_id, target_files, npu_dir, "target")
             _stage(self.store, bench_id, bench_files, bench_dir, "bench")
             npu_json, bench_json = (
-                npu_dir / f"rank{rank}" / "dump.json",
-                bench_dir / f"rank{rank}" / "dump.json",
+                npu_dir / rank_dir_name(rank) / DUMP_JSON,
+                bench_dir / rank_dir_name(rank) / DUMP_JSON,
             )
             missing = [
                 side for side, path in (("target", npu_json), ("bench", bench_json)) if not path.is_file()
@@ -158,8 +159,8 @@ class TaskRunner:
                 if not _is_parity_error(exc):
                     raise
                 # The engine names files by their staged paths; the client knows them by run and dump path.
-                message = str(exc).replace(f"{npu_dir}/", f"target run {target_id}: step{step}/")
-                message = message.replace(f"{bench_dir}/", f"bench run {bench_id}: step{step}/")
+                message = str(exc).replace(f"{npu_dir}/", f"target run {target_id}: {step_dir_name(step)}/")
+                message = message.replace(f"{bench_dir}/", f"bench run {bench_id}: {step_dir_name(step)}/")
                 raise JobError(message.replace(f"{staging}/", "")) from exc
             lease.check()
             self.store.put_file(report.xlsx, comparison_key(comparison_id, f"rank{rank}/report.xlsx"))
@@ -281,7 +282,7 @@ def _stage(store: BlobStore, run_id: str, files: Iterable[RunFile], dest: Path, 
         else:
             store.download(f.blob, target)
         count += 1
-        if target.name == "dump.json":
+        if target.name == DUMP_JSON:
             from parity.shared.dump.sidecar import SIDECAR_NAME
 
             _stage_sidecar(store, f.blob, target.with_name(SIDECAR_NAME))
