@@ -104,8 +104,7 @@ class Recorder:
         self.data: dict[str, Any] = {}
         self.api_counts: dict[str, int] = {}
         self.module_counts: dict[str, int] = {}
-        self.grad_counts: dict[str, int] = {}
-        self.grad_current: dict[str, dict[str, Any]] = {}
+        self.param_grads: dict[str, dict[str, Any]] = {}  # module prefix -> its parameters_grad entry
         self.construct: dict[str, str | None] = {}
         self.module_stack: list[str] = []
         self.list_depth = 0  # > 0 while inside a module that matched ``list`` (mix: dump all inside)
@@ -326,7 +325,7 @@ class Recorder:
         docs = self.data, self.stacks, self.construct
         self.handed_over = True
         self.data = {}
-        self.grad_current = {}  # its dicts are entries of the data handed off
+        self.param_grads = {}  # its dicts are entries of the data handed off
         self.construct = {}
         self.stacks = []
         self._stack_index = {}
