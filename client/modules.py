@@ -129,12 +129,10 @@ class ModuleHooks:
                 if entry is None:
                     entry = {}
                 entry["output"] = rec.encode_output(name, output)
-                params = {
+                entry["parameters"] = {  # present, maybe empty, as msprobe writes it
                     p: rec.tensor_leaf(t, name, "parameters", (p,))
                     for p, t in module.named_parameters(recurse=False)
                 }
-                if params:
-                    entry["parameters"] = params
             if entry is not None:
                 rec.data.pop(name, None)
                 rec.data[name] = (
@@ -172,7 +170,11 @@ class ModuleHooks:
 
     def _bwd_inputs(self, rec: Recorder, name: str, grads: Sequence[torch.Tensor | None]) -> None:
         with rec.lock, quiet():
-            self._bwd_entry(rec, name)["output"] = rec.encode_grads(name, "output", grads)
+            entry = self._bwd_entry(rec, name)
+            entry["output"] = rec.encode_grads(name, "output", grads)
+            # placed once the module's backward is complete, after the APIs inside it (msprobe's order)
+            rec.data.pop(name, None)
+            rec.data[name] = entry
 
     def _param_grad(self, prefix: str, pname: str, param: torch.Tensor) -> None:
         rec: Recorder | None = self._get()

@@ -237,8 +237,12 @@ class Recorder:
 
     # ------------------------------------------------------------------------------------------ the API
     def record_api(self, prefix_api: str, func: Callable[..., Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any], frame: FrameType | None) -> Any:  # fmt: skip
-        """Run one outermost API call and record it (inputs before the call: in-place ops mutate them)."""
+                   kwargs: dict[str, Any], frame: FrameType | None,
+                   shown: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> Any:  # fmt: skip
+        """Run one outermost API call and record it (inputs before the call: in-place ops mutate them).
+
+        ``shown``: the arguments as the caller spelled them (what the dump records), where that differs
+        from how ``func`` is called."""
         n = self.api_counts.get(prefix_api, 0)
         fwd = f"{prefix_api}.{n}.forward"
         if self.mix:
@@ -251,7 +255,7 @@ class Recorder:
         self.dirty = True
         if self.want_fwd_in:
             with torch.no_grad():
-                entry = self.encode_inputs(fwd, args, kwargs)
+                entry = self.encode_inputs(fwd, *(shown or (args, kwargs)))
             self.data[fwd] = entry
         out = func(*args, **kwargs)
         self.api_counts[prefix_api] = n + 1
