@@ -21,6 +21,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
+from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
@@ -40,23 +41,6 @@ _TOOL_DIRS = tuple(
     os.path.dirname(os.path.abspath(p)) + os.sep
     for p in (__file__, sys.modules["parity.shared.dump.writer"].__file__ or "")
 )
-
-
-def first_tensor(value: Any) -> Tensor | None:
-    """The first tensor of an output, walking tuples/lists/dicts in order (msprobe's backward anchor)."""
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            t = first_tensor(v)
-            if t is not None:
-                return t
-    elif isinstance(value, dict):
-        for v in value.values():
-            t = first_tensor(v)
-            if t is not None:
-                return t
-    return None
 
 
 def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
@@ -112,6 +96,7 @@ class Recorder:
         self.scope_done = False
         self.selected_modules: set[str] = set()
         self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5")
+        self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
         self.stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = self.cfg.dump_path / f"step{self.step}" / f"rank{self.rank}"
@@ -247,9 +232,13 @@ class Recorder:
         fwd = f"{prefix_api}.{n}.forward"
         if self.mix:
             self.api_parent(fwd)
+        track = self.want_bwd and torch.is_grad_enabled()
+        before: InputNodes = input_nodes(args, kwargs) if track else []
         if not self.selected(fwd):
             out = func(*args, **kwargs)
             self.api_counts[prefix_api] = n + 1
+            if before:  # not recorded, but it may change a recorded view in place
+                self.api_backward.follow_inplace(before)
             return out
         entry: dict[str, Any] | None = None
         self.dirty = True
@@ -267,26 +256,20 @@ class Recorder:
             entry["output"] = encoded
         if entry is not None and self.cfg.extra_info:
             self.record_stack(fwd, frame)
-        if self.want_bwd and torch.is_grad_enabled():
-            t = first_tensor(out)
-            if t is not None and t.grad_fn is not None:
-                t.grad_fn.register_hook(self._api_backward_hook(backward_of(fwd)))
+        if track:
+            self.api_backward.after_call(backward_of(fwd), out, before)
         return out
 
-    def _api_backward_hook(self, name: str) -> Callable[[Any, Any], None]:
-        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
-            # Node hook: grad_outputs are the grads of the API's outputs (msprobe "input"), grad_inputs the
-            # grads flowing to its inputs ("output").
-            with self.lock, quiet():
-                self.dirty = True
-                entry: dict[str, Any] = {}
-                if self.want_bwd_in:
-                    entry["input"] = self.encode_grads(name, "input", grad_outputs)
-                if self.want_bwd_out:
-                    entry["output"] = self.encode_grads(name, "output", grad_inputs)
-                self.data[name] = entry
-
-        return hook
+    def api_gradients(self, name: str, of_outputs: Any, of_inputs: Any) -> None:
+        """One API call's gradients arrived: of its outputs (msprobe ``input``), its inputs (``output``)."""
+        with self.lock, quiet():
+            self.dirty = True
+            entry: dict[str, Any] = {}
+            if self.want_bwd_in:
+                entry["input"] = self.encode_grads(name, "input", of_outputs)
+            if self.want_bwd_out:
+                entry["output"] = self.encode_grads(name, "output", of_inputs)
+            self.data[name] = entry
 
     # ------------------------------------------------------------------------------------------- flush
     def flush(
