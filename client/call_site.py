@@ -34,13 +34,17 @@ _HANDLE_CODE = overrides.handle_torch_function.__code__
 _CALLS = {"CALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_KW", "CALL_FUNCTION_KW"}
 _NO_DEFAULT = inspect.Parameter.empty
 _site_cache: dict[tuple[CodeType, int], CallSpelling | None] = {}
+_code_cache: dict[CodeType, list[dis.Instruction]] = {}  # decoded once per function, not once per site
 # per function: its parameters as (name, kind, default), or None when it has no usable signature
 _params_cache: dict[Any, tuple[tuple[str, Any, Any], ...] | None] = {}
 
 
 def _spelling(code: CodeType, lasti: int) -> CallSpelling | None:
     """Decode the call instruction at (or, on 3.11+, whose inline caches end at) ``lasti``."""
-    instrs = [i for i in dis.get_instructions(code) if i.offset <= lasti][-3:]
+    decoded = _code_cache.get(code)
+    if decoded is None:
+        decoded = _code_cache[code] = list(dis.get_instructions(code))
+    instrs = [i for i in decoded if i.offset <= lasti][-3:]
     if not instrs or instrs[-1].opname not in _CALLS:
         return None
     call = instrs[-1]
