@@ -15,6 +15,9 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: JSON bodies (a run's tags and metadata, a compare request) are small; only file uploads are big.
 JSON_BODY_LIMIT = 1 << 20
 
+#: The largest ``offset`` a list accepts: past 2**63 the databases' integers overflow (a 500 before).
+MAX_OFFSET = 2**31 - 1
+
 
 async def get_run_service(request: Request) -> RunService:
     service: RunService = request.app.state.run_service
@@ -39,7 +42,12 @@ async def authorize(request: Request) -> None:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("Authorization: a 'Bearer TOKEN' header is required")
-    can_write = next((w for known, w in roles.items() if hmac.compare_digest(known, token)), None)
+    # Compared as bytes: ``compare_digest`` refuses str with non-ASCII characters, and a header is
+    # Latin-1 text, so any byte sequence a client sends is a (wrong) token rather than a 500.
+    presented = token.encode("latin-1", "replace")
+    can_write = next(
+        (w for known, w in roles.items() if hmac.compare_digest(known.encode("ascii"), presented)), None
+    )
     if can_write is None:
         raise Unauthorized("Authorization: unknown token")
     if request.method in WRITE_METHODS and not can_write:
