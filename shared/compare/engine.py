@@ -109,11 +109,15 @@ def compare_ranks(
     bench_step_dir: Path,
     options: CompareOptions,
     progress: Progress | None = None,
+    *,
+    unit_progress: Progress | None = None,
 ) -> RankCompare:
     """Compare every rank of two step directories, pairing ``rankN`` with ``rankN`` (not by position).
 
     Ranks found on one side only are listed in the result; a rank whose dump.json is missing on a side is
-    skipped with a warning (as msprobe). ``progress`` gets ``(ranks done, ranks to compare)``.
+    skipped with a warning (as msprobe). ``progress`` gets ``(ranks done, ranks to compare)``;
+    ``unit_progress`` gets each rank's ``(done, total)`` in tensor pairs, so that a caller which stops a job
+    from its callback (deleted, out of time) is heard between pairs, not once per rank.
     """
     npu_ranks = {r.rank: r for r in find_rank_dirs(npu_step_dir)}
     bench_ranks = {r.rank: r for r in find_rank_dirs(bench_step_dir)}
@@ -133,7 +137,7 @@ def compare_ranks(
             logger.warning("skipping rank %s: %s not found", rank, ", ".join(map(str, missing)))
             out.skipped_ranks.append(rank)
         else:
-            result = compare_dumps(npu_dir.dump_json, bench_dir.dump_json, options)
+            result = compare_dumps(npu_dir.dump_json, bench_dir.dump_json, options, progress=unit_progress)
             result.rank = rank
             out.results.append(result)
         if progress is not None:
