@@ -30,11 +30,13 @@ def compare_step(
     options: Mapping[str, Any],
     out_dir: Path,
     progress: Callable[..., None] | None = None,
+    check: Callable[[], None] | None = None,
 ) -> list[RankOutput]:
     """Compare every rank present in ``npu_step_dir`` (``rank*/dump.json``) with ``bench_step_dir`` and write
     one xlsx and one advisor per rank under ``out_dir``.
 
     One metric process per job (``workers=1``): the pool already runs ``PARITY_WORKERS`` jobs side by side.
+    ``check`` is called between tensor pairs and may raise to stop the job (deleted, out of time).
     """
     from parity.shared.compare.engine import compare_ranks
     from parity.shared.compare.options import CompareOptions
@@ -46,7 +48,10 @@ def compare_step(
         stack_mode=bool(options.get("stack_mode", False)),
         workers=1,
     )
-    ranked = compare_ranks(npu_step_dir, bench_step_dir, engine_options, progress=progress)
+    unit = (lambda _done, _total: check()) if check is not None else None
+    ranked = compare_ranks(
+        npu_step_dir, bench_step_dir, engine_options, progress=progress, unit_progress=unit
+    )
     outputs: list[RankOutput] = []
     for position, result in enumerate(ranked.results):
         rank = result.rank if result.rank is not None else position

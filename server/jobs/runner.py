@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -24,6 +25,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from parity.server.db import Database
 from parity.server.errors import ServiceError
@@ -45,6 +47,10 @@ class JobError(ServiceError):
     """A compare job cannot run (its files are missing from the store, the runs disagree)."""
 
 
+class JobTimeout(JobError):
+    """The job ran past ``PARITY_JOB_TIMEOUT_SECONDS``."""
+
+
 class LeaseLost(Exception):
     """This attempt no longer holds its job (its lease passed and another worker claimed it, or the job was
     deleted): the work stops, and nothing is recorded, since the job's row is no longer this attempt's."""
@@ -63,7 +69,8 @@ def run_compare_job(job_id: str, settings: Settings) -> None:
             return
         logger.info("comparison %s claimed: attempt %d", job_id, attempt)
         try:
-            with _Lease(db, job_id, attempt, settings.job_lease_seconds) as lease:
+            lease_seconds, timeout = settings.job_lease_seconds, settings.job_timeout_seconds
+            with _Lease(db, job_id, attempt, lease_seconds, timeout) as lease:
                 store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
                 _run(db, store, settings, job_id, attempt, lease)
         except LeaseLost as exc:
@@ -73,9 +80,27 @@ def run_compare_job(job_id: str, settings: Settings) -> None:
             message = str(exc) if expected else f"{type(exc).__name__}: {exc}"
             if not expected:  # a bug, not bad input: keep the traceback in the log
                 logger.exception("comparison %s failed", job_id)
-            _finish_failed(db, job_id, attempt, message or type(exc).__name__)
+            # The log keeps the full text; the job's error is read by every user of the API.
+            _finish_failed(db, job_id, attempt, redact_paths(message or type(exc).__name__, settings))
     finally:
         db.dispose()
+
+
+def redact_paths(message: str, settings: Settings) -> str:
+    """``message`` without the server's own folders: every absolute path under the data folder, the blob
+    store or the temp folder becomes ``<server path>/NAME`` (its last part, which is what a reader can act
+    on); a job's staging paths mean nothing to a user and map the server's disk for an attacker."""
+    roots = {str(settings.resolved_data_dir), tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())}
+    store_url = settings.resolved_store_url
+    if store_url.startswith("file://"):
+        roots.add(str(Path(unquote(urlparse(store_url).path)).resolve()))
+    pattern = "|".join(re.escape(root.rstrip("/")) for root in sorted(roots, key=len, reverse=True) if root)
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(0).rstrip("/").rsplit("/", 1)[-1]
+        return f"<server path>/{name}" if name else "<server path>"
+
+    return re.sub(rf"(?:{pattern})(?:/[^\s'\":,;()\[\]]*)?", replace, message)
 
 
 def _is_parity_error(exc: BaseException) -> bool:
@@ -99,9 +124,14 @@ class _Lease:
     keeps a reclaimed job's newer attempt safe.
     """
 
-    def __init__(self, db: Database, job_id: str, attempt: int, seconds: float) -> None:
+    def __init__(
+        self, db: Database, job_id: str, attempt: int, seconds: float, timeout: float | None = None
+    ) -> None:
         self.db, self.job_id, self.attempt, self.seconds = db, job_id, attempt, seconds
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout if timeout is not None else None
         self.lost = threading.Event()
+        self.why_lost = f"attempt {attempt} no longer holds the job"
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._renew, name=f"parity-lease-{job_id[:8]}", daemon=True)
 
@@ -114,11 +144,39 @@ class _Lease:
         self._thread.join()
 
     def check(self) -> None:
+        """Raise if the work should stop: its job was deleted or reclaimed (``LeaseLost``), or it ran past
+        ``PARITY_JOB_TIMEOUT_SECONDS`` (``JobTimeout``, recorded as the job's error)."""
         if self.lost.is_set():
-            raise LeaseLost(f"attempt {self.attempt} no longer holds the job")
+            raise LeaseLost(self.why_lost)
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise JobTimeout(self._timeout_message())
+
+    def _timeout_message(self) -> str:
+        return (f"comparison ran longer than PARITY_JOB_TIMEOUT_SECONDS={self.timeout:g} s and was stopped; "
+                "compare fewer ranks or steps, or ask the operator to raise the limit")  # fmt: skip
+
+    def _wait(self) -> bool:
+        """Sleep until the next renewal or the deadline, whichever is first; True when the work is done."""
+        pause = self.seconds / 3
+        if self.deadline is not None:
+            pause = max(0.0, min(pause, self.deadline - time.monotonic()))
+        return self._done.wait(pause)
 
     def _renew(self) -> None:
-        while not self._done.wait(self.seconds / 3):
+        while not self._wait():
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                # The job is failed here, at its deadline, even when the engine is inside one long unit of
+                # work and will not look at ``check`` for a while: users see the truth now, and the attempt
+                # guard drops whatever the work would record later.
+                try:
+                    _finish_failed(self.db, self.job_id, self.attempt, self._timeout_message())
+                except Exception:
+                    logger.warning("comparison %s: could not record its timeout; retrying", self.job_id,
+                                   exc_info=True)  # fmt: skip
+                    continue
+                self.why_lost = "it ran past its time limit"
+                self.lost.set()
+                return
             try:
                 with self.db.write() as session:
                     held = ComparisonRepository(session).renew_lease(
@@ -152,21 +210,32 @@ class _Progress:
         self.db, self.job_id, self.attempt, self.low, self.high = db, job_id, attempt, low, high
         self.lease = lease
         self._last = 0.0
+        self._fraction = 0.0
+
+    def poll(self) -> None:
+        """Between units of work: raise if the job must stop (``set`` at the last fraction, throttled)."""
+        self.set(self._fraction)
 
     def set(self, fraction: float) -> None:
         if self.lease is not None:
             self.lease.check()  # stop early, rather than finish work whose result would be dropped
+        self._fraction = fraction
         now = time.monotonic()
         if now - self._last < PROGRESS_INTERVAL_S:
             return
         self._last = now
         value = self.low + (self.high - self.low) * min(max(fraction, 0.0), 1.0)
         with self.db.write() as session:
-            session.execute(
+            result = session.execute(
                 update(Comparison)
-                .where(Comparison.id == self.job_id, Comparison.attempt == self.attempt)
+                .where(Comparison.id == self.job_id, Comparison.attempt == self.attempt,
+                       Comparison.status == "running")
                 .values(progress=value)
-            )
+            )  # fmt: skip
+        if getattr(result, "rowcount", 1) == 0:
+            # The comparison (or one of its runs) was deleted, or the job was failed or reclaimed: stop now
+            # rather than at the next lease renewal, a third of a lease away.
+            raise LeaseLost("the comparison was deleted or is no longer this attempt's")
 
     def __call__(self, *args: Any) -> None:
         # The engine reports either a fraction or (done, total); both are accepted.
@@ -231,7 +300,7 @@ def _run(
         from parity.server.jobs.engine import compare_step
 
         try:
-            outputs = compare_step(npu_dir, bench_dir, options, out_dir, progress)
+            outputs = compare_step(npu_dir, bench_dir, options, out_dir, progress, progress.poll)
         except Exception as exc:
             if not _is_parity_error(exc):
                 raise
