@@ -19,8 +19,8 @@ from parity.server.jobs.runner import run_compare_job
 from parity.server.main import create_app
 from parity.server.settings import Settings
 
-from tests.server.test_hardening import API, new_run, upload
 from tests.server.conftest import build_dump
+from tests.server.test_hardening import API, new_run, upload
 
 
 def _expanded_tensor() -> bytes:

@@ -73,7 +73,7 @@ def test_orphaned_blobs_go_and_recorded_or_young_ones_stay(world: World, tmp_pat
         os.utime(path, (OLD, OLD))
     crashed = world.blob(f"runs/{run.id}/blobs/crashed-before-its-row")  # published, never recorded
     in_flight = world.blob(f"runs/{run.id}/blobs/in-flight", mtime=time.time())  # its row may come yet
-    deleted_run = world.blob("runs/0123456789abcdef0123456789abcdef/blobs/x")  # the run's delete was cut short
+    deleted_run = world.blob("runs/0123456789abcdef0123456789abcdef/blobs/x")  # its delete was cut short
     deleted_comparison = world.blob("comparisons/fedcba9876543210fedcba9876543210/rank0/report.xlsx")
 
     report = world.retention.sweep(dry_run=True)
@@ -136,7 +136,9 @@ def test_runs_past_retention_go_unless_kept(tmp_path: Path) -> None:
 
 
 def test_the_server_sweeps_periodically(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data", workers=0, sweep_interval_seconds=0.2, temp_grace_seconds=0)
+    settings = Settings(
+        data_dir=tmp_path / "data", workers=0, sweep_interval_seconds=0.2, temp_grace_seconds=0
+    )
     with TestClient(create_app(settings)) as client:
         run = new_run(client)
         orphan = settings.resolved_data_dir / "blobs" / "runs" / run["id"] / "blobs" / "orphan"

@@ -1,7 +1,7 @@
-"""A truthful schema (issue 12): schemathesis against a live ``parity server`` (uvicorn, SQLite), every phase
-(explicit examples, boundary coverage, fuzzing, stateful sequences through the inferred links), a bounded number
-of examples per operation and a fixed seed, with the checks that make the schema the truth: no 5xx, no status,
-content type, header or body the schema does not declare."""
+"""A truthful schema (issue 12): schemathesis against a live ``parity server`` (uvicorn, SQLite), every
+phase (explicit examples, boundary coverage, fuzzing, stateful sequences through the inferred links), a
+bounded number of examples per operation and a fixed seed, with the checks that make the schema the truth:
+no 5xx, no status, content type, header or body the schema does not declare."""
 
 from __future__ import annotations
 
