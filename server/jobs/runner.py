@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -25,10 +24,10 @@ from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from parity.server.db import Database
 from parity.server.errors import ServiceError
+from parity.server.jobs.limits import Deadline, redact_paths
 from parity.server.models import Comparison, ComparisonRow, RunFile, utcnow
 from parity.server.repositories import ComparisonRepository, RunRepository
 from parity.server.settings import Settings
@@ -45,10 +44,6 @@ FAILING_STATUSES = frozenset({"fail", "unmatched"})
 
 class JobError(ServiceError):
     """A compare job cannot run (its files are missing from the store, the runs disagree)."""
-
-
-class JobTimeout(JobError):
-    """The job ran past ``PARITY_JOB_TIMEOUT_SECONDS``."""
 
 
 class LeaseLost(Exception):
@@ -86,23 +81,6 @@ def run_compare_job(job_id: str, settings: Settings) -> None:
         db.dispose()
 
 
-def redact_paths(message: str, settings: Settings) -> str:
-    """``message`` without the server's own folders: every absolute path under the data folder, the blob
-    store or the temp folder becomes ``<server path>/NAME`` (its last part, which is what a reader can act
-    on); a job's staging paths mean nothing to a user and map the server's disk for an attacker."""
-    roots = {str(settings.resolved_data_dir), tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())}
-    store_url = settings.resolved_store_url
-    if store_url.startswith("file://"):
-        roots.add(str(Path(unquote(urlparse(store_url).path)).resolve()))
-    pattern = "|".join(re.escape(root.rstrip("/")) for root in sorted(roots, key=len, reverse=True) if root)
-
-    def replace(match: re.Match[str]) -> str:
-        name = match.group(0).rstrip("/").rsplit("/", 1)[-1]
-        return f"<server path>/{name}" if name else "<server path>"
-
-    return re.sub(rf"(?:{pattern})(?:/[^\s'\":,;()\[\]]*)?", replace, message)
-
-
 def _is_parity_error(exc: BaseException) -> bool:
     from parity.shared.errors import ParityError
 
@@ -128,8 +106,7 @@ class _Lease:
         self, db: Database, job_id: str, attempt: int, seconds: float, timeout: float | None = None
     ) -> None:
         self.db, self.job_id, self.attempt, self.seconds = db, job_id, attempt, seconds
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout if timeout is not None else None
+        self.deadline = Deadline(timeout)
         self.lost = threading.Event()
         self.why_lost = f"attempt {attempt} no longer holds the job"
         self._done = threading.Event()
@@ -148,28 +125,20 @@ class _Lease:
         ``PARITY_JOB_TIMEOUT_SECONDS`` (``JobTimeout``, recorded as the job's error)."""
         if self.lost.is_set():
             raise LeaseLost(self.why_lost)
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise JobTimeout(self._timeout_message())
-
-    def _timeout_message(self) -> str:
-        return (f"comparison ran longer than PARITY_JOB_TIMEOUT_SECONDS={self.timeout:g} s and was stopped; "
-                "compare fewer ranks or steps, or ask the operator to raise the limit")  # fmt: skip
+        self.deadline.check()
 
     def _wait(self) -> bool:
         """Sleep until the next renewal or the deadline, whichever is first; True when the work is done."""
-        pause = self.seconds / 3
-        if self.deadline is not None:
-            pause = max(0.0, min(pause, self.deadline - time.monotonic()))
-        return self._done.wait(pause)
+        return self._done.wait(self.deadline.cap(self.seconds / 3))
 
     def _renew(self) -> None:
         while not self._wait():
-            if self.deadline is not None and time.monotonic() > self.deadline:
+            if self.deadline.passed():
                 # The job is failed here, at its deadline, even when the engine is inside one long unit of
                 # work and will not look at ``check`` for a while: users see the truth now, and the attempt
                 # guard drops whatever the work would record later.
                 try:
-                    _finish_failed(self.db, self.job_id, self.attempt, self._timeout_message())
+                    _finish_failed(self.db, self.job_id, self.attempt, self.deadline.message())
                 except Exception:
                     logger.warning("comparison %s: could not record its timeout; retrying", self.job_id,
                                    exc_info=True)  # fmt: skip
