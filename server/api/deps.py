@@ -6,6 +6,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from parity.server.errors import Forbidden, Unauthorized
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService
@@ -29,7 +30,14 @@ async def get_comparison_service(request: Request) -> ComparisonService:
     return service
 
 
-async def authorize(request: Request) -> None:
+#: Declares the bearer scheme in the OpenAPI schema (so ``/docs`` offers a token field); ``authorize`` reads
+#: the header itself, to answer every malformed one with the same one-line 401.
+_BEARER = HTTPBearer(auto_error=False, description="a token of PARITY_TOKENS, when the server has any")
+
+
+async def authorize(
+    request: Request, _declared: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)] = None
+) -> None:
     """``PARITY_TOKENS`` set: a known bearer token on every request, and a read-write one for writes.
 
     Runs before any body is read, so a refused upload stores nothing. The dependencies are ``async`` (they
