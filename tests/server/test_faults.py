@@ -249,7 +249,7 @@ def test_sigkill_storms_during_uploads_and_compares(tmp_path: Path) -> None:
         note_finished(api, first)
     assert first in finished
 
-    rounds = 5
+    rounds = 3
     for _ in range(rounds):
         stop = threading.Event()
         threads = [threading.Thread(target=uploader, args=(stop, k)) for k in range(4)]
