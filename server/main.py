@@ -28,11 +28,10 @@ from parity.server.services.retention import RetentionService
 from parity.server.services.runs import RunService
 from parity.server.settings import Settings
 from parity.server.store import open_store
+from parity.shared.contract import API_PREFIX
 from sqlalchemy.exc import DBAPIError
 
 logger = logging.getLogger(__name__)
-
-API_PREFIX = "/api/v1"
 
 
 def _operation_id(route: APIRoute) -> str:

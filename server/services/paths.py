@@ -5,14 +5,12 @@ from __future__ import annotations
 import re
 
 from parity.server.errors import BadRequest
+from parity.shared.dump.layout import parse_stored_path
 
 MAX_PATH_LENGTH = 1024
 SHA256_PATTERN = r"^\s*[0-9a-fA-F]{64}\s*$"
 #: Steps and ranks are stored as 32-bit integers; nine digits keep every accepted number in range.
 MAX_INDEX_DIGITS = 9
-# ASCII digits only (``\d`` would take a fullwidth ``step０``), and one spelling per number: ``step00`` would
-# count as step 0 and its dump would overwrite the real one's when the job stages both.
-_STEP_RANK = re.compile(r"^step(0|[1-9][0-9]*)/rank(0|[1-9][0-9]*)/", re.ASCII)
 
 
 def check_upload_path(path: str) -> tuple[int | None, int | None]:
@@ -43,10 +41,8 @@ def check_upload_path(path: str) -> tuple[int | None, int | None]:
         problem = _index_problem(path)
     if problem:
         raise BadRequest(f"file path {path!r} {problem}")
-    match = _STEP_RANK.match(path)
-    if match is None:
-        return None, None
-    return int(match.group(1)), int(match.group(2))
+    step_rank = parse_stored_path(path)
+    return step_rank if step_rank is not None else (None, None)
 
 
 def _index_problem(path: str) -> str | None:
