@@ -37,6 +37,7 @@ __all__ = [
     "JobStatus",
     "MAX_INDEX",
     "MAX_METADATA_DEPTH",
+    "RankTaskPublic",
     "RowPublic",
     "RowsPublic",
     "RunCreate",
@@ -44,6 +45,7 @@ __all__ = [
     "RunStatus",
     "RunsPublic",
     "SuspectPublic",
+    "TaskStatus",
 ]
 
 #: Where the versioned API is mounted; ``/healthz`` sits outside it.
@@ -52,6 +54,8 @@ API_PREFIX = "/api/v1"
 Device = Literal["npu", "gpu", "cpu", "other"]
 RunStatus = Literal["uploading", "complete", "invalid"]
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
+#: A rank task: ``skipped`` when the rank is in both runs but a side has no dump.json for it.
+TaskStatus = Literal["queued", "running", "succeeded", "failed", "skipped"]
 
 #: The largest step or rank number (they are stored as 32-bit integers).
 MAX_INDEX = 2**31 - 1
@@ -130,7 +134,7 @@ class RunPublic(_Response):
     error: str | None
     created_at: datetime
     completed_at: datetime | None
-    keep: bool = False  # absent from servers before revision 0005
+    keep: bool = False  # absent from servers before revision 0006
     file_count: int
     total_bytes: int
     steps: list[int]
@@ -200,6 +204,22 @@ class ComparisonSummary(_Response):
     top_suspects: list[SuspectPublic]
     ranks: list[int]
     mode: str
+    status_counts: dict[str, int] = Field(default_factory=dict)
+    skipped_ranks: list[int] = Field(default_factory=list)  # in both runs, but a side has no dump.json
+
+
+class RankTaskPublic(_Response):
+    """One rank of a comparison, a task of its own: status, progress, claims (a failed rank is retried
+    alone with ``POST /comparisons/{id}/retry``)."""
+
+    rank: int
+    status: TaskStatus
+    progress: float
+    attempt: int
+    error: str | None
+    rows: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
 
 
 class ComparisonPublic(_Response):
@@ -218,6 +238,7 @@ class ComparisonPublic(_Response):
     started_at: datetime | None
     finished_at: datetime | None
     summary: ComparisonSummary | None
+    tasks: list[RankTaskPublic] = Field(default_factory=list)  # one per rank, in rank order
 
 
 class ComparisonsPublic(_Response):

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from parity.server.db import Database
 from parity.server.disk import Reserve
-from parity.server.models import Comparison, Run, RunFile, utcnow
+from parity.server.models import Comparison, ComparisonTask, Run, RunFile, utcnow
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService
 from parity.server.store import BlobStore
@@ -138,8 +138,10 @@ class RetentionService:
             return session.scalar(stmt) is not None
 
     def _busy_job_folders(self) -> list[str]:
-        """Name prefixes of the staging folders of jobs that are running now (the runner's ``job-{id8}-``)."""
+        """Name prefixes of the staging folders of rank tasks running now (the runner's
+        ``task-{id8}-r{rank}-``)."""
+        t = ComparisonTask
         with self.db.read() as session:
-            ids = session.scalars(select(Comparison.id).where(Comparison.status == "running"))
-            return [f"job-{cid[:8]}-" for cid in ids]
+            running = session.execute(select(t.comparison_id, t.rank).where(t.status == "running"))
+            return [f"task-{cid[:8]}-r{rank}-" for cid, rank in running]
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from parity.server.errors import BadRequest, ConfigError
-from parity.server.jobs import engine
-from parity.server.jobs.runner import run_compare_job
+from parity.server.jobs.runner import TaskRunner
 from parity.server.main import create_app
 from parity.server.services.paths import check_upload_path
 from parity.server.settings import Settings, load_settings
+from parity.shared.compare import job
 
 from tests.server.conftest import REPO, build_dump, dump_files, sha
 
@@ -176,15 +176,19 @@ def test_a_failed_job_does_not_show_server_paths(
     upload(client, target["id"], build_dump(tmp_path / "npu"))
     upload(client, bench["id"], build_dump(tmp_path / "gpu"))
 
-    def missing_folder(npu_dir: Path, *args: Any) -> Any:
-        raise FileNotFoundError(2, "No such file or directory", str(npu_dir))
+    def missing_folder(pair: Any, *args: Any, **kwargs: Any) -> Any:
+        raise FileNotFoundError(2, "No such file or directory", str(pair.npu_dump.parent.parent))
 
-    monkeypatch.setattr(engine, "compare_step", missing_folder)
+    monkeypatch.setattr(job, "compare_rank", missing_folder)
     resp = client.post(f"{API}/comparisons", json={"target_run": target["id"], "bench_run": bench["id"]})
     cid = resp.json()["id"]
-    run_compare_job(cid, settings)
+    runner = TaskRunner(settings)
+    try:
+        runner.run(f"{cid}:0")
+    finally:
+        runner.close()
     error = client.get(f"{API}/comparisons/{cid}").json()["error"]
-    assert "FileNotFoundError" in error and "<server path>/step0" in error
+    assert "FileNotFoundError" in error and "<server path>/npu" in error
     assert str(settings.resolved_data_dir) not in error and str(tmp_path) not in error
 
 

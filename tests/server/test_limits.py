@@ -1,5 +1,5 @@
 """Limits per job (issue 12): a cap on a tensor's element count, a wall-time limit, and cancellation of a job
-whose comparison or runs are deleted. Jobs run in this process (``run_compare_job``), the API under
+whose comparison or runs are deleted. Rank tasks run in this process (``TaskRunner``), the API under
 ``TestClient``, on SQLite."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from parity.server.jobs import engine
-from parity.server.jobs.runner import run_compare_job
+from parity.server.jobs.runner import TaskRunner
 from parity.server.main import create_app
 from parity.server.settings import Settings
+from parity.shared.compare import job
 
 from tests.server.conftest import build_dump
 from tests.server.test_hardening import API, new_run, upload
@@ -57,7 +57,7 @@ def test_a_tensor_over_the_element_cap_is_a_row_diagnostic(
 ) -> None:
     big = "Torch.relu.0.forward.output.0.pt"
     cid, _ = _queued(client, tmp_path, {big: _expanded_tensor()})
-    run_compare_job(cid, settings)
+    run_task(cid, settings)
     body = client.get(f"{API}/comparisons/{cid}").json()
     assert body["status"] == "succeeded", body["error"]
     rows = client.get(f"{API}/comparisons/{cid}/rows").json()
@@ -71,8 +71,16 @@ def test_a_tensor_over_the_element_cap_is_a_row_diagnostic(
     assert any(isinstance(r["cells"][header.index("Cosine")], float) for r in rows["data"])
 
 
+def run_task(cid: str, settings: Settings, rank: int = 0) -> None:
+    runner = TaskRunner(settings)
+    try:
+        runner.run(f"{cid}:{rank}")
+    finally:
+        runner.close()
+
+
 def _run_in_thread(cid: str, settings: Settings) -> threading.Thread:
-    worker = threading.Thread(target=run_compare_job, args=(cid, settings), daemon=True)
+    worker = threading.Thread(target=run_task, args=(cid, settings), daemon=True)
     worker.start()
     return worker
 
@@ -94,13 +102,14 @@ def test_a_job_past_its_time_limit_fails_saying_so(
     cid, _ = _queued(client, tmp_path)
     stop = threading.Event()
 
-    def endless(*args: Any) -> Any:
-        check = args[5]
+    def endless(*args: Any, progress: Any, **kwargs: Any) -> Any:
+        done = 0
         while not stop.wait(0.02):
-            check()  # what the engine calls between tensor pairs
+            done += 1
+            progress(done, 10**9)  # what the engine calls between tensor pairs
         raise AssertionError("the job was not stopped")
 
-    monkeypatch.setattr(engine, "compare_step", endless)
+    monkeypatch.setattr(job, "compare_rank", endless)
     worker = _run_in_thread(cid, settings)
     body = _wait_status(client, cid, "failed")
     worker.join(30)
@@ -115,13 +124,13 @@ def test_a_job_stuck_in_one_unit_is_failed_at_its_deadline(
     settings = Settings(data_dir=tmp_path / "data", workers=0, job_lease_seconds=600, job_timeout_seconds=1)
     cid, _ = _queued(client, tmp_path)
     release = threading.Event()
-    real = engine.compare_step
+    real = job.compare_rank
 
-    def stuck(*args: Any) -> Any:
+    def stuck(*args: Any, **kwargs: Any) -> Any:
         release.wait(60)  # one long unit: no check is called meanwhile
-        return real(*args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "compare_step", stuck)
+    monkeypatch.setattr(job, "compare_rank", stuck)
     worker = _run_in_thread(cid, settings)
     body = _wait_status(client, cid, "failed")  # while the unit still runs
     assert worker.is_alive() and "PARITY_JOB_TIMEOUT_SECONDS" in body["error"]
@@ -139,14 +148,13 @@ def test_deleting_a_run_cancels_its_running_job(
     stop = threading.Event()
     pairs = []
 
-    def endless(*args: Any) -> Any:
-        check = args[5]
+    def endless(*args: Any, progress: Any, **kwargs: Any) -> Any:
         while not stop.wait(0.02):
-            check()
             pairs.append(1)
+            progress(len(pairs), 10**9)
         raise AssertionError("the job was not stopped")
 
-    monkeypatch.setattr(engine, "compare_step", endless)
+    monkeypatch.setattr(job, "compare_rank", endless)
     worker = _run_in_thread(cid, settings)
     _wait_status(client, cid, "running")
     assert client.delete(f"{API}/runs/{target}").status_code == 204
