@@ -42,6 +42,18 @@ def _pyproject() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
+def _import_names(distribution: str) -> list[str]:
+    """The top-level modules an installed distribution provides (``swagger-ui-bundle-v2`` gives
+    ``swagger_ui_bundle``); its own name in import form when it is not installed here."""
+    wanted = canonicalize_name(distribution)
+    names = [
+        module
+        for module, dists in importlib.metadata.packages_distributions().items()
+        if wanted in {canonicalize_name(d) for d in dists} and module.isidentifier() and module[0] != "_"
+    ]
+    return sorted(names) or [wanted.replace("-", "_")]
+
+
 def extra_modules() -> dict[str, str]:
     """``{import name: extra}`` for every package that only a heavy extra lists (``parity[...]`` aside)."""
     project = _pyproject()["project"]
@@ -51,7 +63,8 @@ def extra_modules() -> dict[str, str]:
         for requirement in project["optional-dependencies"][extra]:
             name = _requirement_name(requirement)
             if name != "parity" and name not in base and name not in NOT_IMPORTED:
-                found.setdefault(name, extra)
+                for module in _import_names(name):
+                    found.setdefault(module, extra)
     return found
 
 
