@@ -5,23 +5,28 @@ from __future__ import annotations
 
 import gc
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from parity.server import web
 from parity.server.api.deps import authorize
-from parity.server.api.routes import comparisons, runs
+from parity.server.api.routes import baselines, comparisons, runs
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.jobs.base import JobQueue, NullQueue
 from parity.server.schemas import Health
+from parity.server.services.baselines import BaselineService
+from parity.server.services.calls import CallService
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService
 from parity.server.settings import Settings
 from parity.server.store import open_store
+from parity.server.web.auth import SessionSigner
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.token_roles = settings.token_roles()
         app.state.run_service = RunService(db, store, settings.max_upload_bytes)
         app.state.comparison_service = ComparisonService(db, store, queue)
+        app.state.baseline_service = BaselineService(db, app.state.run_service, app.state.comparison_service)
+        app.state.call_service = CallService(db)
+        app.state.session_signer = SessionSigner(
+            settings.session_secret.encode() if settings.session_secret else secrets.token_bytes(32),
+            settings.session_hours * 3600,
+        )
         queue.start()
         # Everything built so far lives as long as the server: moving it out of the collector's reach keeps
         # full collections (pauses of tens of ms with ~10^6 tracked objects) off the request path.
@@ -88,9 +99,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
 
     @app.exception_handler(ServiceError)
-    async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+    async def _service_error(request: Request, exc: ServiceError) -> Response:
         # Messages quoting a library's error (boto3, a JSON parser) can span lines; the client shows one.
-        return JSONResponse({"detail": " ".join(exc.message.split("\n"))}, status_code=exc.status_code)
+        message = " ".join(exc.message.split("\n"))
+        if _is_page(request):
+            return web.error_page(request, exc.status_code, message)
+        return JSONResponse({"detail": message}, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
@@ -116,5 +130,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(authorize)])
     api.include_router(runs.router)
     api.include_router(comparisons.router)
+    api.include_router(baselines.router)
     app.include_router(api)
+    web.mount(app)
     return app
+
+
+def _is_page(request: Request) -> bool:
+    """A request for a web page (not REST, not the pages' own JSON): its errors are shown as a page."""
+    path = request.url.path
+    return not path.startswith((API_PREFIX, "/healthz", "/static")) and not path.endswith(".json")

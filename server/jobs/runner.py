@@ -66,6 +66,7 @@ def run_compare_job(job_id: str, settings: Settings) -> None:
             with _Lease(db, job_id, attempt, settings.job_lease_seconds) as lease:
                 store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
                 _run(db, store, settings, job_id, attempt, lease)
+            _index_calls(db, job_id)
         except LeaseLost as exc:
             logger.warning("comparison %s: %s; this attempt stops", job_id, exc)
         except Exception as exc:
@@ -76,6 +77,17 @@ def run_compare_job(job_id: str, settings: Settings) -> None:
             _finish_failed(db, job_id, attempt, message or type(exc).__name__)
     finally:
         db.dispose()
+
+
+def _index_calls(db: Database, job_id: str) -> None:
+    """The comparison's calls for the web pages and API history (``services/calls.py``); a failure only
+    leaves them to be built on the first page view."""
+    from parity.server.services.calls import index_comparison
+
+    try:
+        index_comparison(db, job_id)
+    except Exception:
+        logger.warning("comparison %s: calls not indexed; the first view builds them", job_id, exc_info=True)
 
 
 def _is_parity_error(exc: BaseException) -> bool:
