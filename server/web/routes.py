@@ -9,7 +9,7 @@ redirect back to the page (post/redirect/get).
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
@@ -120,14 +120,18 @@ def runs_page(
     runs: RunServiceDep,
     project: str = "",
     name: str = "",
-    device: Device | None = None,
+    device: str = "",
     tag: str = "",
-    status: RunStatus | None = None,
+    status: str = "",
     page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
 ) -> Response:
+    # Plain strings, not enums: a filter form submits its empty fields too ("any").
+    _one_of("device", device, get_args(Device))
+    _one_of("status", status, get_args(RunStatus))
     params = {"project": project, "name": name, "device": device, "tag": tag, "status": status}
     result = runs.search(
-        project=project or None, name=None, name_contains=name or None, device=device, status=status,
+        project=project or None, name=None, name_contains=name or None, device=device or None,
+        status=status or None,
         tags=[t.strip() for t in tag.split(",") if t.strip()], limit=RUNS_PER_PAGE,
         offset=(page - 1) * RUNS_PER_PAGE,
     )  # fmt: skip
@@ -136,6 +140,18 @@ def runs_page(
         "user": user, "runs": result.data, "count": result.count, "params": params, "page": page,
         "pages": pages, "url": lambda **kw: query_url("/", params, **kw),
     })  # fmt: skip
+
+
+def _one_of(field: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value and value not in allowed:
+        raise BadRequest(f"{field}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def _int_or_none(field: str, value: str) -> int | None:
+    try:
+        return int(value) if value.strip() else None
+    except ValueError:
+        raise BadRequest(f"{field}: {value!r} is not a number") from None
 
 
 @router.get("/runs/{run_id}")
@@ -222,10 +238,12 @@ async def comparison_page(
     baselines: BaselineServiceDep,
     status: str = "",
     name: str = "",
-    rank: int | None = None,
-    diff: bool = False,
+    rank_text: Annotated[str, Query(alias="rank")] = "",
+    diff_text: Annotated[str, Query(alias="diff")] = "",
     page: Annotated[int, Query(ge=1, le=10_000_000)] = 1,
 ) -> Response:
+    rank = _int_or_none("rank", rank_text)
+    diff = diff_text.lower() in ("1", "true", "on", "yes")
     c = comparisons.get(comparison_id)
     params = {"status": status, "name": name, "rank": rank, "diff": diff}
     context: dict[str, Any] = {
@@ -236,8 +254,7 @@ async def comparison_page(
         "target": _run_or_none(runs, c.target_run), "bench": _run_or_none(runs, c.bench_run),
         "rank_progress": _rank_progress(c),
     }  # fmt: skip
-    if status and status not in ROW_STATUSES:
-        raise BadRequest(f"status: {status!r} is not one of {', '.join(ROW_STATUSES)}")
+    _one_of("status", status, ROW_STATUSES)
     context["environment"] = baselines.environment(comparison_id)
     if c.status == "succeeded" and c.summary is not None:
         ranks = c.summary.ranks
