@@ -46,9 +46,10 @@ def seed(server: ServerProcess, root: Path) -> Seeded:
         bench = upload_run(api, good, name="gpu-fp32", project="llama", device="gpu", tags={"hw": "gpu"},
                            metadata={"torch_version": "2.13.0", "hostname": "gpu-box", "git_commit": "abc123",
                                      "packages": {"torch": "2.13.0", "numpy": "2.1.0"}})  # fmt: skip
+        npu_meta = {"torch_version": "2.13.0", "hostname": "npu-box", "git_commit": "def456",
+                    "packages": {"torch": "2.13.0", "numpy": "2.2.0", "torch_npu": "2.13"}}  # fmt: skip
         target = upload_run(api, bad, name="npu-bf16", project="llama", device="npu", tags={"hw": "npu"},
-                            metadata={"torch_version": "2.13.0", "hostname": "npu-box", "git_commit": "def456",
-                                      "packages": {"torch": "2.13.0", "numpy": "2.2.0", "torch_npu": "2.13"}})  # fmt: skip
+                            metadata=npu_meta)  # fmt: skip
         xss = upload_run(api, good, name=XSS_NAME, project="sec", device="cpu", tags={"x": "<b>t</b>"})
         resp = api.post("/comparisons", json={"target_run": target["id"], "bench_run": bench["id"]})
         assert resp.status_code == 202, resp.text
