@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import orjson
 from parity.server.db import Database
@@ -24,6 +26,7 @@ from parity.server.models import Comparison, ComparisonCall, ComparisonCounts, C
 from sqlalchemy import delete, insert, select
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Worst first: the status a call shows is the worst of its rows'.
 STATUS_RANK = {"fail": 5, "unmatched": 4, "warning": 3, "uncomparable": 2, "bench-only": 1, "pass": 0}
@@ -168,12 +171,38 @@ class Heatmap:
 
 
 class CallService:
-    """Reads a comparison's calls (building them on first read when the worker did not)."""
+    """Reads a comparison's calls (building them on first read when the worker did not).
+
+    A succeeded comparison never changes, so what the pages derive from its calls (counts, heatmap, the
+    chart's series) is kept in a small in-memory LRU: a million-row comparison's heatmap scans some 10^5
+    calls, which a second view should not pay again. A deleted comparison's entries are never served (its
+    page answers 404 before asking) and age out.
+    """
+
+    CACHE_ENTRIES = 128
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._cache: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def cached(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return cast(T, self._cache[key])
+        value = build()
+        if value is not None:
+            with self._lock:
+                self._cache[key] = value
+                while len(self._cache) > self.CACHE_ENTRIES:
+                    self._cache.popitem(last=False)
+        return value
 
     def _ensure(self, comparison_id: str) -> dict[str, int] | None:
+        return self.cached(("counts", comparison_id), lambda: self._counts(comparison_id))
+
+    def _counts(self, comparison_id: str) -> dict[str, int] | None:
         with self.db.read() as session:
             row = session.get(ComparisonCounts, comparison_id)
             if row is not None:
@@ -201,7 +230,12 @@ class CallService:
 
     def heatmap(self, comparison_id: str, max_apis: int = 40) -> Heatmap | None:
         """The APIs failing or warning on any rank (worst first, at most ``max_apis``), for several ranks."""
-        self._ensure(comparison_id)
+        if self._ensure(comparison_id) is None:
+            return None
+        key = ("heatmap", comparison_id, max_apis)
+        return self.cached(key, lambda: self._heatmap(comparison_id, max_apis))
+
+    def _heatmap(self, comparison_id: str, max_apis: int) -> Heatmap | None:
         c = ComparisonCall.__table__.c
         with self.db.read_engine.connect() as conn:
             ranks = [int(r) for r in conn.execute(
@@ -224,3 +258,24 @@ class CallService:
         apis.sort(key=lambda a: -worst[a][2])  # back in execution order
         cells = [[by_cell.get((rank, api)) for api in apis] for rank in ranks]
         return Heatmap(ranks=ranks, apis=apis, cells=cells)
+
+
+def decimate(calls: list[dict[str, Any]], max_points: int, keep: str | None = None) -> list[dict[str, Any]]:
+    """At most about ``max_points`` of ``calls`` for a chart a thousand pixels wide: the calls are cut into
+    ``max_points // 2`` runs of neighbours, and of each run the call with the largest relative error and the
+    one with the largest 1 - cosine are kept (a spike is never averaged away), plus the call named ``keep``
+    (the first divergence). Order is kept; each kept call still carries its own ``seq``."""
+    if len(calls) <= max_points:
+        return calls
+    buckets = max(1, max_points // 2)
+    size = math.ceil(len(calls) / buckets)
+    kept: list[dict[str, Any]] = []
+    for start in range(0, len(calls), size):
+        chunk = calls[start : start + size]
+        chosen = {
+            max(range(len(chunk)), key=lambda i: chunk[i]["max_rel_err"] or -1.0),
+            max(range(len(chunk)), key=lambda i: chunk[i]["one_minus_cos"] or -1.0),
+        }
+        chosen.update(i for i, call in enumerate(chunk) if keep is not None and call["api"] == keep)
+        kept.extend(chunk[i] for i in sorted(chosen))
+    return kept

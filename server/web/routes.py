@@ -47,6 +47,8 @@ router = APIRouter(include_in_schema=False)
 UserDep = Annotated[WebUser, Depends(current_user)]
 RUNS_PER_PAGE = 50
 ROWS_PER_PAGE = 100
+#: Calls drawn at most: about four per horizontal pixel of the chart (``calls.decimate`` keeps the spikes).
+CHART_POINTS = 4000
 FORM_LIMIT = 64 * 1024
 ROW_STATUSES = ("pass", "warning", "fail", "unmatched", "bench-only", "uncomparable")
 
@@ -301,15 +303,28 @@ def comparison_calls(
     from parity.server.services.calls import first_divergence
 
     c = comparisons.get(comparison_id)
-    data = calls.calls(comparison_id, rank)
-    # Columns, not objects: a 100,000-call chart is a few MB less and parses faster.
+    first = first_divergence(c.summary.model_dump() if c.summary else None, rank)
+    if c.status != "succeeded":
+        return Response(b'{"total":0,"api":[]}', media_type="application/json")
+    key = ("chart", comparison_id, rank)
+    body = calls.cached(key, lambda: _chart_json(calls, comparison_id, rank, first))
+    return Response(body, media_type="application/json")
+
+
+def _chart_json(calls: Any, comparison_id: str, rank: int, first: str | None) -> bytes:
+    from parity.server.services.calls import decimate
+
+    every = calls.calls(comparison_id, rank)
+    data = decimate(every, CHART_POINTS, first)
+    # Columns, not objects: smaller, and faster to parse.
     body = {
+        "total": len(every), "seq": [d["seq"] for d in data],
         "api": [d["api"] for d in data], "backward": [d["backward"] for d in data],
         "status": [d["status"] for d in data], "rel": [d["max_rel_err"] for d in data],
         "cos": [d["one_minus_cos"] for d in data], "row": [d["first_row"] for d in data],
-        "first_divergence": first_divergence(c.summary.model_dump() if c.summary else None, rank),
+        "first_divergence": first,
     }  # fmt: skip
-    return Response(orjson.dumps(body), media_type="application/json")
+    return orjson.dumps(body)
 
 
 @router.get("/comparisons/{comparison_id}/download/{file_name}")

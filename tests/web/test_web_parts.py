@@ -101,3 +101,16 @@ def test_tags_text() -> None:
     assert _parse_tags("hw: npu, dtype:bf16,") == {"hw": "npu", "dtype": "bf16"}
     with pytest.raises(BadRequest, match="'oops' is not KEY:VALUE"):
         _parse_tags("oops")
+
+
+def test_decimation_keeps_spikes_order_and_the_divergence() -> None:
+    from parity.server.services.calls import decimate
+
+    calls = [{"seq": i, "api": f"A.{i}", "max_rel_err": 1e-6, "one_minus_cos": 1e-9} for i in range(10_000)]
+    calls[4321]["max_rel_err"] = 5.0
+    calls[777]["one_minus_cos"] = 0.5
+    kept = decimate(calls, 400, keep="A.9999")
+    seqs = [c["seq"] for c in kept]
+    assert len(kept) <= 401 + 1 and seqs == sorted(seqs)
+    assert {4321, 777, 9999} <= set(seqs)
+    assert decimate(calls[:10], 400) == calls[:10]

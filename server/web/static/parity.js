@@ -75,15 +75,20 @@
     if (!resp.ok) return;
     const d = await resp.json();
     const n = d.api.length;
+    const total = d.total || n;
     const { ctx, width, height } = setupCanvas(canvas);
     const [lo, hi] = logRange(d.rel.concat(d.cos));
     const box = { left: 48, right: width - 10, top: 10, bottom: height - 24 };
-    box.x = function (i) { return box.left + (n > 1 ? i / (n - 1) : 0.5) * (box.right - box.left); };
+    // x is the call's place in execution order; with a decimated series the kept calls keep their place.
+    box.x = function (i) {
+      const seq = d.seq ? d.seq[i] : i;
+      return box.left + (total > 1 ? seq / (total - 1) : 0.5) * (box.right - box.left);
+    };
     box.y = function (v) {
       const t = (Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo));
       return box.bottom - t * (box.bottom - box.top);
     };
-    axes(ctx, box, lo, hi, n);
+    axes(ctx, box, lo, hi, total);
     let drawn = 0;
     let divergence = -1;
     for (let i = 0; i < n; i++) {
@@ -116,9 +121,12 @@
     function nearest(event) {
       const rect = canvas.getBoundingClientRect();
       const px = event.clientX - rect.left;
-      if (n === 0) return -1;
-      const i = Math.round(((px - box.left) / (box.right - box.left)) * (n - 1));
-      return Math.min(n - 1, Math.max(0, i));
+      let best = -1, bestDistance = Infinity;
+      for (let i = 0; i < n; i++) {  // a few thousand points at most: a scan is instant
+        const distance = Math.abs(box.x(i) - px);
+        if (distance < bestDistance) { best = i; bestDistance = distance; }
+      }
+      return best;
     }
     canvas.addEventListener("mousemove", function (event) {
       const i = nearest(event);
