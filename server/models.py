@@ -183,7 +183,11 @@ class ComparisonCall(Base):
     one_minus_cos: Mapped[float | None] = mapped_column(Float, nullable=True)
     first_row: Mapped[int] = mapped_column(Integer)
 
-    __table_args__ = (Index("ix_comparison_calls_api", "api", "comparison_id"),)
+    __table_args__ = (
+        Index("ix_comparison_calls_api", "api", "comparison_id"),
+        # The heatmap reads only the failing and warning calls of a comparison.
+        Index("ix_comparison_calls_status", "comparison_id", "status"),
+    )
 
 
 class ComparisonCounts(Base):

@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("comparison_id", "rank", "seq", name="pk_comparison_calls"),
     )
     op.create_index("ix_comparison_calls_api", "comparison_calls", ["api", "comparison_id"])
+    op.create_index("ix_comparison_calls_status", "comparison_calls", ["comparison_id", "status"])
     op.create_table(
         "comparison_counts",
         sa.Column("comparison_id", sa.String(32), nullable=False),
@@ -62,6 +63,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("api_acceptances")
     op.drop_table("comparison_counts")
+    op.drop_index("ix_comparison_calls_status", table_name="comparison_calls")
     op.drop_index("ix_comparison_calls_api", table_name="comparison_calls")
     op.drop_table("comparison_calls")
     with op.batch_alter_table("comparisons") as batch:
