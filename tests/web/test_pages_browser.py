@@ -22,8 +22,9 @@ def test_walk_from_runs_to_a_comparison(seeded: Seeded, open_page: Any) -> None:
     p = page.page
     p.goto(seeded.server.url + "/", wait_until="networkidle")
     assert p.locator("#runs tbody tr").count() >= 5
-    # Newest first: the multi-rank runs were created last.
-    assert p.locator("#runs tbody tr").first.locator("a.run-link").inner_text() == "gpu-3ranks"
+    # Newest first: the multi-rank runs were created after the others.
+    names = p.locator("#runs a.run-link").all_inner_texts()
+    assert names.index("gpu-3ranks") < names.index("npu-3ranks") < names.index("npu-bf16")
 
     p.get_by_role("link", name="npu-bf16", exact=True).click()
     p.wait_for_load_state("networkidle")
@@ -104,4 +105,47 @@ def test_several_ranks_get_a_heatmap(seeded: Seeded, open_page: Any) -> None:
     p.locator("#chart-card .ranks a", has_text="2").click()
     p.wait_for_url(re.compile(r"rank=2"))
     p.wait_for_function("document.getElementById('chart').dataset.drawn === '1'")
+    assert_clean(page)
+
+
+def test_baseline_regressions_accept_and_history(seeded: Seeded, open_page: Any) -> None:
+    """Mark a baseline from its page, let a completed run be compared with it on its own, accept a new
+    failing API with a note there, and follow the API to its history."""
+    from tests.server.conftest import build_dump, upload_run, wait_comparison
+
+    page = open_page(seeded.server.url)
+    p = page.page
+    with seeded.server.client() as api:
+        base = upload_run(api, build_dump(seeded.server.data_dir / "b"), name="reg-base", project="reg")
+    p.goto(f"{seeded.server.url}/runs/{base['id']}", wait_until="networkidle")
+    p.locator("#baseline-form button").click()
+    p.wait_for_load_state("networkidle")
+    assert "baseline of reg" in p.locator("#run-name").inner_text()
+
+    with seeded.server.client() as api:
+        bad = upload_run(api, build_dump(seeded.server.data_dir / "r", perturb=0.5), name="reg-new",
+                         project="reg")  # fmt: skip
+        found = []
+        for _ in range(100):
+            found = api.get("/comparisons", params={"run": bad["id"]}).json()["data"]
+            if found:
+                break
+            p.wait_for_timeout(100)
+        comparison = wait_comparison(api, found[0]["id"])
+    p.goto(f"{seeded.server.url}/comparisons/{comparison['id']}", wait_until="networkidle")
+    regressions = p.locator("#regressions")
+    relu = regressions.locator("tr", has_text="Torch.relu.0.forward")
+    assert relu.locator(".badge").inner_text() == "new"
+    relu.locator("input[name=note]").fill("<script>window.pwned=1</script> known bf16 effect")
+    relu.locator("button").click()
+    p.wait_for_load_state("networkidle")
+    relu = p.locator("#regressions tr", has_text="Torch.relu.0.forward")
+    assert relu.locator(".badge").inner_text() == "known"
+    assert "<script>window.pwned=1</script> known bf16 effect" in relu.inner_text()
+    assert p.evaluate("window.pwned") is None
+
+    relu.get_by_role("link", name="Torch.relu.0.forward").click()
+    p.wait_for_url(re.compile(r"/apis/history"))
+    p.wait_for_function("document.getElementById('history-chart').dataset.drawn === '1'")
+    assert p.locator("#history tbody tr").count() == 1
     assert_clean(page)
