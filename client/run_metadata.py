@@ -131,7 +131,7 @@ def installed_packages() -> dict[str, str]:
     packages: dict[str, str] = {}
     try:
         for dist in metadata.distributions():
-            name = dist.metadata.get("Name")
+            name = dist.metadata["Name"]
             if name:
                 packages[name.lower()] = dist.version
     except Exception:

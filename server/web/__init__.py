@@ -8,14 +8,26 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from parity.server.web.auth import LoginRequired
 from parity.server.web.render import STATIC, render
+from starlette.types import Scope
 
 __all__ = ["mount", "error_page"]
+
+
+class StaticAssets(StaticFiles):
+    """The vendored stylesheet and script; their URLs carry a content hash, so they are cached for good."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        if response.status_code == 200:
+            response.headers["Cache-Control"] = "public, max-age=31536000, immutable"
+            response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
 
 
 def mount(app: FastAPI) -> None:
     from parity.server.web.routes import router
 
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.mount("/static", StaticAssets(directory=STATIC), name="static")
     app.include_router(router)
 
     @app.exception_handler(LoginRequired)

@@ -6,6 +6,7 @@ even a template bug that forgot to escape a run name could not run it, and nothi
 
 from __future__ import annotations
 
+import hashlib
 import math
 from datetime import datetime
 from pathlib import Path
@@ -62,11 +63,25 @@ def _heat(err: float | None) -> str:
     return f"h{min(7, max(1, int(math.log10(err)) + 7))}"
 
 
+def _asset_versions() -> dict[str, str]:
+    """``name -> short content hash`` of each static file: its URL changes when it does, so browsers may keep
+    it for a year (``StaticAssets``) and a repeat visit fetches only the page."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in STATIC.iterdir() if p.is_file()}
+
+
+ASSET_VERSIONS = _asset_versions()
+
+
+def static_url(name: str) -> str:
+    return f"/static/{name}?v={ASSET_VERSIONS.get(name, '0')}"
+
+
 ENV = Environment(
     loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True, default_for_string=True),
     trim_blocks=True, lstrip_blocks=True,
 )  # fmt: skip
 ENV.filters.update(number=_number, when=_when, size=_size, heat=_heat)
+ENV.globals["static"] = static_url
 
 
 def render(request: Request, template: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:

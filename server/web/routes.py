@@ -230,7 +230,7 @@ async def compare_run(
 
 # -- comparisons ----------------------------------------------------------------------------------------
 @router.get("/comparisons/{comparison_id}")
-async def comparison_page(
+def comparison_page(
     request: Request,
     comparison_id: str,
     user: UserDep,
@@ -262,7 +262,8 @@ async def comparison_page(
         ranks = c.summary.ranks
         if rank is not None and rank not in ranks:
             raise BadRequest(f"rank: {rank} is not in comparison {comparison_id} (ranks: {ranks})")
-        body = await comparisons.rows_json_async(
+        # A plain (threadpool) handler: every read below blocks, and none may hold up the event loop.
+        body = comparisons.rows_json(
             comparison_id, failing=True if diff else None, name=name or None, rank=rank,
             limit=ROWS_PER_PAGE, offset=(page - 1) * ROWS_PER_PAGE, status=status or None,
         )  # fmt: skip
