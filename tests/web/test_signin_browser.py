@@ -107,3 +107,22 @@ def test_form_posts_need_csrf_and_our_origin(
     p.locator("#edit-form button[type=submit]").click()
     p.wait_for_load_state("networkidle")
     assert p.locator("#run-name").inner_text().startswith("renamed-in-browser")
+
+
+def test_a_queued_comparison_page_follows_its_status(
+    guarded: tuple[ServerProcess, dict[str, Any]], open_page: Any
+) -> None:
+    """No worker runs here (``PARITY_WORKERS=0``): the page shows the job queued and keeps asking."""
+    server, run = guarded
+    with server.client(RW) as api:
+        resp = api.post("/comparisons", json={"target_run": run["id"], "bench_run": run["id"]})
+        assert resp.status_code == 202, resp.text
+    page = open_page(server.url)
+    p = page.page
+    sign_in(p, server.url, RO, f"/comparisons/{resp.json()['id']}")
+    assert p.locator("#job-status").inner_text() == "queued"
+    assert p.locator("#job-progress").count() == 1
+    with p.expect_response(lambda r: r.url.endswith("/status.json") and r.status == 200, timeout=10_000):
+        pass
+    assert p.locator("#table").count() == 0  # no rows before it succeeded
+    assert page.console_errors == [] and page.foreign_requests() == []
