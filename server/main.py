@@ -116,11 +116,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": detail}, status_code=500)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ()))
         status_code = 400 if first.get("loc", ("",))[0] == "header" else 422
+        if _is_page(request):
+            return web.error_page(request, status_code, f"{loc}: {first.get('msg', 'invalid')}")
         return JSONResponse({"detail": f"{loc}: {first.get('msg', 'invalid')}"}, status_code=status_code)
 
     @app.get("/healthz", tags=["health"])

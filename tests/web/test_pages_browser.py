@@ -149,3 +149,19 @@ def test_baseline_regressions_accept_and_history(seeded: Seeded, open_page: Any)
     p.wait_for_function("document.getElementById('history-chart').dataset.drawn === '1'")
     assert p.locator("#history tbody tr").count() == 1
     assert_clean(page)
+
+
+def test_bad_links_get_a_page_that_says_why(seeded: Seeded) -> None:
+    import httpx
+
+    cid = seeded.comparison["id"]
+    for path, status, text in (
+        ("/runs/<b>nope", 404, "run &#39;&lt;b&gt;nope&#39; not found"),
+        (f"/comparisons/{cid}?status=weird", 400, "status: &#39;weird&#39; is not one of"),
+        (f"/comparisons/{cid}?rank=7", 400, "rank: 7 is not in comparison"),
+        ("/?page=0", 422, "query.page"),
+    ):
+        resp = httpx.get(seeded.server.url + path)
+        assert resp.status_code == status and resp.headers["content-type"].startswith("text/html"), path
+        assert text in resp.text, resp.text
+        assert "default-src 'self'" in resp.headers["content-security-policy"]
