@@ -22,6 +22,8 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    false,
+    true,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -74,8 +76,8 @@ class Run(Base):
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # Revision 0005: the project's known-good run (at most one per project, kept so by the service), and
     # whether completing this run queues a comparison against that baseline.
-    baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
-    auto_compare: Mapped[bool] = mapped_column(Boolean, default=True, server_default="1")
+    baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    auto_compare: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
     __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 
@@ -139,7 +141,7 @@ class Comparison(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # Revision 0005: the bench run was its project's baseline when the comparison was queued; such
     # comparisons are the ones whose failing APIs are judged new or known.
-    against_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    against_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class ComparisonRow(Base):

@@ -18,12 +18,14 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("baseline", sa.Boolean(), nullable=False, server_default="0"))
-        batch.add_column(sa.Column("auto_compare", sa.Boolean(), nullable=False, server_default="1"))
-        batch.create_index("ix_runs_project_baseline", ["project", "baseline"])
-    with op.batch_alter_table("comparisons") as batch:
-        batch.add_column(sa.Column("against_baseline", sa.Boolean(), nullable=False, server_default="0"))
+    # Plain ADD COLUMN on both backends: a batch rebuild of ``runs`` or ``comparisons`` on SQLite drops the
+    # table, and with foreign keys on, the drop would cascade to every run's files and comparisons' rows.
+    op.add_column("runs", sa.Column("baseline", sa.Boolean(), nullable=False, server_default=sa.false()))
+    op.add_column("runs", sa.Column("auto_compare", sa.Boolean(), nullable=False, server_default=sa.true()))
+    op.create_index("ix_runs_project_baseline", "runs", ["project", "baseline"])
+    op.add_column(
+        "comparisons", sa.Column("against_baseline", sa.Boolean(), nullable=False, server_default=sa.false())
+    )
     op.create_table(
         "comparison_calls",
         sa.Column("comparison_id", sa.String(32), nullable=False),

@@ -285,9 +285,10 @@ def _run_or_none(runs: Any, run_id: str) -> Any:
 
 
 def _rank_progress(c: ComparisonPublic) -> dict[str, float]:
-    """Per-rank progress where the comparison reports it (a ``rank_progress`` mapping), else none."""
-    value = getattr(c, "rank_progress", None)
-    return {str(k): float(v) for k, v in value.items()} if isinstance(value, dict) else {}
+    """Per-rank progress where the comparison reports it (one task per rank, each with its ``progress``),
+    else none: the page then shows the comparison's overall progress only."""
+    tasks = getattr(c, "tasks", None) or []
+    return {str(t.rank): float(t.progress) for t in tasks if hasattr(t, "rank") and hasattr(t, "progress")}
 
 
 @router.get("/comparisons/{comparison_id}/status.json")

@@ -85,7 +85,11 @@ def test_upgrade_from_first_revision_keeps_data(backend: str, tmp_path: Path) ->
             text("SELECT status, attempt, lease_expires_at FROM comparisons WHERE id = 'c1'")
         ).one()
         blob = conn.execute(text("SELECT blob FROM run_files WHERE run_id = 'r1'")).scalar_one()
+        flags = conn.execute(text("SELECT baseline, auto_compare FROM runs WHERE id = 'r1'")).one()
+        against = conn.execute(text("SELECT against_baseline FROM comparisons WHERE id = 'c1'")).scalar_one()
     engine.dispose()
+    # 0005: an existing run is no baseline and compares on complete; an existing comparison was not.
+    assert (bool(flags[0]), bool(flags[1]), bool(against)) == (False, True, False)
     assert tuple(row) == ("queued", 0, None)  # no lease until a worker claims it
     # A file stored before 0003 keeps the key it was published under.
     assert blob == "runs/r1/step0/rank0/dump.json"
