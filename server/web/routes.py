@@ -41,6 +41,7 @@ from parity.server.web.auth import (
 )
 from parity.server.web.render import render
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 router = APIRouter(include_in_schema=False)
 
@@ -54,7 +55,8 @@ ROW_STATUSES = ("pass", "warning", "fail", "unmatched", "bench-only", "uncompara
 
 
 async def read_form(request: Request) -> dict[str, str]:
-    """A urlencoded form body (no multipart: the pages post only short text), CSRF-checked."""
+    """A urlencoded form body (no multipart: the pages post only short text), CSRF-checked. The handlers
+    that post are ``async`` to read it; the service calls after it go to the threadpool (they block)."""
     body = b""
     async for chunk in request.stream():
         body += chunk
@@ -198,7 +200,7 @@ async def edit_run(request: Request, run_id: str, user: UserDep, baselines: Base
         body = RunUpdate(**changes)
     except ValidationError as exc:
         raise BadRequest(f"run {run_id}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
-    baselines.update_run(run_id, body)
+    await run_in_threadpool(baselines.update_run, run_id, body)
     return back(f"/runs/{run_id}")
 
 
@@ -224,7 +226,8 @@ async def compare_run(
     bench = form.get("bench_run", "").strip()
     if not bench:
         raise BadRequest("bench_run: give the id of the run to compare with")
-    created = comparisons.create(ComparisonCreate(target_run=run_id, bench_run=bench))
+    body = ComparisonCreate(target_run=run_id, bench_run=bench)
+    created = await run_in_threadpool(comparisons.create, body)
     return back(f"/comparisons/{created.id}")
 
 
@@ -354,14 +357,17 @@ async def accept_api(
 ) -> Response:  # fmt: skip
     form = await read_form(request)
     require_writer(user, "accept an API")
-    c = comparisons.get(comparison_id)
-    project = runs.get(c.target_run).project
     try:
         body = AcceptanceCreate(api=form.get("api", ""), note=form.get("note", "").strip(),
                                 author=form.get("author") or None)  # fmt: skip
     except ValidationError as exc:
         raise BadRequest(f"accept: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
-    baselines.accept(project, body, user.who)
+
+    def accept() -> None:
+        project = runs.get(comparisons.get(comparison_id).target_run).project
+        baselines.accept(project, body, user.who)
+
+    await run_in_threadpool(accept)
     return back(f"/comparisons/{comparison_id}#regressions")
 
 
