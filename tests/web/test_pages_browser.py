@@ -165,3 +165,19 @@ def test_bad_links_get_a_page_that_says_why(seeded: Seeded) -> None:
         assert resp.status_code == status and resp.headers["content-type"].startswith("text/html"), path
         assert text in resp.text, resp.text
         assert "default-src 'self'" in resp.headers["content-security-policy"]
+
+
+def test_downloads_from_the_comparison_page(seeded: Seeded) -> None:
+    import httpx
+
+    cid = seeded.comparison["id"]
+    base = f"{seeded.server.url}/comparisons/{cid}/download"
+    xlsx = httpx.get(f"{base}/report.xlsx?rank=0")
+    assert xlsx.status_code == 200 and xlsx.content[:2] == b"PK"  # a zip: an xlsx workbook
+    assert f"report_{cid[:8]}_rank0.xlsx" in xlsx.headers["content-disposition"]
+    advisor = httpx.get(f"{base}/advisor.txt?rank=0")
+    assert advisor.status_code == 200 and "Torch.relu.0.forward" in advisor.text
+    summary = httpx.get(f"{base}/summary.json")
+    assert summary.status_code == 200
+    assert summary.json()["summary"]["rows"] == seeded.comparison["summary"]["rows"]
+    assert httpx.get(f"{base}/secrets.txt").status_code == 400
