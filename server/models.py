@@ -74,7 +74,7 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    # Revision 0005: the project's known-good run (at most one per project, kept so by the service), and
+    # Revision 0006: the project's known-good run (at most one per project, kept so by the service), and
     # whether completing this run queues a comparison against that baseline.
     baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     auto_compare: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
@@ -139,7 +139,7 @@ class Comparison(Base):
     # While ``running``: until when the claiming worker holds the job (revision 0004). Its worker renews it
     # every few seconds; once it has passed, the worker is presumed dead and another may claim the job.
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    # Revision 0005: the bench run was its project's baseline when the comparison was queued; such
+    # Revision 0006: the bench run was its project's baseline when the comparison was queued; such
     # comparisons are the ones whose failing APIs are judged new or known.
     against_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
@@ -164,8 +164,38 @@ class ComparisonRow(Base):
     __table_args__ = (Index("ix_comparison_rows_failing", "comparison_id", "failing", "rank", "index"),)
 
 
+class ComparisonTask(Base):
+    """One rank pair of a comparison: the unit a worker claims, runs and stores (revision 0005).
+
+    The comparison fans out into one task per rank found in both runs; each task is claimed under a lease
+    (the protocol of ``Comparison`` before, per rank now), so a worker killed mid-rank loses that rank
+    only, and a failed rank is run again alone. A finished task keeps its rank's summary document and
+    header; the last task to finish merges them into the comparison's summary.
+    """
+
+    __tablename__ = "comparison_tasks"
+
+    comparison_id: Mapped[str] = mapped_column(
+        ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
+    )
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # queued → running → succeeded | failed | skipped (a side has no dump.json for this rank)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)  # host:pid of the claimant
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    rows: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    header: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
 class ComparisonCall(Base):
-    """One API call of a finished comparison (revision 0005): the error of its outputs, in execution order.
+    """One API call of a finished comparison (revision 0006): the error of its outputs, in execution order.
 
     Built once from the rows (``services/calls.py``), so the chart, the rank x API heatmap and an API's
     history across comparisons read a few thousand small rows instead of re-parsing a million cells.
@@ -193,7 +223,7 @@ class ComparisonCall(Base):
 
 
 class ComparisonCounts(Base):
-    """Row counts per status of a finished comparison, written with its calls (revision 0005)."""
+    """Row counts per status of a finished comparison, written with its calls (revision 0006)."""
 
     __tablename__ = "comparison_counts"
 
@@ -204,7 +234,7 @@ class ComparisonCounts(Base):
 
 
 class ApiAcceptance(Base):
-    """A failing API accepted in a project with a note: it counts as known from then on (revision 0005)."""
+    """A failing API accepted in a project with a note: it counts as known from then on (revision 0006)."""
 
     __tablename__ = "api_acceptances"
 

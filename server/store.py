@@ -250,3 +250,10 @@ def upload_key(run_id: str, upload_id: str) -> str:
 
 def comparison_key(comparison_id: str, name: str = "") -> str:
     return f"comparisons/{comparison_id}/{name}" if name else f"comparisons/{comparison_id}"
+
+
+def sidecar_key(blob: str) -> str:
+    """Where the parsed columns of the dump.json stored at ``blob`` live (written at complete): beside it,
+    under the run's prefix, so deleting the run takes it along; blob keys are unique per upload, so a
+    sidecar always belongs to the bytes it was made from."""
+    return f"{blob}.columns"

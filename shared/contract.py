@@ -46,6 +46,7 @@ __all__ = [
     "FilesPublic",
     "Health",
     "JobStatus",
+    "RankTaskPublic",
     "RowPublic",
     "RowsPublic",
     "RunCreate",
@@ -53,6 +54,7 @@ __all__ = [
     "RunStatus",
     "RunsPublic",
     "SuspectPublic",
+    "TaskStatus",
 ]
 
 #: Where the versioned API is mounted; ``/healthz`` sits outside it.
@@ -61,6 +63,8 @@ API_PREFIX = "/api/v1"
 Device = Literal["npu", "gpu", "cpu", "other"]
 RunStatus = Literal["uploading", "complete", "invalid"]
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
+#: A rank task: ``skipped`` when the rank is in both runs but a side has no dump.json for it.
+TaskStatus = Literal["queued", "running", "succeeded", "failed", "skipped"]
 
 
 class _Request(BaseModel):
@@ -183,6 +187,22 @@ class ComparisonSummary(_Response):
     top_suspects: list[SuspectPublic]
     ranks: list[int]
     mode: str
+    status_counts: dict[str, int] = Field(default_factory=dict)
+    skipped_ranks: list[int] = Field(default_factory=list)  # in both runs, but a side has no dump.json
+
+
+class RankTaskPublic(_Response):
+    """One rank of a comparison, a task of its own: status, progress, claims (a failed rank is retried
+    alone with ``POST /comparisons/{id}/retry``)."""
+
+    rank: int
+    status: TaskStatus
+    progress: float
+    attempt: int
+    error: str | None
+    rows: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
 
 
 class ComparisonPublic(_Response):
@@ -201,6 +221,7 @@ class ComparisonPublic(_Response):
     started_at: datetime | None
     finished_at: datetime | None
     summary: ComparisonSummary | None
+    tasks: list[RankTaskPublic] = Field(default_factory=list)  # one per rank, in rank order
     against_baseline: bool = False
 
 

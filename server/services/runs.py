@@ -24,7 +24,7 @@ from parity.server.models import Run, RunFile, RunTag, utcnow
 from parity.server.repositories import RunRepository, RunStats
 from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic
 from parity.server.services.paths import check_sha256, check_upload_path
-from parity.server.store import BlobStore, run_key, upload_key
+from parity.server.store import BlobStore, run_key, sidecar_key, upload_key
 from sqlalchemy.exc import IntegrityError
 
 logger = logging.getLogger(__name__)
@@ -264,10 +264,8 @@ class RunService:
 
     # -- complete ---------------------------------------------------------------------------------------
     def complete(self, run_id: str) -> RunPublic:
-        """Validate every dump.json with the shared reader; a broken one is a 422 naming file and problem."""
-        from parity.shared.dump.reader import load_dump
-        from parity.shared.errors import ParityError
-
+        """Validate every dump.json with the shared reader, in a child process (see ``jobs.validation``);
+        a broken one is a 422 naming file and problem."""
         with self.db.read() as session:
             repo = RunRepository(session)
             run = self._require(repo, run_id)
@@ -279,18 +277,23 @@ class RunService:
         if not dump_files:
             raise Unprocessable(f"run {run_id}: no dump.json uploaded")
 
-        problem: str | None = None
+        from parity.server.jobs.validation import validate_dumps
+
         with tempfile.TemporaryDirectory(prefix="parity-validate-") as tmp:
+            local_files: list[tuple[str, Path]] = []
             for rel, blob in dump_files.items():
                 local = self.store.local_path(blob)
                 if local is None:
                     local = Path(tmp) / rel.replace("/", "__")
                     self.store.download(blob, local)
-                try:
-                    load_dump(local)
-                except ParityError as exc:
-                    problem = f"{rel}: {_describe(exc)}"
-                    break
+                local_files.append((rel, local))
+            sidecars = Path(tmp) / "sidecars"
+            sidecars.mkdir()
+            problem = validate_dumps(local_files, sidecars)  # parsed in a child process, never in this one
+            if problem is None:
+                # Parsed once: the compare tasks read these instead of parsing the files again.
+                for i, blob in enumerate(dump_files.values()):
+                    self.store.put_file(sidecars / f"{i}.columns", sidecar_key(blob))
         with self.db.write() as session:
             repo = RunRepository(session)
             run = self._require(repo, run_id, for_update=True)
@@ -312,12 +315,3 @@ class RunService:
 
 def _unlink(path: Path) -> None:
     path.unlink(missing_ok=True)
-
-
-def _describe(exc: Exception) -> str:
-    """The problem without the server-side path the reader names (the client knows the file by ``rel``)."""
-    where = getattr(exc, "where", None)
-    problem = getattr(exc, "problem", None)
-    if problem is None:
-        return str(exc)
-    return f"{where}: {problem}" if where else str(problem)

@@ -126,12 +126,11 @@ def _warm_up() -> None:
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
-    # forkserver: workers fork from a clean server that has already imported numba and the kernel; never plain
-    # fork (the caller may hold threads or locks); spawn where forkserver does not exist.
+    # forkserver: workers fork from a clean server (the entry point may have it preload the kernel: see
+    # parity.process_policy); never plain fork (the caller may hold threads or locks); spawn where
+    # forkserver does not exist.
     if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["parity.shared.metrics.parallel"])
-        return ctx
+        return multiprocessing.get_context("forkserver")
     return multiprocessing.get_context("spawn")
 
 

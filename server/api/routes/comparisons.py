@@ -36,7 +36,16 @@ def list_comparisons(
     return comparisons.search(run=run, project=project, status=job_status, limit=limit, offset=offset)
 
 
-@router.get("/{comparison_id}", summary="Read a comparison: status, progress, summary")
+@router.post(
+    "/{comparison_id}/retry",
+    summary="Run the failed ranks of a failed comparison again (the others keep their results)",
+    responses={409: {"description": "The comparison has not failed, or no rank of it failed"}},
+)
+def retry_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> ComparisonPublic:
+    return comparisons.retry(comparison_id)
+
+
+@router.get("/{comparison_id}", summary="Read a comparison: status, progress and state of each rank, summary")
 def get_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> ComparisonPublic:
     return comparisons.get(comparison_id)
 
