@@ -74,10 +74,12 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    # Revision 0006: the project's known-good run (at most one per project, kept so by the service), and
+    # Revision 0007: the project's known-good run (at most one per project, kept so by the service), and
     # whether completing this run queues a comparison against that baseline.
     baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     auto_compare: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    # Never deleted by the retention sweep (revision 0006).
+    keep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 
@@ -139,7 +141,7 @@ class Comparison(Base):
     # While ``running``: until when the claiming worker holds the job (revision 0004). Its worker renews it
     # every few seconds; once it has passed, the worker is presumed dead and another may claim the job.
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    # Revision 0006: the bench run was its project's baseline when the comparison was queued; such
+    # Revision 0007: the bench run was its project's baseline when the comparison was queued; such
     # comparisons are the ones whose failing APIs are judged new or known.
     against_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
@@ -195,7 +197,7 @@ class ComparisonTask(Base):
 
 
 class ComparisonCall(Base):
-    """One API call of a finished comparison (revision 0006): the error of its outputs, in execution order.
+    """One API call of a finished comparison (revision 0007): the error of its outputs, in execution order.
 
     Built once from the rows (``services/calls.py``), so the chart, the rank x API heatmap and an API's
     history across comparisons read a few thousand small rows instead of re-parsing a million cells.
@@ -223,7 +225,7 @@ class ComparisonCall(Base):
 
 
 class ComparisonCounts(Base):
-    """Row counts per status of a finished comparison, written with its calls (revision 0006)."""
+    """Row counts per status of a finished comparison, written with its calls (revision 0007)."""
 
     __tablename__ = "comparison_counts"
 
@@ -234,7 +236,7 @@ class ComparisonCounts(Base):
 
 
 class ApiAcceptance(Base):
-    """A failing API accepted in a project with a note: it counts as known from then on (revision 0006)."""
+    """A failing API accepted in a project with a note: it counts as known from then on (revision 0007)."""
 
     __tablename__ = "api_acceptances"
 

@@ -1,8 +1,8 @@
 """Baselines and the web pages: ``runs.baseline``/``auto_compare``, ``comparisons.against_baseline``, each
 finished comparison's calls and status counts, and the APIs accepted with a note.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-03
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
