@@ -32,6 +32,7 @@ from typing import Any
 
 from parity.server.db import Database
 from parity.server.errors import ServiceError
+from parity.server.jobs.limits import Deadline, redact_paths
 from parity.server.models import Comparison, ComparisonRow, ComparisonTask, RunFile, utcnow
 from parity.server.repositories import RunRepository, TaskId, TaskRepository, parse_task_id
 from parity.server.settings import Settings
@@ -94,7 +95,8 @@ class TaskRunner:
             return False
         logger.info("comparison %s rank %d claimed: attempt %d", comparison_id, rank, attempt)
         try:
-            with _Lease(self.db, comparison_id, rank, attempt, lease_s) as lease, collector_paused():
+            timeout = self.settings.job_timeout_seconds
+            with _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout) as lease, collector_paused():
                 self._run(comparison_id, rank, attempt, lease)
         except LeaseLost as exc:
             logger.warning("comparison %s rank %d: %s; this attempt stops", comparison_id, rank, exc)
@@ -103,7 +105,9 @@ class TaskRunner:
             message = str(exc) if expected else f"{type(exc).__name__}: {exc}"
             if not expected:  # a bug, not bad input: keep the traceback in the log
                 logger.exception("comparison %s rank %d failed", comparison_id, rank)
-            finish_failed(self.db, comparison_id, rank, attempt, message or type(exc).__name__)
+            # The log keeps the full text; the task's error is read by every user of the API.
+            message = redact_paths(message or type(exc).__name__, self.settings)
+            finish_failed(self.db, comparison_id, rank, attempt, message)
         return True
 
     def _run(self, comparison_id: str, rank: int, attempt: int, lease: _Lease) -> None:
@@ -195,9 +199,14 @@ class _Lease:
     logged: the next one may succeed, and the attempt guard on every write keeps a newer attempt safe.
     """
 
-    def __init__(self, db: Database, comparison_id: str, rank: int, attempt: int, seconds: float) -> None:
+    def __init__(
+        self, db: Database, comparison_id: str, rank: int, attempt: int, seconds: float,
+        timeout: float | None = None,
+    ) -> None:  # fmt: skip
         self.db, self.comparison_id, self.rank, self.attempt = db, comparison_id, rank, attempt
         self.seconds = seconds
+        self.deadline = Deadline(timeout)
+        self.why_lost = f"attempt {attempt} no longer holds the task"
         self.lost = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._renew, name=f"parity-lease-{comparison_id[:8]}-{rank}",
@@ -212,11 +221,27 @@ class _Lease:
         self._thread.join()
 
     def check(self) -> None:
+        """Raise if the work should stop: its task was deleted or reclaimed (``LeaseLost``), or it ran past
+        ``PARITY_JOB_TIMEOUT_SECONDS`` (``JobTimeout``, recorded as the task's error)."""
         if self.lost.is_set():
-            raise LeaseLost(f"attempt {self.attempt} no longer holds the task")
+            raise LeaseLost(self.why_lost)
+        self.deadline.check()
 
     def _renew(self) -> None:
-        while not self._done.wait(self.seconds / 3):
+        # Wakes at the deadline too: the task is failed then, even when the engine is inside one long unit
+        # of work and will not call ``check`` for a while; the attempt guard drops whatever it records later.
+        while not self._done.wait(self.deadline.cap(self.seconds / 3)):
+            if self.deadline.passed():
+                try:
+                    message = self.deadline.message()
+                    finish_failed(self.db, self.comparison_id, self.rank, self.attempt, message)
+                except Exception:
+                    logger.warning("comparison %s rank %d: could not record its timeout; retrying",
+                                   self.comparison_id, self.rank, exc_info=True)  # fmt: skip
+                    continue
+                self.why_lost = "it ran past its time limit"
+                self.lost.set()
+                return
             try:
                 with self.db.write() as session:
                     held = TaskRepository(session).renew_lease(
@@ -258,11 +283,16 @@ class _Progress:
         self._last = now
         t = ComparisonTask
         with self.db.write() as session:
-            session.execute(
+            result = session.execute(
                 update(t)
-                .where(t.comparison_id == self.comparison_id, t.rank == self.rank, t.attempt == self.attempt)
+                .where(t.comparison_id == self.comparison_id, t.rank == self.rank, t.attempt == self.attempt,
+                       t.status == "running")
                 .values(progress=min(max(done / total, 0.0), 1.0) * 0.9)  # the last tenth: reports and rows
-            )
+            )  # fmt: skip
+        if getattr(result, "rowcount", 1) == 0:
+            # The comparison (or one of its runs) was deleted, or the task was failed or reclaimed: stop now
+            # rather than at the next lease renewal, a third of a lease away.
+            raise LeaseLost("the comparison was deleted or the task is no longer this attempt's")
 
 
 def _stage(store: BlobStore, run_id: str, files: Iterable[RunFile], dest: Path, label: str) -> int:
