@@ -217,4 +217,12 @@ def run(args: argparse.Namespace) -> int:
     out.write("reports:\n")
     for path in outputs.files:
         out.write(f"  {path}\n")
+    missing = [path for result in outputs.results for path in result.missing_tensor_files]
+    if missing:
+        out.flush()
+        files = "tensor file" + ("s" if len(missing) > 1 else "")
+        sys.stderr.write(
+            f"parity compare: warning: {len(missing)} {files} missing or unreadable "
+            f"(their rows say so in Err_message), the first: {missing[0]}\n"
+        )
     return 0

@@ -173,6 +173,7 @@ def _compare(
     """The pipeline, run with the cyclic collector paused (see gc_paused) except around tensor workers."""
     tensor = mode is CompareMode.TENSOR
     header = full_header(mode, stack=stack_mode)
+    missing: list[Path] = []
     npu_rows = side_rows(npu, tensor_mode=tensor)
     bench_rows = side_rows(bench, tensor_mode=tensor)
     pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
@@ -194,7 +195,7 @@ def _compare(
         if collector_was_on:
             gc.enable()
         try:
-            _run_tensor_metrics(table, header, npu, bench, options, progress)
+            missing = _run_tensor_metrics(table, header, npu, bench, options, progress)
         finally:
             gc.disable()
     elif progress is not None:
@@ -208,7 +209,8 @@ def _compare(
         return _reason(table.rows[i], pos, mode)
 
     suspects = find_suspects(table.rows, table.states, disagree, reason_of, stacks)
-    return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects)
+    return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects,
+                         missing_tensor_files=[str(f) for f in missing])  # fmt: skip
 
 
 def _build_rows(
@@ -296,13 +298,19 @@ def _with_tail(ranges: list[tuple[int, int]], npu_apis: list[str], total: int) -
 
 
 def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump, options: CompareOptions,
-                        progress: Progress | None) -> None:  # fmt: skip
-    """Tensor mode: hand every compatible matched pair to the metric workers, then judge each row."""
+                        progress: Progress | None) -> list[Path]:  # fmt: skip
+    """Tensor mode: hand every compatible matched pair to the metric workers, then judge each row.
+
+    Returns the tensor files that were missing or unreadable, in row order (each row also says so).
+    """
+    missing: list[tuple[int, Path]] = []
     if table.jobs:
         # Imported here: statistics and md5 compares never pay for numba and torch.
         from parity.shared.metrics.parallel import TensorPairJob, compare_tensor_files
 
         npu_dir, bench_dir = npu.tensor_dir, bench.tensor_dir
+        _check_tensor_dir(npu, "NPU")
+        _check_tensor_dir(bench, "bench")
         jobs = [
             TensorPairJob(
                 index=i,
@@ -320,6 +328,8 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
                 _fc(metrics.max_relative_err), _fc(metrics.one_thousandth), _fc(metrics.five_thousandths),
             ]  # fmt: skip
             table.messages[i].extend(metrics.messages)
+            if metrics.unread_file is not None:  # results come in any order: sorted by row below
+                missing.append((i, Path(metrics.unread_file)))
             if progress is not None:
                 progress(done, total)
     cos_col, err_col = header.index("Cosine"), header.index("MaxAbsErr")
@@ -332,6 +342,18 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
     for row in table.rows:
         if row.status is RowStatus.FAIL and row.cells[acc_col] not in (v.NO, NA):
             row.cells[acc_col] = v.NO  # a failure found outside the metrics (a changed scalar argument)
+    return [f for _, f in sorted(missing, key=lambda item: item[0])]
+
+
+def _check_tensor_dir(dump: Dump, side: str) -> None:
+    """A tensor dump whose ``dump_tensor_data`` is missing or not a directory has no file to read: one error
+    naming it, rather than one "not found" row per tensor (msprobe logs each and exits 0)."""
+    where = dump.tensor_dir
+    if not where.is_dir():
+        problem = "is not a directory" if where.exists() else "does not exist"
+        raise CompareInputError(
+            f"{where} {problem}: the {side} dump {dump.path} is a tensor dump, its tensor files belong there"
+        )
 
 
 def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[bool]:

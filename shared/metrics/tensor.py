@@ -85,6 +85,8 @@ class TensorMetrics:
     five_thousandths: Metric
     messages: tuple[str, ...] = ()
     max_abs_err_index: int | None = None
+    #: the tensor file that was missing or could not be read (its path as the job gave it), if any
+    unread_file: str | None = None
 
     @classmethod
     def all_cells(cls, value: str, *messages: str) -> TensorMetrics:

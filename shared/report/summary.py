@@ -48,6 +48,7 @@ def multi_rank_summary(
     for result, _ in ranks:
         for row in result.rows:
             totals[row.status.value] += 1
+    missing = [path for result, _ in ranks for path in result.missing_tensor_files]
     return {
         "format_version": SUMMARY_FORMAT_VERSION,
         "kind": "multi-rank",
@@ -59,6 +60,7 @@ def multi_rank_summary(
         "bench_only_ranks": list(bench_only_ranks),
         "skipped_ranks": list(skipped_ranks),
         "status_counts": totals,
+        "missing_tensor_files": {"count": len(missing), "first": missing[0] if missing else None},
         "ranks": [rank_summary(result, files) for result, files in ranks],
     }
 
