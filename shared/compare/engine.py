@@ -20,6 +20,7 @@ from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
+from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
 from parity.shared.compare.highlight import apply_highlights
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.pairing import pair_rows
@@ -227,6 +228,11 @@ def _build_rows(
     rows, states, messages, jobs = table.rows, table.states, table.messages, table.jobs
     b_names, b_leaf = bench_rows.names, bench_rows.columns.leaf
     tensor = mode is CompareMode.TENSOR
+    no_npu_file = ""
+    if tensor:  # imported here: the metrics module pulls in numba, which md5 compares never need
+        from parity.shared.metrics.tensor import MSG_NO_NPU_FILE
+
+        no_npu_file = MSG_NO_NPU_FILE
     for i, (name, n, api) in enumerate(zip(npu_rows.names, npu_rows.leaves, npu_rows.apis, strict=True)):
         j = bench_index[i]
         b = b_leaf(j) if j >= 0 else None
@@ -234,8 +240,12 @@ def _build_rows(
         msgs, status = facts.messages, facts.status
         if tensor:
             if b is None:
-                accuracy = NA
-                msgs.append(v.MSG_BENCH_UNMATCHED)
+                accuracy = v.NONE  # msprobe 8.3.3's cell for an unmatched row (never Yes)
+                # msprobe's words, in its order: "No bench data matched." unless requires_grad disagreed
+                # (that message replaces it), then why no metric could be computed.
+                if not msgs:
+                    msgs.append(stats_mode.NO_BENCH)
+                msgs.append(v.MSG_BENCH_UNMATCHED if n.data_name else no_npu_file)
             elif not facts.compatible:
                 accuracy = v.NO
             else:
@@ -246,7 +256,8 @@ def _build_rows(
             md5_result = md5_mode.md5_result(n.md5, b.md5 if b is not None else None, matched=b is not None)
             if md5_result == md5_mode.DIFFERENT:
                 status = v.escalate(status, RowStatus.FAIL)
-            cells = [*facts.prefix, n.md5, b.md5 if b is not None else NA, facts.rg_consistent, md5_result]
+            cells = [*facts.prefix, n.md5 or NA, (b.md5 or NA) if b is not None else NA, facts.rg_consistent,
+                     md5_result]  # fmt: skip
         if stack is not None:
             cells.append(stack[i])
         if tensor:
@@ -368,6 +379,7 @@ def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[boo
     shape_col = pos.get("Cosine", -1)
     red, yellow, fail, warning = Highlight.RED, Highlight.YELLOW, RowStatus.FAIL, RowStatus.WARNING
     escalate, join, status_text = v.escalate, v.join_messages, _STATUS_TEXT
+    reasons = HIGHLIGHT_REASONS
     rows, messages = table.rows, table.messages
     spans = table.highlight_ranges if table.highlight_ranges is not None else [(0, len(rows))]
     for start, stop in spans:
@@ -381,7 +393,7 @@ def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[boo
             cells = row.cells
             if msg_col >= 0:
                 msgs = messages[i]
-                cells[msg_col] = join(msgs) if msgs else ""
+                cells[msg_col] = join(msgs, reasons) if msgs else ""
             cells[status_col] = status_text[row.status]
     if shape_col < 0:
         return [row.status is fail for row in rows]

@@ -40,7 +40,7 @@ def test_missing_files_are_row_diagnostics_a_count_and_one_warning(tmp_path):
     assert proc.stderr.rstrip().endswith(str(gone[0]))  # the last line of the run
     summary = json.loads(only(out, "compare_summary_*.json").read_text())
     assert summary["missing_tensor_files"] == {"count": 2, "first": str(gone[0])}
-    sheet = openpyxl.load_workbook(only(out, "compare_result_*.xlsx"), read_only=True)["Sheet1"]
+    sheet = openpyxl.load_workbook(only(out, "compare_result_*.xlsx"), read_only=True)["Sheet"]
     rows = [list(r) for r in sheet.iter_rows(values_only=True)]
     msg = rows[0].index("Err_message")
     by_name = {r[0]: r for r in rows[1:]}

@@ -45,7 +45,7 @@ def test_highlight_and_diff_analyze_are_accepted_with_one_note_each(spec, tmp_pa
         "parity compare: note: -da: first-divergence analysis is always on in Parity "
         "(the suspects printed below)",
     ]
-    sheet = openpyxl.load_workbook(only(tmp_path, "compare_result_*.xlsx"))["Sheet1"]
+    sheet = openpyxl.load_workbook(only(tmp_path, "compare_result_*.xlsx"))["Sheet"]
     fills = {sheet.cell(r, 1).fill.fgColor.rgb for r in range(2, sheet.max_row + 1)}
     assert "FFFF0000" in fills  # the perturbed linear is painted red, as msprobe -hl paints it
 
