@@ -32,6 +32,11 @@ __all__ = ["ModuleHooks"]
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
+def param_grad_name(prefix: str) -> str:
+    """``Module.{path}.{Class}.parameters_grad``: msprobe 8.3.3's name, no counter (one entry a step)."""
+    return f"{prefix}.parameters_grad"
+
+
 class ModuleHooks:
     """Hooks on every descendant of the models given to ``start(model)`` (the roots themselves excluded)."""
 
@@ -124,17 +129,22 @@ class ModuleHooks:
                 if entry is None:
                     entry = {}
                 entry["output"] = rec.encode_output(name, output)
-                params = {
+                entry["parameters"] = {  # present, maybe empty, as msprobe writes it
                     p: rec.tensor_leaf(t, name, "parameters", (p,))
                     for p, t in module.named_parameters(recurse=False)
                 }
-                if params:
-                    entry["parameters"] = params
             if entry is not None:
                 rec.data.pop(name, None)
                 rec.data[name] = (
                     entry  # re-inserted at completion: a module follows the APIs inside it (§4.4)
                 )
+            if rec.want_bwd and grad_on and prefix not in rec.param_grads:
+                # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
+                # ``[null]`` per trainable parameter, filled when the gradient arrives
+                slots = {p: [None] for p, t in module.named_parameters(recurse=False) if t.requires_grad}
+                if slots:
+                    rec.param_grads[prefix] = slots
+                    rec.data[param_grad_name(prefix)] = slots
             if rec.want_bwd_in and grad_on:
                 outs = grad_tensors(output, [])
                 if outs:
@@ -160,7 +170,11 @@ class ModuleHooks:
 
     def _bwd_inputs(self, rec: Recorder, name: str, grads: Sequence[torch.Tensor | None]) -> None:
         with rec.lock, quiet():
-            self._bwd_entry(rec, name)["output"] = rec.encode_grads(name, "output", grads)
+            entry = self._bwd_entry(rec, name)
+            entry["output"] = rec.encode_grads(name, "output", grads)
+            # placed once the module's backward is complete, after the APIs inside it (msprobe's order)
+            rec.data.pop(name, None)
+            rec.data[name] = entry
 
     def _param_grad(self, prefix: str, pname: str, param: torch.Tensor) -> None:
         rec: Recorder | None = self._get()
@@ -169,16 +183,16 @@ class ModuleHooks:
         if rec.filtered and prefix not in rec.selected_modules:
             return
         with rec.lock, quiet():
-            current = rec.grad_current.get(prefix)
-            if current is None or pname in current:
-                k = rec.grad_counts.get(prefix, 0)
-                rec.grad_counts[prefix] = k + 1
-                current = rec.grad_current[prefix] = {}
-                rec.data[f"{prefix}.parameters_grad.{k}"] = current
-            entry_name = f"{prefix}.parameters_grad.{rec.grad_counts[prefix] - 1}"
+            # One entry per module and step, as msprobe 8.3.3 names it; a later accumulation (another
+            # micro-batch) overwrites the leaf, so the entry ends with the gradient the optimizer sees.
+            entry_name = param_grad_name(prefix)
+            entry = rec.param_grads.get(prefix)
+            if entry is None:
+                entry = rec.param_grads[prefix] = {}
+                rec.data[entry_name] = entry
             data_name = None
             if rec.writer is not None:
                 data_name = param_grad_file(entry_name, pname)
                 rec.writer.submit(rec.dir_writer.tensor_dir / data_name, param.grad)
-            current[pname] = [rec.stats.leaf(param.grad, data_name)]
+            entry[pname] = [rec.stats.leaf(param.grad, data_name)]
             rec.dirty = True
