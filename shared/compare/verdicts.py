@@ -1,8 +1,8 @@
 """Row verdicts (compare.md §7.1) and Parity's typed status, without msprobe's verdict bugs.
 
 Fixed on purpose: a ``Nan`` Cosine or MaxAbsErr is ``No`` (msprobe's ``float("Nan")`` made it ``Yes``), an
-unmatched row is never ``Yes``/``pass`` (it is ``N/A`` with status UNMATCHED), and a 0-d tensor whose
-MaxAbsErr alone already exceeds the hard limit of 1 is ``No`` rather than ``None``.
+unmatched row is never ``Yes``/``pass`` (it is ``None``, as msprobe 8.3.3 writes it, status UNMATCHED), and a
+0-d tensor whose MaxAbsErr alone already exceeds the hard limit of 1 is ``No`` rather than ``None``.
 """
 
 from __future__ import annotations
