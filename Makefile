@@ -49,4 +49,4 @@ bench: venv
 	$(BIN)/python benchmarks/bench_server.py
 
 clean:
-	rm -rf $(VENV) $(MSPROBE_VENV) demo-output parity-data .pytest_cache
+	rm -rf $(VENV) $(MSPROBE_VENV) $(MSPROBE_VENV)-wheels demo-output parity-data .pytest_cache

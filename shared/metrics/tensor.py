@@ -37,9 +37,9 @@ MSG_NO_BENCH_FILE = "Bench does not have data file."
 MSG_UNREADABLE = "Data is unreadable."
 MSG_EMPTY = "This is empty data, can not compare."
 MSG_SHAPE = "Shape of NPU and bench tensor do not match. Skipped."
-MSG_ZERO_D = (
+MSG_ZERO_D = (  # msprobe's spelling, trailing space included: its messages are appended to one another
     "This is type of 0-d tensor, can not calculate 'Cosine', 'EucDist', 'One Thousandth Err Ratio' and "
-    "'Five Thousandths Err Ratio'."
+    "'Five Thousandths Err Ratio'. "
 )
 MSG_NAN_INF_POSITION = "The position of inf or nan in NPU and bench Tensor do not match."
 MSG_DTYPE = "Dtype of NPU and bench tensor do not match."
