@@ -25,6 +25,7 @@ from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
+from parity.shared.dump.layout import rank_dir_path
 from parity.shared.dump.naming import backward_of, tensor_file
 from parity.shared.dump.writer import RankDirWriter
 
@@ -99,7 +100,7 @@ class Recorder:
         self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
         self.stacks: list[tuple[list[str], list[str]]] = []
-        self.rank_dir = self.cfg.dump_path / f"step{self.step}" / f"rank{self.rank}"
+        self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
         self.dirty = False  # entries changed since the last flush
         self.flushed = False
