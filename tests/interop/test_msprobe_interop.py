@@ -27,16 +27,14 @@ PARAMETER_GRAD_ROWS = {f"Module.{m}.{cls}.parameters_grad.{p}"
                        for p in ("weight", "bias")}  # fmt: skip
 
 
-def leaf_names(dump_json: Path) -> tuple[list[str], list[tuple[str, Any]]]:
-    """Entry names in file order, and each leaf's path with its data_name, as a reader walks them."""
+def leaf_names(dump_json: Path) -> tuple[list[str], list[tuple[str, Any, Any]]]:
+    """Entry names in file order, and each leaf as (path, data_name, shape), as a reader walks them."""
     data = json.loads(dump_json.read_text())["data"]
-    leaves: list[tuple[str, Any]] = []
+    leaves: list[tuple[str, Any, Any]] = []
 
     def walk(node: Any, path: str) -> None:
         if isinstance(node, dict) and isinstance(node.get("type"), str):
-            leaves.append((path, node.get("data_name")))
-            if node.get("shape") == [] and node.get("data_name"):
-                zero_d.add(path)
+            leaves.append((path, node.get("data_name"), node.get("shape")))
         elif isinstance(node, dict):
             for key, value in node.items():
                 if key != "is_recompute":
@@ -45,14 +43,11 @@ def leaf_names(dump_json: Path) -> tuple[list[str], list[tuple[str, Any]]]:
             for i, value in enumerate(node):
                 walk(value, f"{path}.{i}")
         elif node is None:
-            leaves.append((path, None))
+            leaves.append((path, None, None))
 
     for name, entry in data.items():
         walk(entry, name)
     return list(data), leaves
-
-
-zero_d: set[str] = set()  # leaves holding a 0-d tensor (filled by leaf_names): no cosine, msprobe's "None"
 
 
 def read_xlsx(path: Path) -> tuple[list[str], list[list[Any]], list[str | None]]:
@@ -111,7 +106,7 @@ def test_parity_pairs_an_msprobe_dump_with_a_parity_dump(dump, parity_compare, t
     if task == "statistics":
         assert counts["pass"] == len(leaves)
     else:  # argument rows have no tensor file, 0-d tensors no cosine: uncomparable, as msprobe's "None"
-        none = sum(1 for path, data_name in leaves if not data_name or path in zero_d)
+        none = sum(1 for _, data_name, shape in leaves if not data_name or shape == [])
         assert (counts["pass"], counts["uncomparable"]) == (len(leaves) - none, none)
 
 
