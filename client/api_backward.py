@@ -18,11 +18,16 @@ It is wrong or lost in three cases, each handled here by construction:
   view, the base gradient itself (``output``, what the lost view node would have passed on).
 - **Outputs used twice or changed in place (not views)**: the call's own node stays in the graph and sees
   the summed gradient of the value it produced; nothing to do.
+
+Module outputs have the same view problem (``nn.Linear`` of a 3-D input, then ``nn.ReLU(inplace=True)``),
+so :mod:`parity.client.modules` registers its view outputs here too (:meth:`ApiBackward.watch_view`), and
+reports the in-place calls it sees at L0, where no API is recorded (:meth:`ApiBackward.follow_inplace`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -36,6 +41,9 @@ Tensor = torch.Tensor
 InputNodes = list[tuple[Tensor, Any]]
 #: ``(entry name, grads of the call's outputs, grads of its inputs)``; a side is None when not recorded.
 Record = Callable[[str, Sequence[Tensor | None], Sequence[Tensor | None] | None], None]
+#: Called when a watched view's node left the graph: ``(the view's gradient, the base's gradient)``, both
+#: of the values before the in-place update; the base's is None unless the view was taken from it directly.
+OnRebased = Callable[[Tensor | None, Tensor | None], None]
 
 
 def input_nodes(args: Sequence[Any], kwargs: dict[str, Any]) -> InputNodes:
@@ -74,8 +82,8 @@ class ApiBackward:
 
     def __init__(self, record: Record) -> None:
         self._record = record
-        # view outputs whose entry hangs on the view's node: moved if the view is changed in place
-        self._views: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # view outputs whose entries hang on the view's node: moved if the view is changed in place
+        self._views: WeakIdKeyDictionary = WeakIdKeyDictionary()  # view -> [(its node, OnRebased)]
 
     def after_call(self, name: str, out: Any, before: InputNodes) -> None:
         """Attach ``name``'s backward to the call's outputs; ``before``: its inputs' nodes before it ran."""
@@ -90,29 +98,37 @@ class ApiBackward:
             return
         node.register_hook(self._node_hook(name))
         if t._is_view():
-            self._views[t] = (name, node)
+            self.watch_view(t, partial(self._rebased, name))
+
+    def watch_view(self, view: Tensor, on_rebased: OnRebased) -> None:
+        """Call ``on_rebased`` with the gradients if a later in-place update drops ``view``'s node."""
+        if view.grad_fn is not None:
+            self._views.setdefault(view, []).append((view.grad_fn, on_rebased))
+
+    def _rebased(self, name: str, g_view: Tensor | None, g_base: Tensor | None) -> None:
+        # what the lost view node would have recorded: the view's gradient in, the base's out
+        self._record(name, (g_view,), (g_base,) if g_base is not None else ())
 
     def follow_inplace(self, before: InputNodes) -> None:
-        """Move the entry of a remembered view that the call just changed in place (its node is gone)."""
+        """Move the entries of remembered views that a call just changed in place (their node is gone)."""
         if not self._views:
             return
         for x, node in before:
-            held = self._views.get(x)
-            if held is None or x.grad_fn is node:
+            watchers = self._views.get(x)
+            if watchers is None or x.grad_fn is node:
                 continue
             del self._views[x]
-            name, view_node = held
             base = x._base
             if base is None or base.grad_fn is None:
                 continue
-            copy_slices = base.grad_fn
+            copy_slices = base.grad_fn  # its first input is the base before the update
             nexts = copy_slices.next_functions
-            direct = bool(nexts) and bool(view_node.next_functions) and (
-                view_node.next_functions[0][0] is nexts[0][0]
-            )
             geometry = (tuple(base.shape), base.stride(), tuple(x.shape), x.stride(),
                         x.storage_offset() - base.storage_offset())  # fmt: skip
-            copy_slices.register_hook(self._rebased_hook(name, geometry, direct))
+            for view_node, on_rebased in watchers:
+                view_of = view_node.next_functions
+                direct = bool(nexts) and bool(view_of) and view_of[0][0] is nexts[0][0]
+                copy_slices.register_hook(self._rebased_hook(on_rebased, geometry, direct))
 
     def _node_hook(self, name: str) -> Callable[[Any, Any], None]:
         def hook(grad_inputs: Any, grad_outputs: Any) -> None:
@@ -128,18 +144,20 @@ class ApiBackward:
 
         return hook
 
-    def _rebased_hook(self, name: str, geometry: tuple[Any, ...], direct: bool) -> Callable[[Any, Any], None]:
+    @staticmethod
+    def _rebased_hook(on_rebased: OnRebased, geometry: tuple[Any, ...], direct: bool
+                      ) -> Callable[[Any, Any], None]:  # fmt: skip
         base_shape, base_stride, shape, stride, offset = geometry
 
         def hook(grad_inputs: Any, grad_outputs: Any) -> None:
             g_base = grad_inputs[0] if grad_inputs else None
             if g_base is None:
-                self._record(name, (None,), (None,) if direct else ())
+                on_rebased(None, None)
                 return
             with quiet():  # CopySlices' own layout: the base's strides, the view's region of them
                 laid = torch.empty_strided(base_shape, base_stride, dtype=g_base.dtype, device=g_base.device)
                 laid.copy_(g_base)
                 region = laid.as_strided(shape, stride, offset)
-            self._record(name, (region,), (g_base,) if direct else ())
+            on_rebased(region, g_base if direct else None)
 
         return hook

@@ -34,13 +34,17 @@ _HANDLE_CODE = overrides.handle_torch_function.__code__
 _CALLS = {"CALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_KW", "CALL_FUNCTION_KW"}
 _NO_DEFAULT = inspect.Parameter.empty
 _site_cache: dict[tuple[CodeType, int], CallSpelling | None] = {}
+_code_cache: dict[CodeType, list[dis.Instruction]] = {}  # decoded once per function, not once per site
 # per function: its parameters as (name, kind, default), or None when it has no usable signature
 _params_cache: dict[Any, tuple[tuple[str, Any, Any], ...] | None] = {}
 
 
 def _spelling(code: CodeType, lasti: int) -> CallSpelling | None:
     """Decode the call instruction at (or, on 3.11+, whose inline caches end at) ``lasti``."""
-    instrs = [i for i in dis.get_instructions(code) if i.offset <= lasti][-3:]
+    decoded = _code_cache.get(code)
+    if decoded is None:
+        decoded = _code_cache[code] = list(dis.get_instructions(code))
+    instrs = [i for i in decoded if i.offset <= lasti][-3:]
     if not instrs or instrs[-1].opname not in _CALLS:
         return None
     call = instrs[-1]
@@ -59,6 +63,12 @@ def _spelling(code: CodeType, lasti: int) -> CallSpelling | None:
             if ins.opname != "PRECALL":
                 break
     return argc - len(names), names
+
+
+def _forwards_all(code: CodeType) -> bool:
+    """``def f(*args, **kwargs)`` and nothing else in its signature."""
+    both = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
+    return code.co_argcount == 0 and code.co_kwonlyargcount == 0 and code.co_flags & both == both
 
 
 def _params(func: Any) -> tuple[tuple[str, Any, Any], ...] | None:
@@ -135,7 +145,18 @@ def as_called(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], frame: F
     if frame.f_code is not _HANDLE_CODE:
         return args, kwargs, frame
     fn_frame = frame.f_back
-    if fn_frame is None or fn_frame.f_code is not getattr(func, "__code__", None):
+    code = getattr(func, "__code__", None)
+    if fn_frame is None or code is None:
+        return args, kwargs, frame
+    if fn_frame.f_code is not code:
+        dispatcher = fn_frame.f_back
+        if dispatcher is not None and dispatcher.f_code is code and _forwards_all(code):
+            # ``func`` is a ``def f(*args, **kwargs)`` dispatcher (F.max_pool2d's ``boolean_dispatch``) that
+            # called the implementation which handed ``func`` to the mode: its own locals are the call as
+            # the caller wrote it
+            local = dispatcher.f_locals
+            names = code.co_varnames
+            return tuple(local[names[0]]), dict(local[names[1]]), dispatcher.f_back or dispatcher
         return args, kwargs, frame
     caller = fn_frame.f_back
     if caller is None:

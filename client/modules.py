@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from parity.client.api_backward import InputNodes, input_nodes
 from parity.client.recorder import Recorder, grad_tensors
 from parity.client.stats import quiet
 from parity.shared.dump.naming import backward_of, module_prefix, param_grad_file
@@ -44,8 +45,9 @@ class ModuleHooks:
         self._get = get_recorder  # () -> Recorder | None: None while the debugger is not running
         self.handles: list[RemovableHandle] = []
         self._attached: set[int] = set()
-        # per active forward call: (entry name, its entry, selected by the filters, matched ``list`` at mix)
-        self._active: list[tuple[str, dict[str, Any] | None, bool, bool]] = []
+        # per active forward call: (entry name, its entry, selected by the filters, matched ``list`` at mix,
+        # its grad-requiring inputs and their nodes before the call)
+        self._active: list[tuple[str, dict[str, Any] | None, bool, bool, InputNodes]] = []
 
     def attach(self, model: nn.Module | Sequence[nn.Module]) -> None:
         """Hook ``model`` (or each of a list, named ``Module.{idx}.``) once; later calls are no-ops."""
@@ -81,7 +83,7 @@ class ModuleHooks:
     def _pre(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         rec: Recorder | None = self._get()
         if rec is None or _is_compiling():
-            self._active.append(("", None, False, False))
+            self._active.append(("", None, False, False, []))
             return
         n = rec.module_counts.get(prefix, 0)
         rec.module_counts[prefix] = n + 1
@@ -107,16 +109,20 @@ class ModuleHooks:
                         register_multi_grad_hook(ins, partial(self._bwd_inputs, rec, backward_of(name)))
             if rec.cfg.extra_info:
                 rec.record_stack(name, sys._getframe(1))
-        self._active.append((name, entry, selected, listed))
+        # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
+        before = input_nodes(args, kwargs) if rec.want_bwd and torch.is_grad_enabled() else []
+        self._active.append((name, entry, selected, listed, before))
 
     def _post(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> None:  # fmt: skip
         if not self._active:
             return
-        name, entry, selected, listed = self._active.pop()
+        name, entry, selected, listed, before = self._active.pop()
         rec: Recorder | None = self._get()
         if not name or rec is None:
             return
+        if before:
+            rec.api_backward.follow_inplace(before)
         if listed:  # leaving a module that matched ``list`` at mix: APIs after it are filtered again
             rec.list_depth -= 1
         if rec.module_stack and rec.module_stack[-1] == name:
@@ -149,6 +155,8 @@ class ModuleHooks:
                 outs = grad_tensors(output, [])
                 if outs:
                     register_multi_grad_hook(outs, partial(self._bwd_outputs, rec, backward_of(name)))
+                if len(outs) == 1 and outs[0]._is_view():  # its hook is lost if it is updated in place
+                    rec.api_backward.watch_view(outs[0], partial(self._bwd_rebased, rec, backward_of(name)))
 
     # ----------------------------------------------------------------------------------------- backward
     @staticmethod
@@ -167,6 +175,9 @@ class ModuleHooks:
     def _bwd_outputs(self, rec: Recorder, name: str, grads: Sequence[torch.Tensor | None]) -> None:
         with rec.lock, quiet():
             self._bwd_entry(rec, name)["input"] = rec.encode_grads(name, "input", grads)
+
+    def _bwd_rebased(self, rec: Recorder, name: str, g_view: torch.Tensor | None, _: Any) -> None:
+        self._bwd_outputs(rec, name, (g_view,))
 
     def _bwd_inputs(self, rec: Recorder, name: str, grads: Sequence[torch.Tensor | None]) -> None:
         with rec.lock, quiet():

@@ -145,3 +145,38 @@ def test_noop_views_and_outputs_used_twice(tmp_path: Path) -> None:
     torch.testing.assert_close(grads(view, "input")[0], ref["c"].view(4, 2, 5), rtol=0, atol=0)
     torch.testing.assert_close(grads(view, "output")[0], ref["c"], rtol=0, atol=0)
     _every_forward_has_its_backward(data)
+
+
+class _LinearThenInplaceReLU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 2)
+        self.grads: Grads | None = None  # the reference run's tensor hooks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)  # a view of a 2-D result: the in-place ReLU rebases it
+        _keep(self.grads, "fc1", h._base)
+        return self.fc2(self.act(h))
+
+
+def test_module_output_view_changed_in_place_keeps_its_backward(tmp_path: Path) -> None:
+    """The module analogue (L0, no API recorded): ``nn.Linear`` of a 3-D input followed by
+    ``nn.ReLU(inplace=True)`` lost ``Module.fc1.Linear.backward.0``."""
+    torch.manual_seed(0)
+    model, x = _LinearThenInplaceReLU(), torch.randn(2, 4, 8)
+    ref: Grads = {}
+    model.grads = ref
+    model(x).sum().backward()
+    model.grads = None
+    model.zero_grad()
+    PrecisionDebugger(dump_path=str(tmp_path), level="L0", task="tensor")
+    PrecisionDebugger.start(model)
+    model(x).sum().backward()
+    PrecisionDebugger.stop()
+    PrecisionDebugger.step()
+    data = load_data(tmp_path)
+    tensors = tmp_path / "step0" / "rank0" / "dump_tensor_data"
+    for name in ("Module.fc1.Linear", "Module.act.ReLU", "Module.fc2.Linear"):
+        assert f"{name}.backward.0" in data, name
+    g = _saved(tensors, data["Module.fc1.Linear.backward.0"]["input"][0])
+    torch.testing.assert_close(g, ref["fc1"].view(2, 4, 8), rtol=0, atol=0)

@@ -75,6 +75,9 @@ def test_arguments_spelled_as_the_caller_spelled_them(tmp_path: Path) -> None:
     x.split(2, dim=1)
     F.dropout(x, 0.5, training=False)
     F.dropout(*[x], **{"p": 0.5})  # a call site that does not say: the function's own spelling, all values
+    image = torch.randn(1, 2, 4, 4, requires_grad=True)
+    nn.MaxPool2d(2)(image)  # through F.max_pool2d's boolean dispatch: as nn.MaxPool2d spells the call
+    F.max_pool2d(image, 2)
     PrecisionDebugger.stop()
     PrecisionDebugger.step()
     data = load_data(tmp_path)
@@ -87,3 +90,6 @@ def test_arguments_spelled_as_the_caller_spelled_them(tmp_path: Path) -> None:
     assert spelled("Tensor.split.0.forward") == (["T", 2], {"dim": 1})
     assert spelled("Functional.dropout.0.forward") == (["T", 0.5], {"training": False})
     assert spelled("Functional.dropout.1.forward") == (["T"], {"p": 0.5, "training": True, "inplace": False})
+    as_msprobe = (["T", 2, 2, 0, 1], {"ceil_mode": False, "return_indices": False})  # msprobe 8.3.3's record
+    assert spelled("Functional.max_pool2d.0.forward") == as_msprobe
+    assert spelled("Functional.max_pool2d.1.forward") == (["T", 2], {})
