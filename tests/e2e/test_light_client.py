@@ -57,12 +57,13 @@ def _import_names(distribution: str) -> list[str]:
 def extra_modules() -> dict[str, str]:
     """``{import name: extra}`` for every package that only a heavy extra lists (``parity[...]`` aside)."""
     project = _pyproject()["project"]
-    base = {_requirement_name(r) for r in project["dependencies"]}
+    # what the base install brings anyway (jinja2 comes with torch) is not the extra's to bring
+    base = {canonicalize_name(d.metadata["Name"]) for d in base_closure()}
     found: dict[str, str] = {}
     for extra in HEAVY_EXTRAS:
         for requirement in project["optional-dependencies"][extra]:
             name = _requirement_name(requirement)
-            if name != "parity" and name not in base and name not in NOT_IMPORTED:
+            if name != "parity" and canonicalize_name(name) not in base and name not in NOT_IMPORTED:
                 for module in _import_names(name):
                     found.setdefault(module, extra)
     return found
