@@ -21,12 +21,13 @@ from parity.shared.compare.advisor import advise
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import apply_highlights
+from parity.shared.compare.localization import localize
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.pairing import pair_rows
 from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, RowStatus
 from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.statistics_table import build_statistics_rows
-from parity.shared.compare.suspects import find_suspects
+from parity.shared.compare.suspects import suspects_of
 from parity.shared.dump.layout import find_rank_dirs, sibling_stack_json
 from parity.shared.dump.pair_reader import load_dump_pair
 from parity.shared.dump.reader import Dump, gc_paused, load_stack
@@ -200,15 +201,17 @@ def _compare(
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
-    disagree = _finish_rows(table, header, mode)
-    advice = advise(table.rows, header, mode)
+    _finish_rows(table, header, mode)
+    localization = localize(table.rows, table.states, header, mode)
+    advice = advise(table.rows, header, mode, localization)
     pos = {name: i for i, name in enumerate(header)}
 
     def reason_of(i: int) -> str:
         return _reason(table.rows[i], pos, mode)
 
-    suspects = find_suspects(table.rows, table.states, disagree, reason_of, stacks)
-    return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects)
+    suspects, first = suspects_of(localization, table.rows, reason_of, stacks)
+    return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects,
+                         first_divergence=first, row_scores=localization.row_scores(len(table.rows)))
 
 
 def _build_rows(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.shared.compare.headers import CompareMode
+from parity.shared.compare.localization import RankDivergence, first_diverged_rank
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import CompareResult, Suspect
 from parity.shared.compare.spec import CompareSpec
@@ -52,6 +53,7 @@ class CompareOutputs:
     npu_only_ranks: list[int | None] = field(default_factory=list)
     bench_only_ranks: list[int | None] = field(default_factory=list)
     skipped_ranks: list[int | None] = field(default_factory=list)  # on both sides, but a dump.json is missing
+    first_diverged: RankDivergence | None = None  # multi-rank: the rank whose precision went first
 
     @property
     def files(self) -> list[Path]:
@@ -91,6 +93,11 @@ def run_compare(
         outputs.npu_only_ranks = sorted(ranks.npu_only_ranks, key=_rank_order)
         outputs.bench_only_ranks = sorted(ranks.bench_only_ranks, key=_rank_order)
         outputs.skipped_ranks = sorted(getattr(ranks, "skipped_ranks", []), key=_rank_order)
+        outputs.first_diverged = first_diverged_rank({r.rank: r.first_divergence for r in outputs.results})
+        if outputs.first_diverged is not None:
+            d = outputs.first_diverged
+            logger.info("rank %s diverged first: %s, after %d collectives", d.rank, d.api,
+                        d.collectives_before)  # fmt: skip
     else:
         result = engine.compare_dumps(
             spec.npu_path, spec.bench_path, options, stack_path=spec.stack_path, progress=progress
@@ -122,6 +129,7 @@ def run_compare(
             npu_only_ranks=outputs.npu_only_ranks,
             bench_only_ranks=outputs.bench_only_ranks,
             skipped_ranks=outputs.skipped_ranks,
+            first_diverged=outputs.first_diverged.as_dict() if outputs.first_diverged else None,
             npu_path=str(spec.npu_path),
             bench_path=str(spec.bench_path),
         )

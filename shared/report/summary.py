@@ -40,10 +40,12 @@ def multi_rank_summary(
     npu_only_ranks: Sequence[int | None] = (),
     bench_only_ranks: Sequence[int | None] = (),
     skipped_ranks: Sequence[int | None] = (),
+    first_diverged: Mapping[str, Any] | None = None,
     npu_path: str | None = None,
     bench_path: str | None = None,
 ) -> dict[str, Any]:
-    """The summary document of a compare of two step directories: one entry per paired rank."""
+    """The summary document of a compare of two step directories: one entry per paired rank, and
+    ``first_diverged``: which rank lost precision first (judged around the collectives), or None."""
     totals: dict[str, int] = {status.value: 0 for status in RowStatus}
     for result, _ in ranks:
         for row in result.rows:
@@ -59,6 +61,7 @@ def multi_rank_summary(
         "bench_only_ranks": list(bench_only_ranks),
         "skipped_ranks": list(skipped_ranks),
         "status_counts": totals,
+        "first_diverged": dict(first_diverged) if first_diverged else None,
         "ranks": [rank_summary(result, files) for result, files in ranks],
     }
 
