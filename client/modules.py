@@ -161,6 +161,9 @@ class ModuleHooks:
     def _bwd_inputs(self, rec: Recorder, name: str, grads: Sequence[torch.Tensor | None]) -> None:
         with rec.lock, quiet():
             self._bwd_entry(rec, name)["output"] = rec.encode_grads(name, "output", grads)
+            # The gradients of its inputs arrive last: the module's backward completes here, after the
+            # backward of every call inside it, and its entry moves there (execution order, as forwards).
+            rec.data[name] = rec.data.pop(name)
 
     def _param_grad(self, prefix: str, pname: str, param: torch.Tensor) -> None:
         rec: Recorder | None = self._get()
