@@ -80,13 +80,17 @@ class SuspectPublic(BaseModel):
     reason: str
     stack: str | None
     compare_rank: int
+    score: float = 0.0  # decades above what the call's inputs and the run pair's background explain
+    excel_row: int | None = None  # the row as Excel numbers it in that rank's report
+    collectives_before: int = 0
 
 
 class ComparisonSummary(BaseModel):
     rows: int
     failing_rows: int
     failing_apis: list[str]
-    top_suspects: list[SuspectPublic]
+    top_suspects: list[SuspectPublic]  # ranked by score, highest first, across ranks
+    first_divergence: SuspectPublic | None = None  # in the rank that diverged first
     ranks: list[int]
     mode: str
 
@@ -118,6 +122,7 @@ class RowPublic(BaseModel):
     api: str
     status: str
     highlight: str | None
+    score: float | None = None  # the localization score of the row's call (None: not judged or identical)
     cells: list[Any]
 
 

@@ -31,6 +31,8 @@ from parity.server.models import Comparison, ComparisonRow, RunFile, utcnow
 from parity.server.repositories import ComparisonRepository, RunRepository
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store
+from parity.shared.compare.localization import first_diverged_rank
+from parity.shared.compare.result import suspect_dict
 from sqlalchemy import delete, insert, update
 
 logger = logging.getLogger(__name__)
@@ -282,14 +284,15 @@ def _insert_rows(session: Any, job_id: str, outputs: list[Any]) -> None:
     session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == job_id))
     batch: list[dict[str, Any]] = []
     for out in outputs:
-        for index, row in enumerate(out.result.rows):
+        scores = out.result.row_scores or [None] * len(out.result.rows)
+        for index, (row, score) in enumerate(zip(out.result.rows, scores, strict=True)):
             status = getattr(row.status, "value", row.status)
             highlight = getattr(row.highlight, "value", row.highlight)
             batch.append({
                 "comparison_id": job_id, "rank": out.rank, "index": index, "api": row.api,
                 "status": status, "highlight": highlight, "name": _row_name(row.cells),
                 "failing": status in FAILING_STATUSES,
-                "cells": json.dumps(_json_safe(row.cells), separators=(",", ":")),
+                "cells": json.dumps(_json_safe(row.cells), separators=(",", ":")), "score": score,
             })  # fmt: skip
             if len(batch) >= ROW_BATCH:
                 session.execute(insert(table), batch)
@@ -316,6 +319,7 @@ def build_summary(outputs: list[Any]) -> tuple[dict[str, Any], dict[str, list[st
     rows = failing_rows = 0
     failing_apis: dict[str, None] = {}
     suspects: list[dict[str, Any]] = []
+    firsts: dict[int | None, Any] = {}
     headers: dict[str, list[str]] = {}
     modes: list[str] = []
     for out in outputs:
@@ -329,12 +333,19 @@ def build_summary(outputs: list[Any]) -> tuple[dict[str, Any], dict[str, list[st
         for api in result.failing_apis():
             failing_apis.setdefault(api)
         for s in result.suspects:
-            suspects.append({"rank": s.rank, "api": s.api, "direction": s.direction, "row_index": s.row_index,
-                             "reason": s.reason, "stack": s.stack, "compare_rank": out.rank})  # fmt: skip
-    suspects.sort(key=lambda s: (s["rank"], s["compare_rank"]))
+            suspects.append({**suspect_dict(s), "compare_rank": out.rank})
+        if result.first_divergence is not None:
+            firsts[out.rank] = result.first_divergence
+    # Ranked by score across ranks; the first divergence is the rank that diverged first (around collectives).
+    suspects.sort(key=lambda s: (-s["score"], s["compare_rank"], s["rank"]))
+    origin = first_diverged_rank(firsts)
+    first = None
+    if origin is not None:
+        first = {**suspect_dict(firsts[origin.rank]), "compare_rank": origin.rank}
     summary = {
         "rows": rows, "failing_rows": failing_rows, "failing_apis": list(failing_apis),
-        "top_suspects": suspects[:TOP_SUSPECTS], "ranks": sorted(out.rank for out in outputs),
+        "top_suspects": suspects[:TOP_SUSPECTS], "first_divergence": first,
+        "ranks": sorted(out.rank for out in outputs),
         "mode": modes[0] if len(set(modes)) == 1 else "mixed" if modes else "none",
     }  # fmt: skip
     return summary, headers
