@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from parity.shared.compare.localization import CallEvidence, Localization, direction_of, user_frame
+from parity.shared.compare.localization import (
+    CallEvidence,
+    Localization,
+    direction_of,
+    forward_of,
+    user_frame,
+)
 from parity.shared.compare.result import CompareRow, Suspect
 
-__all__ = ["MAX_SUSPECTS", "direction_of", "excel_row", "forward_name", "suspects_of"]
+__all__ = ["MAX_SUSPECTS", "direction_of", "excel_row", "forward_of", "suspects_of"]
 
 MAX_SUSPECTS = 10
 
@@ -22,19 +28,9 @@ def excel_row(row_index: int) -> int:
     return row_index + 2
 
 
-def forward_name(api: str) -> str:
-    """The forward entry of a backward one, whose stack stack.json holds (only forwards have stacks)."""
-    tokens = api.split(".")
-    for k in (-1, -2):
-        if len(tokens) >= -k and tokens[k] == "backward":
-            tokens[k] = "forward"
-            return ".".join(tokens)
-    return api
-
-
 def _suspect(call: CallEvidence, rank: int, rows: Sequence[CompareRow], reason_of: Callable[[int], str],
              stacks: Mapping[str, list[str]] | None) -> Suspect:  # fmt: skip
-    frames = stacks.get(call.api) or stacks.get(forward_name(call.api)) if stacks else None
+    frames = stacks.get(call.api) or stacks.get(forward_of(call.api)) if stacks else None
     row = call.worst_row if call.worst_row >= 0 else call.first_row
     return Suspect(
         rank=rank, api=call.api, direction=call.direction or "forward", row_index=row,
