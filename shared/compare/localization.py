@@ -78,6 +78,7 @@ MIN_KIND_CALLS = 1
 #: "Carries on": a later call's input error reaches this share of the suspect's output error.
 CARRY_SHARE = 0.1
 _COLLECTIVE_PREFIX = "Distributed."
+_MODULE_PREFIX = "Module."
 _JUDGED_INPUTS = frozenset({STATE_INPUT, STATE_PARAMETERS, "kwargs", "input_kwargs"})
 _UNKNOWN_STATUS = frozenset({RowStatus.UNMATCHED, RowStatus.BENCH_ONLY})  # uncomparable: a None argument
 _COUNT = re.compile(r"^\d+$")
@@ -283,7 +284,6 @@ class CallEvidence:
     output_err: float | None
     direction: str | None = None
     collectives_before: int = 0  # collective calls that ran before this one (multi-rank ordering)
-    recorded_input_err: float | None = None  # before a backward's saved tensors are counted (noise samples)
     expected: float = 0.0  # what its inputs and the noise explain
     gain: float = 1.0
     score: float = -math.inf  # log10(output_err / expected); SUSPECT_SCORE and up stand out
@@ -407,13 +407,34 @@ def _quantile(values: list[float], q: float, own: float | None = None) -> float:
     return values[k]
 
 
+def _module_path(api: str) -> str | None:
+    """``Module.ff.1.GELU.forward.0`` → ``ff.1``; None for an API entry."""
+    tokens = api.split(".")
+    return ".".join(tokens[1:-3]) if api.startswith(_MODULE_PREFIX) and len(tokens) >= 4 else None
+
+
+def _samplers(calls: list[CallEvidence]) -> set[str]:
+    """The calls whose errors may be noise samples: API calls, or, in a dump of modules alone, the leaf
+    modules. A module repeats the calls inside it (at mix level its APIs, at L0 its child modules), and a
+    module wrapping the fault would be the fault's own background."""
+    paths = {c.api: p for c in calls if (p := _module_path(c.api)) is not None}
+    if len(paths) < len(calls):
+        return {c.api for c in calls if c.api not in paths}
+    parents: set[str] = set()
+    for p in set(paths.values()):
+        parts = p.split(".")
+        parents.update(".".join(parts[:k]) for k in range(len(parts)))
+    return {api for api, p in paths.items() if p not in parents}
+
+
 def _learn(calls: list[CallEvidence]) -> tuple[list[float], list[float], dict[str, list[float]]]:
     """The noise samples, the gains, and the gains per API kind (each sorted), from calls with finite errors.
 
-    A noise sample is the non-zero output error of a call whose inputs are identical: what a call adds on its
-    own in this run pair. Two devices' kernels give several (every call fed by the data or the weights
-    alone, the loss's backward); an exact pair gives none but the fault itself. (Calls whose outputs agree
-    exactly are no sample: gathers, views, integer and constant ops agree on any kernel, noise or not.)
+    A noise sample is the non-zero output error of a call whose inputs are identical (``_samplers``): what a
+    call adds on its own in this run pair; a backward's inputs include what its forward saved. Two devices'
+    kernels give a few (every call fed by the data or the weights alone); an exact pair gives none but the
+    fault itself. (Calls whose outputs agree exactly are no sample: gathers, views, integer and constant ops
+    agree on any kernel, noise or not.)
     Two independent faults at calls with identical inputs would each be the other's background: the
     limit of learning the floor from the pair itself. A gain is
     ``output_err / input_err`` of a call whose inputs differ: how much calls of a kind amplify what reaches
@@ -422,13 +443,12 @@ def _learn(calls: list[CallEvidence]) -> tuple[list[float], list[float], dict[st
     clean: list[float] = []
     gains: list[float] = []
     per_kind: dict[str, list[float]] = {}
+    samplers = _samplers(calls)
     for c in calls:
         i, o = c.input_err, c.output_err
         if o is None or not math.isfinite(o) or o == 0.0:
             continue
-        if c.recorded_input_err == 0.0:
-            # Identical recorded inputs: the loss's backward starts from the identical gradient 1 even
-            # where the logits it saved differ, and what it adds is the background's measure too.
+        if i == 0.0 and c.api in samplers:
             clean.append(o)
         if i is None or not math.isfinite(i) or i == 0.0:
             continue
@@ -465,6 +485,7 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     calls = _group_calls(rows, states, errs, row_norms(rows, header))
     _read_saved_tensors(calls)
     clean, gains, per_kind = _learn(calls) if mode is not CompareMode.MD5 else ([], [], {})
+    samplers = _samplers(calls)
     floor = _floor(clean, None)
     for c in calls:
         i, o = c.input_err, c.output_err
@@ -478,7 +499,8 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
         own = o / i if i > 0.0 else None
         c.gain = _gain(per_kind.get(api_kind(c.api), []), gains, own)
         # Independent errors add in quadrature: what the inputs carry through and what the call adds.
-        c.expected = math.hypot(c.gain * i, _floor(clean, o if c.recorded_input_err == 0.0 else None))
+        own_sample = i == 0.0 and c.api in samplers
+        c.expected = math.hypot(c.gain * i, _floor(clean, o if own_sample else None))
         c.score = math.log10(o / c.expected)
     suspects = [c for c in calls if c.is_suspect]
     first = _first_divergence(calls, suspects)
@@ -496,7 +518,6 @@ def _read_saved_tensors(calls: list[CallEvidence]) -> None:
     (``_SELECTING_OPS``) whose forward inputs already differ is not judged."""
     forwards = {c.api: c for c in calls if c.direction == "forward"}
     for c in calls:
-        c.recorded_input_err = c.input_err
         if c.direction != "backward" or c.input_err is None:
             continue
         fwd = forwards.get(forward_of(c.api))
