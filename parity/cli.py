@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("db", "database maintenance: 'parity db upgrade' runs the migrations"),
     "upload": ("upload", "upload an existing dump directory to a server"),
     "compare-runs": ("compare_runs", "compare two uploaded runs on a server and download the reports"),
+    "gc": ("gc", "server maintenance: remove orphaned blobs, stale temp files and expired runs"),
 }
 
 EXIT_USAGE = 2

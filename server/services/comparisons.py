@@ -16,14 +16,15 @@ import anyio.to_thread
 from parity.server.db import Database
 from parity.server.errors import BadRequest, Conflict, NotFound, Unprocessable
 from parity.server.jobs.base import JobQueue
-from parity.server.models import Comparison, ComparisonRow, utcnow
-from parity.server.repositories import ComparisonRepository, RunRepository
+from parity.server.models import Comparison, ComparisonRow, ComparisonTask, utcnow
+from parity.server.repositories import ComparisonRepository, RunRepository, TaskRepository, task_id
 from parity.server.schemas import (
     ComparisonCreate,
     ComparisonOptions,
     ComparisonPublic,
     ComparisonsPublic,
     ComparisonSummary,
+    RankTaskPublic,
 )
 from parity.server.store import BlobStore, comparison_key
 from sqlalchemy import false, func, select, tuple_
@@ -36,13 +37,22 @@ INLINE_SCAN_ROWS = 10_000
 REPORT_FILES = {"report.xlsx": "report.xlsx", "advisor.txt": "advisor.txt"}
 
 
-def comparison_public(c: Comparison) -> ComparisonPublic:
+def comparison_public(c: Comparison, tasks: list[ComparisonTask] | None = None) -> ComparisonPublic:
+    tasks = tasks or []
+    progress = c.progress
+    if tasks and c.status in ("queued", "running"):
+        progress = sum(1.0 if t.status in ("succeeded", "failed", "skipped") else t.progress for t in tasks)
+        progress /= len(tasks)
     return ComparisonPublic(
-        id=c.id, status=c.status, error=c.error, progress=c.progress,  # type: ignore[arg-type]
+        id=c.id, status=c.status, error=c.error, progress=progress,  # type: ignore[arg-type]
         target_run=c.target_run_id, bench_run=c.bench_run_id, step=c.step, ranks=c.ranks,
         options=ComparisonOptions(**(c.options or {})), created_at=c.created_at, started_at=c.started_at,
         finished_at=c.finished_at,
         summary=ComparisonSummary(**c.summary) if c.summary else None,
+        tasks=[RankTaskPublic(
+            rank=t.rank, status=t.status, progress=t.progress, attempt=t.attempt,  # type: ignore[arg-type]
+            error=t.error, rows=t.rows, started_at=t.started_at, finished_at=t.finished_at,
+        ) for t in tasks],
     )  # fmt: skip
 
 
@@ -104,18 +114,64 @@ class ComparisonService:
                     f"ranks: {missing or body.ranks} not in step {step} of the target run "
                     f"(it has {sorted(target[step])})"
                 )
+        wanted = set(body.ranks) if body.ranks is not None else target[step]
+        ranks = sorted(wanted & bench[step])
+        if not ranks:
+            raise Unprocessable(
+                f"step {step}: no rank is present in both runs (target has {sorted(wanted)}, "
+                f"bench has {sorted(bench[step])})"
+            )
+        now = utcnow()
         comparison = Comparison(
             id=uuid.uuid4().hex, target_run_id=body.target_run, bench_run_id=body.bench_run, step=step,
             ranks=sorted(set(body.ranks)) if body.ranks is not None else None,
-            options=body.options.model_dump(), status="queued", progress=0.0, created_at=utcnow(), attempt=0,
+            options=body.options.model_dump(), status="queued", progress=0.0, created_at=now, attempt=0,
         )  # fmt: skip
+        # One task per rank pair: the workers compare ranks side by side, and each rank is stored, retried
+        # and taken over on its own.
+        tasks = [
+            ComparisonTask(comparison_id=comparison.id, rank=rank, status="queued", attempt=0, progress=0.0,
+                           queued_at=now)
+            for rank in ranks
+        ]  # fmt: skip
         with self.db.write() as session:
             session.add(comparison)
+            session.flush()
+            session.add_all(tasks)
         # Enqueued only after the commit, so a worker always finds the row it is given.
-        self.queue.submit(comparison.id)
-        logger.info("comparison %s queued (%s vs %s, step %s)", comparison.id, body.target_run,
-                    body.bench_run, step)  # fmt: skip
-        return comparison_public(comparison)
+        for rank in ranks:
+            self.queue.submit(task_id(comparison.id, rank))
+        logger.info("comparison %s queued (%s vs %s, step %s, %d rank(s))", comparison.id, body.target_run,
+                    body.bench_run, step, len(ranks))  # fmt: skip
+        return comparison_public(comparison, tasks)
+
+    def retry(self, comparison_id: str) -> ComparisonPublic:
+        """Queue the failed ranks of a failed comparison again, and only those: the others keep their rows."""
+        with self.db.write() as session:
+            c = session.get(Comparison, comparison_id, with_for_update=True)
+            if c is None:
+                raise NotFound(f"comparison {comparison_id!r} not found")
+            if c.status != "failed":
+                raise Conflict(
+                    f"comparison {comparison_id} is {c.status}; only a failed comparison is retried"
+                )
+            tasks = TaskRepository(session).for_comparison(comparison_id)
+            again = [t for t in tasks if t.status == "failed"]
+            if not again:
+                raise Conflict(f"comparison {comparison_id} has no failed rank to retry")
+            now = utcnow()
+            for t in again:
+                t.status, t.error, t.progress, t.queued_at, t.finished_at = "queued", None, 0.0, now, None
+                t.lease_expires_at, t.worker = None, None
+            c.status, c.error, c.finished_at, c.summary, c.headers = "running", None, None, None, None
+            ranks = [t.rank for t in again]
+            public = comparison_public(c, tasks)
+        with self._lock:
+            self._finished.pop(comparison_id, None)
+        for rank in ranks:
+            self.queue.submit(task_id(comparison_id, rank))
+        logger.info("comparison %s: rank(s) %s queued again", comparison_id, ranks)
+        return public
 
     def _require(self, session: Any, comparison_id: str) -> Comparison:
         c = ComparisonRepository(session).get(comparison_id)
@@ -125,7 +181,8 @@ class ComparisonService:
 
     def get(self, comparison_id: str) -> ComparisonPublic:
         with self.db.read() as session:
-            return comparison_public(self._require(session, comparison_id))
+            c = self._require(session, comparison_id)
+            return comparison_public(c, TaskRepository(session).for_comparison(comparison_id))
 
     def search(
         self, *, run: str | None, project: str | None, status: str | None, limit: int, offset: int
@@ -133,7 +190,8 @@ class ComparisonService:
         with self.db.read() as session:
             repo = ComparisonRepository(session)
             items, total = repo.page(repo.filtered(run=run, project=project, status=status), limit, offset)
-            return ComparisonsPublic(data=[comparison_public(c) for c in items], count=total)
+            tasks = TaskRepository(session).for_comparisons([c.id for c in items])
+            return ComparisonsPublic(data=[comparison_public(c, tasks.get(c.id)) for c in items], count=total)
 
     def forget(self, comparison_ids: list[str]) -> None:
         """Drop cached state and report blobs of deleted comparisons."""

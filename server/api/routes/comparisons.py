@@ -6,8 +6,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import StreamingResponse
-from parity.server.api.deps import JSON_BODY_LIMIT, ComparisonServiceDep
-from parity.server.schemas import ComparisonCreate, ComparisonPublic, ComparisonsPublic, JobStatus, RowsPublic
+from parity.server.api.deps import JSON_BODY_LIMIT, MAX_OFFSET, ComparisonServiceDep
+from parity.server.schemas import (
+    MAX_INDEX,
+    ComparisonCreate,
+    ComparisonPublic,
+    ComparisonsPublic,
+    JobStatus,
+    RowsPublic,
+)
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"])
 
@@ -31,12 +38,21 @@ def list_comparisons(
     project: str | None = None,
     job_status: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> ComparisonsPublic:
     return comparisons.search(run=run, project=project, status=job_status, limit=limit, offset=offset)
 
 
-@router.get("/{comparison_id}", summary="Read a comparison: status, progress, summary")
+@router.post(
+    "/{comparison_id}/retry",
+    summary="Run the failed ranks of a failed comparison again (the others keep their results)",
+    responses={409: {"description": "The comparison has not failed, or no rank of it failed"}},
+)
+def retry_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> ComparisonPublic:
+    return comparisons.retry(comparison_id)
+
+
+@router.get("/{comparison_id}", summary="Read a comparison: status, progress and state of each rank, summary")
 def get_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> ComparisonPublic:
     return comparisons.get(comparison_id)
 
@@ -52,9 +68,9 @@ async def get_rows(
     comparisons: ComparisonServiceDep,
     failing: bool | None = None,
     name: Annotated[str | None, Query(description="substring of the NPU (or bench) name")] = None,
-    rank: int | None = None,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     sort: Annotated[
         Literal["index", "score"],
         Query(description="index: table order (rank, row); score: the localization score, highest first"),
@@ -82,7 +98,8 @@ def _download(comparisons: ComparisonServiceDep, comparison_id: str, file_name: 
     responses={200: {"content": {XLSX: {}}}},
 )
 def get_report(
-    comparison_id: str, comparisons: ComparisonServiceDep, rank: int | None = None
+    comparison_id: str, comparisons: ComparisonServiceDep,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
 ) -> StreamingResponse:
     return _download(comparisons, comparison_id, "report.xlsx", rank, XLSX)
 
@@ -94,6 +111,7 @@ def get_report(
     responses={200: {"content": {"text/plain": {}}}},
 )
 def get_advisor(
-    comparison_id: str, comparisons: ComparisonServiceDep, rank: int | None = None
+    comparison_id: str, comparisons: ComparisonServiceDep,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
 ) -> StreamingResponse:
     return _download(comparisons, comparison_id, "advisor.txt", rank, "text/plain; charset=utf-8")

@@ -7,9 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
-from parity.server.api.deps import JSON_BODY_LIMIT, ComparisonServiceDep, RunServiceDep
+from parity.server.api.deps import JSON_BODY_LIMIT, MAX_OFFSET, ComparisonServiceDep, RunServiceDep
 from parity.server.errors import BadRequest
 from parity.server.schemas import Device, FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic, RunStatus
+from parity.server.services.paths import SHA256_PATTERN
 from starlette.requests import ClientDisconnect
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -36,7 +37,7 @@ def list_runs(
     tag: Annotated[list[str], Query(description="KEY:VALUE; repeat to require several")] = [],  # noqa: B006
     run_status: Annotated[RunStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> RunsPublic:
     return runs.search(project=project, name=name, device=device, status=run_status, tags=tag, limit=limit,
                      offset=offset)  # fmt: skip
@@ -72,8 +73,11 @@ async def put_file(
     path: str,
     request: Request,
     runs: RunServiceDep,
-    x_content_sha256: Annotated[str, Header(alias="X-Content-SHA256", description="sha256 of the body, hex")],
-    content_length: Annotated[str | None, Header(alias="Content-Length")] = None,
+    x_content_sha256: Annotated[
+        str, Header(alias="X-Content-SHA256", description="sha256 of the body, hex", pattern=SHA256_PATTERN)
+    ],
+    # Read to refuse an oversized upload before its body; not a parameter a client sets by hand.
+    content_length: Annotated[str | None, Header(alias="Content-Length", include_in_schema=False)] = None,
 ) -> FilePublic:
     result = await runs.upload(run_id, path, x_content_sha256, content_length, _body(request, path))
     if not result.created:
