@@ -7,7 +7,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from parity.server.models import Comparison, ComparisonRow, ComparisonTask, Run, RunFile, RunTag
+from parity.server.models import (
+    Comparison,
+    ComparisonCall,
+    ComparisonCounts,
+    ComparisonRow,
+    ComparisonTask,
+    Run,
+    RunFile,
+    RunTag,
+)
 from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
@@ -43,12 +52,15 @@ class RunRepository:
         device: str | None = None,
         status: str | None = None,
         tags: Sequence[tuple[str, str]] = (),
+        name_contains: str | None = None,
     ) -> Select[tuple[Run]]:
         stmt = select(Run)
         if project is not None:
             stmt = stmt.where(Run.project == project)
         if name is not None:
             stmt = stmt.where(Run.name == name)
+        if name_contains:
+            stmt = stmt.where(Run.name.contains(name_contains, autoescape=True))
         if device is not None:
             stmt = stmt.where(Run.device == device)
         if status is not None:
@@ -118,6 +130,8 @@ class RunRepository:
             or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id)
         )
         self.session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id.in_(cids)))
+        self.session.execute(delete(ComparisonCall).where(ComparisonCall.comparison_id.in_(cids)))
+        self.session.execute(delete(ComparisonCounts).where(ComparisonCounts.comparison_id.in_(cids)))
         self.session.execute(delete(ComparisonTask).where(ComparisonTask.comparison_id.in_(cids)))
         self.session.execute(
             delete(Comparison).where(

@@ -53,6 +53,7 @@ def comparison_public(c: Comparison, tasks: list[ComparisonTask] | None = None) 
             rank=t.rank, status=t.status, progress=t.progress, attempt=t.attempt,  # type: ignore[arg-type]
             error=t.error, rows=t.rows, started_at=t.started_at, finished_at=t.finished_at,
         ) for t in tasks],
+        against_baseline=bool(c.against_baseline),
     )  # fmt: skip
 
 
@@ -88,6 +89,7 @@ class ComparisonService:
         with self.db.read() as session:
             runs = RunRepository(session)
             step_ranks = {}
+            found = {}
             for field, run_id in (("target_run", body.target_run), ("bench_run", body.bench_run)):
                 run = runs.get(run_id)
                 if run is None:
@@ -95,6 +97,10 @@ class ComparisonService:
                 if run.status != "complete":
                     raise Conflict(f"{field}: run {run_id} is {run.status}, not complete")
                 step_ranks[field] = runs.step_ranks(run_id)
+                found[field] = run
+            # Judged once, when queued: the project may name another baseline later.
+            against_baseline = bool(found["bench_run"].baseline) and \
+                found["bench_run"].project == found["target_run"].project  # fmt: skip
         target, bench = step_ranks["target_run"], step_ranks["bench_run"]
         common = sorted(set(target) & set(bench))
         if body.step is None:
@@ -126,6 +132,7 @@ class ComparisonService:
             id=uuid.uuid4().hex, target_run_id=body.target_run, bench_run_id=body.bench_run, step=step,
             ranks=sorted(set(body.ranks)) if body.ranks is not None else None,
             options=body.options.model_dump(), status="queued", progress=0.0, created_at=now, attempt=0,
+            against_baseline=against_baseline,
         )  # fmt: skip
         # One task per rank pair: the workers compare ranks side by side, and each rank is stored, retried
         # and taken over on its own.
@@ -228,16 +235,19 @@ class ComparisonService:
         rank: int | None,
         limit: int,
         offset: int,
+        status: str | None = None,
         sort: str = "index",
     ) -> bytes:
         """``rows_json`` from the event loop: inline when it is a short read of a comparison whose state and
         count are cached (under a millisecond: cheaper than the hop to a worker thread, and the hop is what
         makes the latency tail under many clients), in a worker thread otherwise (a first count, a long scan,
         a network round trip to PostgreSQL)."""
-        read = functools.partial(self.rows_json, comparison_id, failing=failing, name=name, rank=rank,
-                                 limit=limit, offset=offset, sort=sort)  # fmt: skip
+        read = functools.partial(
+            self.rows_json, comparison_id, failing=failing, name=name, rank=rank, limit=limit, offset=offset,
+            status=status, sort=sort,
+        )  # fmt: skip
         if self.db.dialect == "sqlite" and sort == "index" and self._is_short_read(
-            comparison_id, failing, name, rank, limit, offset
+            comparison_id, failing, name, rank, limit, offset, status
         ):
             return read()
         return await anyio.to_thread.run_sync(read)
@@ -250,10 +260,11 @@ class ComparisonService:
         rank: int | None,
         limit: int,
         offset: int,
+        status: str | None = None,
     ) -> bool:
         with self._lock:
             state = self._finished.get(comparison_id)
-            count = state.counts.get((failing, name, rank)) if state is not None else None
+            count = state.counts.get((failing, name, rank, status)) if state is not None else None
             rows = sum(n for _, n in state.rank_counts) if state is not None and state.rank_counts else None
         if count is None:
             return False
@@ -261,7 +272,7 @@ class ComparisonService:
             # A substring filter scans rows until it has offset + limit matches: about
             # (offset + limit) * rows / matches of them, which must stay small to run on the event loop.
             return rows is not None and (offset + limit) * rows <= INLINE_SCAN_ROWS * max(count, 1)
-        return failing is None or offset <= INLINE_SCAN_ROWS
+        return (failing is None and status is None) or offset <= INLINE_SCAN_ROWS
 
     def rows_json(
         self,
@@ -272,6 +283,7 @@ class ComparisonService:
         rank: int | None,
         limit: int,
         offset: int,
+        status: str | None = None,
         sort: str = "index",
     ) -> bytes:
         """The rows page as JSON bytes, assembled from the stored cell text without decoding it.
@@ -288,10 +300,12 @@ class ComparisonService:
             where.append(t.failing == failing)
         if rank is not None:
             where.append(t.rank == rank)
+        if status is not None:
+            where.append(t.status == status)
         if name:
             escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             where.append(t.name.like(f"%{escaped}%", escape="\\"))
-        key = (failing, name, rank)
+        key = (failing, name, rank, status)
         columns = (t.index, t.rank, t.api, t.status, t.highlight, t.score, t.cells)
         with self.db.read_engine.connect() as conn:
             with self._lock:
@@ -318,7 +332,7 @@ class ComparisonService:
                             .group_by(t.rank).order_by(t.rank)
                         ).all()  # fmt: skip
                         state.rank_counts = [(int(r), int(n)) for r, n in per_rank]
-            if failing is None and not name and sort != "score":
+            if failing is None and status is None and not name and sort != "score":
                 # Unfiltered pages seek through the primary key instead of stepping over ``offset`` rows:
                 # row indexes are dense per rank, so an offset is a (rank, index) position.
                 if rank is not None:

@@ -4,8 +4,8 @@ The score of the API call a row belongs to: how many decades its output error st
 and the run pair's background explain (``parity.shared.compare.localization``). NULL where the call was not
 judged or agrees exactly; rows stored before this revision have none.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-03
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
