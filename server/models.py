@@ -162,8 +162,13 @@ class ComparisonRow(Base):
     name: Mapped[str] = mapped_column(Text)
     failing: Mapped[bool] = mapped_column(Boolean)
     cells: Mapped[str] = mapped_column(Text)  # JSON text of the cell list
+    # The localization score of the row's call (revision 0008); NULL: not judged or identical.
+    score: Mapped[float | None] = mapped_column(Float, nullable=True)
 
-    __table_args__ = (Index("ix_comparison_rows_failing", "comparison_id", "failing", "rank", "index"),)
+    __table_args__ = (
+        Index("ix_comparison_rows_failing", "comparison_id", "failing", "rank", "index"),
+        Index("ix_comparison_rows_score", "comparison_id", "score"),
+    )
 
 
 class ComparisonTask(Base):

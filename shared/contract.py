@@ -218,6 +218,9 @@ class SuspectPublic(_Response):
     reason: str
     stack: str | None
     compare_rank: int
+    score: float = 0.0  # decades above what the call's inputs and the run pair's background explain
+    excel_row: int | None = None  # the row as Excel numbers it in that rank's report
+    collectives_before: int = 0  # collectives the rank ran before this call (who diverged first)
 
 
 class ComparisonSummary(_Response):
@@ -226,7 +229,8 @@ class ComparisonSummary(_Response):
     rows: int
     failing_rows: int
     failing_apis: list[str]
-    top_suspects: list[SuspectPublic]
+    top_suspects: list[SuspectPublic]  # ranked by score, highest first, across ranks
+    first_divergence: SuspectPublic | None = None  # in the rank that diverged first
     ranks: list[int]
     mode: str
     status_counts: dict[str, int] = Field(default_factory=dict)
@@ -282,6 +286,7 @@ class RowPublic(_Response):
     api: str
     status: str
     highlight: str | None
+    score: float | None = None  # the localization score of the row's call (None: not judged or identical)
     cells: list[Any]
 
 

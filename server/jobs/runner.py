@@ -176,7 +176,8 @@ class TaskRunner:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
-                         report.summary, list(report.result.header))  # fmt: skip
+                         report.summary, list(report.result.header),
+                         scores=report.result.row_scores)  # fmt: skip
 
     def _tmp_root(self) -> Path:
         # Beside the blobs on a file store, so the hard links of the staging folder stay on one filesystem.
@@ -365,12 +366,13 @@ def _held_task(session: Session, comparison_id: str, rank: int, attempt: int) ->
 
 
 def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
-                     rows: Sequence[Any], summary: dict[str, Any], header: list[str]) -> None:  # fmt: skip
+                     rows: Sequence[Any], summary: dict[str, Any], header: list[str], *,
+                     scores: Sequence[float | None] | None = None) -> None:  # fmt: skip
     """Store one rank's rows and summary, as that rank finishes; merge if it is the last one."""
     with db.write() as session:
         task = _held_task(session, comparison_id, rank, attempt)
         if task is not None:
-            _insert_rows(session, comparison_id, rank, rows)
+            _insert_rows(session, comparison_id, rank, rows, scores)
             task.status, task.progress, task.finished_at, task.lease_expires_at = (
                 "succeeded",
                 1.0,
@@ -474,10 +476,18 @@ def comparison_summary(rank_docs: Sequence[dict[str, Any]], *, skipped: Sequence
         for api in rank["failing_apis"]:
             failing_apis.setdefault(api)
         suspects += [{**s, "compare_rank": rank["rank"]} for s in rank["suspects"]]
-    suspects.sort(key=lambda s: (s["rank"], s["compare_rank"]))
+    # Ranked by score across ranks; the first divergence is the one of the rank that diverged first.
+    suspects.sort(key=lambda s: (-s.get("score", 0.0), s["compare_rank"], s["rank"]))
+    origin = doc.get("first_diverged")
+    first = None
+    if origin is not None:
+        for rank in doc["ranks"]:
+            if rank["rank"] == origin["rank"] and rank.get("first_divergence"):
+                first = {**rank["first_divergence"], "compare_rank": rank["rank"]}
     return {
         "rows": sum(counts.values()), "failing_rows": sum(counts[s] for s in _FAILING),
         "failing_apis": list(failing_apis), "top_suspects": suspects[:TOP_SUSPECTS],
+        "first_divergence": first,
         "ranks": doc["compared_ranks"], "mode": doc["mode"] or "none", "status_counts": counts,
         "skipped_ranks": doc["skipped_ranks"],
     }  # fmt: skip
@@ -491,18 +501,20 @@ def _row_name(cells: list[Any]) -> str:
     return ""
 
 
-def _insert_rows(session: Session, comparison_id: str, rank: int, rows: Sequence[Any]) -> None:
+def _insert_rows(session: Session, comparison_id: str, rank: int, rows: Sequence[Any],
+                 scores: Sequence[float | None] | None = None) -> None:  # fmt: skip
     table = ComparisonRow.__table__
     session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == comparison_id,
                                                 ComparisonRow.rank == rank))  # fmt: skip
     batch: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
         status = row.status.value
+        score = scores[index] if scores is not None else None  # the localization score of the row's call
         batch.append({
             "comparison_id": comparison_id, "rank": rank, "index": index, "api": row.api, "status": status,
             "highlight": row.highlight.value if row.highlight is not None else None,
             "name": _row_name(row.cells), "failing": status in _FAILING,
-            "cells": json.dumps(json_cells(row.cells), separators=(",", ":")),
+            "cells": json.dumps(json_cells(row.cells), separators=(",", ":")), "score": score,
         })  # fmt: skip
         if len(batch) >= ROW_BATCH:
             session.execute(insert(table), batch)

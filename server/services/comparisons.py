@@ -236,6 +236,7 @@ class ComparisonService:
         limit: int,
         offset: int,
         status: str | None = None,
+        sort: str = "index",
     ) -> bytes:
         """``rows_json`` from the event loop: inline when it is a short read of a comparison whose state and
         count are cached (under a millisecond: cheaper than the hop to a worker thread, and the hop is what
@@ -243,9 +244,9 @@ class ComparisonService:
         a network round trip to PostgreSQL)."""
         read = functools.partial(
             self.rows_json, comparison_id, failing=failing, name=name, rank=rank, limit=limit, offset=offset,
-            status=status,
+            status=status, sort=sort,
         )  # fmt: skip
-        if self.db.dialect == "sqlite" and self._is_short_read(
+        if self.db.dialect == "sqlite" and sort == "index" and self._is_short_read(
             comparison_id, failing, name, rank, limit, offset, status
         ):
             return read()
@@ -283,8 +284,12 @@ class ComparisonService:
         limit: int,
         offset: int,
         status: str | None = None,
+        sort: str = "index",
     ) -> bytes:
-        """The rows page as JSON bytes, assembled from the stored cell text without decoding it."""
+        """The rows page as JSON bytes, assembled from the stored cell text without decoding it.
+
+        ``sort="score"``: the rows of the calls the localization scored highest first (NULL scores last),
+        table order within a score."""
         state = self._finished_state(comparison_id)
         if rank is not None and str(rank) not in state.headers:
             raise BadRequest(f"rank: {rank} is not in comparison {comparison_id} (ranks: "
@@ -301,7 +306,7 @@ class ComparisonService:
             escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             where.append(t.name.like(f"%{escaped}%", escape="\\"))
         key = (failing, name, rank, status)
-        columns = (t.index, t.rank, t.api, t.status, t.highlight, t.cells)
+        columns = (t.index, t.rank, t.api, t.status, t.highlight, t.score, t.cells)
         with self.db.read_engine.connect() as conn:
             with self._lock:
                 total = state.counts.get(key)
@@ -317,7 +322,8 @@ class ComparisonService:
                             state.counts[key] = total
                             while len(state.counts) > 512:
                                 state.counts.popitem(last=False)
-            stmt = select(*columns).where(*where).order_by(t.rank, t.index).limit(limit)
+            order = (t.rank, t.index) if sort != "score" else (t.score.desc().nulls_last(), t.rank, t.index)
+            stmt = select(*columns).where(*where).order_by(*order).limit(limit)
             if state.rank_counts is None:
                 with self._count_lock:
                     if state.rank_counts is None:
@@ -326,7 +332,7 @@ class ComparisonService:
                             .group_by(t.rank).order_by(t.rank)
                         ).all()  # fmt: skip
                         state.rank_counts = [(int(r), int(n)) for r, n in per_rank]
-            if failing is None and status is None and not name:
+            if failing is None and status is None and not name and sort != "score":
                 # Unfiltered pages seek through the primary key instead of stepping over ``offset`` rows:
                 # row indexes are dense per rank, so an offset is a (rank, index) position.
                 if rank is not None:
@@ -341,8 +347,9 @@ class ComparisonService:
         quote = encode_basestring_ascii
         rows = ",".join(
             f'{{"index":{i},"rank":{r},"api":{quote(api)},"status":{quote(status)},'
-            f'"highlight":{quote(hl) if hl is not None else "null"},"cells":{cells}}}'
-            for i, r, api, status, hl, cells in result
+            f'"highlight":{quote(hl) if hl is not None else "null"},'
+            f'"score":{repr(score) if score is not None else "null"},"cells":{cells}}}'
+            for i, r, api, status, hl, score, cells in result
         )
         header_rank = str(rank) if rank is not None else min(state.headers, key=int, default=None)
         header = state.header_json.get(header_rank, "[]") if header_rank is not None else "[]"

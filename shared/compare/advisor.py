@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from parity.shared.compare.headers import CompareMode
+from parity.shared.compare.localization import Localization
 from parity.shared.compare.result import Advice, CompareRow, RowStatus
 
 NO_ERROR = "NA"
@@ -66,19 +67,29 @@ def _deterministic(message: str, node_name: str) -> str:
     return DETERMINISTIC_SUGGEST if any(api in node_name for api in NEED_DETERMINISTIC_API) else message
 
 
-def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode) -> Advice:
-    """The first row (table order) that fails, or the all-clear advice.
+def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
+           localization: Localization | None = None) -> Advice:  # fmt: skip
+    """msprobe's three lines, from the same judgement as the suspects below them.
 
-    msprobe looks at its verdict column only; Parity also counts a row that its highlight rules paint red (a
-    NaN maximum, an output whose error ratio collapses while its inputs agree): its status is ``fail``, and an
-    all-clear line above a list of suspects would contradict the report it heads.
+    With a localization: its first divergence (the output row it points at) when there is one; otherwise
+    the first failing row (msprobe's rule: its verdict column, or a row Parity's highlight rules paint red)
+    whose values are not identical on both sides (an identical ``-inf`` fill value is no loss of precision);
+    otherwise the all-clear. Without one, msprobe's rule as it stands.
     """
+    name_col = header.index("NPU Name")
+    if localization is not None and localization.first_divergence is not None:
+        first = localization.first_divergence
+        line = first.worst_row if first.worst_row >= 0 else first.first_row
+        name = str(rows[line].cells[name_col])
+        return Advice(line=line, suspect_node=name, text=advice_text(name))
     column, failing = FAILING_VERDICT[mode]
     verdict_col = header.index(column)
-    name_col = header.index("NPU Name")
     fail = RowStatus.FAIL
+    errors = localization.errors if localization is not None else None
     for line, row in enumerate(rows):
         if row.cells[verdict_col] == failing or row.status is fail:
+            if errors is not None and errors[line] == 0.0:
+                continue
             name = str(row.cells[name_col])
             return Advice(line=line, suspect_node=name, text=advice_text(name))
     return Advice(line=None, suspect_node=None, text=NO_ERR_SUGGEST)

@@ -20,12 +20,13 @@ from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
 from parity.shared.compare.highlight import apply_highlights
+from parity.shared.compare.localization import localize
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.pairing import pair_rows
 from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, RowStatus
 from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.statistics_table import build_statistics_rows
-from parity.shared.compare.suspects import find_suspects
+from parity.shared.compare.suspects import suspects_of
 from parity.shared.dump.layout import sibling_stack_json
 from parity.shared.dump.reader import Dump, load_dump, load_stack
 from parity.shared.errors import CompareInputError
@@ -145,15 +146,17 @@ def _compare(
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
-    disagree = _finish_rows(table, header, mode)
-    advice = advise(table.rows, header, mode)
+    _finish_rows(table, header, mode)
+    localization = localize(table.rows, table.states, header, mode)
+    advice = advise(table.rows, header, mode, localization)
     pos = {name: i for i, name in enumerate(header)}
 
     def reason_of(i: int) -> str:
         return _reason(table.rows[i], pos, mode)
 
-    suspects = find_suspects(table.rows, table.states, disagree, reason_of, stacks)
+    suspects, first = suspects_of(localization, table.rows, reason_of, stacks)
     return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects,
+                         first_divergence=first, row_scores=localization.row_scores(len(table.rows)),
                          missing_tensor_files=[str(f) for f in missing])  # fmt: skip
 
 

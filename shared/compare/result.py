@@ -75,7 +75,10 @@ class Suspect:
     direction: str  # "forward" or "backward"
     row_index: int  # 0-based index into ``CompareResult.rows`` of the first failing output row
     reason: str
-    stack: str | None = None  # the innermost user frame from stack.json, when one is present
+    stack: str | None = None  # the innermost frame in the user's code from stack.json, when one is present
+    score: float = 0.0  # decades above what the call's inputs and the run pair's noise explain
+    excel_row: int | None = None  # the row as Excel numbers it (``row_index`` + 2: the header is row 1)
+    collectives_before: int = 0  # collective calls the rank ran before this one (multi-rank: who went first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,9 @@ class CompareResult:
     stack_mode: bool
     rows: list[CompareRow]
     advice: Advice
-    suspects: list[Suspect] = field(default_factory=list)
+    suspects: list[Suspect] = field(default_factory=list)  # ranked, highest score first
+    first_divergence: Suspect | None = None  # the earliest call that stands out and whose effect carries on
+    row_scores: list[float | None] | None = None  # each row's call score (None: identical or not judged)
     rank: int | None = None  # set in multi-rank compares
     npu_path: str | None = None
     bench_path: str | None = None
@@ -137,15 +142,15 @@ class CompareResult:
                 "suspect_node": self.advice.suspect_node,
                 "text": self.advice.text,
             },  # fmt: skip
-            "suspects": [
-                {
-                    "rank": s.rank,
-                    "api": s.api,
-                    "direction": s.direction,
-                    "row_index": s.row_index,
-                    "reason": s.reason,
-                    "stack": s.stack,
-                }  # fmt: skip
-                for s in self.suspects
-            ],
+            "suspects": [suspect_dict(s) for s in self.suspects],
+            "first_divergence": suspect_dict(self.first_divergence) if self.first_divergence else None,
         }
+
+
+def suspect_dict(s: Suspect) -> dict[str, object]:
+    """A suspect as plain JSON values (the summary file and the server's summary)."""
+    return {
+        "rank": s.rank, "api": s.api, "direction": s.direction, "row_index": s.row_index,
+        "excel_row": s.excel_row, "score": s.score, "reason": s.reason, "stack": s.stack,
+        "collectives_before": s.collectives_before,
+    }  # fmt: skip

@@ -2,8 +2,11 @@
 
 The first three lines are exactly what msprobe writes to ``advisor_{ts}.txt`` (``Line``, ``Suspect Nodes``,
 ``Expert Advice``, with ``NA`` when every row passed), so scripts that read msprobe's file keep working. What
-follows is the list msprobe lacks: the APIs, forward and backward, whose inputs agree but whose outputs do
-not, in the order they ran, each with the innermost user frame from stack.json when there is one.
+follows is what msprobe lacks: the first divergence (the earliest call, in execution order, that stands out
+and whose effect carries on) and the ranked suspects (calls whose output error stands 5.6x (0.75 decades) or
+more above what their inputs and the run pair's background explain), each with its evidence in numbers, its
+row as Excel numbers it and the innermost frame in the user's own code. The three lines come from the same
+judgement (``parity.shared.compare.localization``), so they never give the all-clear above a suspect.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from parity.shared.compare.result import CompareResult
+from parity.shared.compare.result import CompareResult, Suspect
 from parity.shared.report import write_text_atomically
 
 logger = logging.getLogger(__name__)
@@ -35,17 +38,31 @@ def advisor_lines(result: CompareResult) -> list[str]:
             f"Expert Advice: {advice.text}"]  # fmt: skip
 
 
+def _where(suspect: Suspect) -> str:
+    row = suspect.excel_row if suspect.excel_row is not None else suspect.row_index + 2
+    return f"Excel row {row}"
+
+
 def suspect_lines(result: CompareResult, *, limit: int | None = None) -> list[str]:
-    """The ranked suspects, one numbered entry each (plus an indented stack line when known)."""
+    """The first divergence, then the ranked suspects, one numbered entry each, each with its evidence in
+    numbers, its row as Excel numbers it, and the innermost frame in the user's code when stack.json has
+    one."""
     suspects = result.suspects if limit is None else result.suspects[:limit]
     if not suspects:
-        return ["Top suspects: none (no API whose inputs agree has outputs that differ)."]
-    lines = ["Top suspects (inputs agree, outputs do not), in execution order:"]
+        return ["Top suspects: none (no API call's outputs stand out from what its inputs and the run pair's "
+                "background explain)."]  # fmt: skip
+    lines: list[str] = []
+    first = result.first_divergence
+    if first is not None:
+        lines.append(f"First divergence: [{first.direction}] {first.api} ({_where(first)})")
+        if first.stack:
+            lines.append(f"   at {one_line(first.stack)}")
+        lines.append("")
+    lines.append("Top suspects, by how far they stand above the background (score: decades above):")
     for suspect in suspects:
         reason = one_line(suspect.reason)
-        lines.append(
-            f"{suspect.rank}. [{suspect.direction}] {suspect.api} (row {suspect.row_index}): {reason}"
-        )
+        lines.append(f"{suspect.rank}. [{suspect.direction}] {suspect.api} (score {suspect.score:.1f}, "
+                     f"{_where(suspect)}): {reason}")  # fmt: skip
         if suspect.stack:
             lines.append(f"   at {one_line(suspect.stack)}")
     if limit is not None and len(result.suspects) > limit:

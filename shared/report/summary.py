@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parity.shared.compare.result import CompareResult, RowStatus, non_finite_text
+from parity.shared.compare.localization import first_diverged_rank
+from parity.shared.compare.result import CompareResult, RowStatus, Suspect, non_finite_text
 from parity.shared.report import write_text_atomically
 
 #: Bumped when a key changes meaning or disappears; new keys may appear without a bump.
@@ -34,6 +35,13 @@ def single_rank_summary(rank: Mapping[str, Any]) -> dict[str, Any]:
     return {"format_version": SUMMARY_FORMAT_VERSION, "kind": "single-rank", **rank}
 
 
+def _first_diverged(ranks: Sequence[Mapping[str, Any]]) -> dict[str, object] | None:
+    firsts = {doc.get("rank"): Suspect(**doc["first_divergence"]) if doc.get("first_divergence") else None
+              for doc in ranks}  # fmt: skip
+    origin = first_diverged_rank(firsts)
+    return origin.as_dict() if origin is not None else None
+
+
 def multi_rank_summary(
     ranks: Sequence[Mapping[str, Any]],
     *,
@@ -46,7 +54,8 @@ def multi_rank_summary(
     """The summary document of a compare of two step directories, from each paired rank's ``rank_summary``.
 
     It needs the ranks' documents only (plain JSON values), not their results, so the server's merge step
-    builds it from what each rank's task stored.
+    builds it from what each rank's task stored. ``first_diverged``: the rank that lost precision first,
+    judged around the collectives (``localization.first_diverged_rank``), or None.
     """
     totals: dict[str, int] = {status.value: 0 for status in RowStatus}
     for rank in ranks:
@@ -66,6 +75,7 @@ def multi_rank_summary(
         "bench_only_ranks": list(bench_only_ranks),
         "skipped_ranks": list(skipped_ranks),
         "status_counts": totals,
+        "first_diverged": _first_diverged(ranks),
         "missing_tensor_files": missing_total,
         "ranks": [dict(rank) for rank in ranks],
     }

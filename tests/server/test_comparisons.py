@@ -55,6 +55,19 @@ def test_comparison_of_two_runs(api: httpx.Client, tmp_path: Path) -> None:
     assert "Functional.linear.0.forward" not in summary["failing_apis"]
     top = summary["top_suspects"][0]
     assert top["api"].startswith("Torch.relu.0") and top["rank"] == 1 and top["compare_rank"] in (0, 1)
+    # Localization (issue 10): scores, the Excel row, the first divergence; rows sortable by score.
+    assert top["score"] > 1 and top["excel_row"] == top["row_index"] + 2
+    scores = [t["score"] for t in summary["top_suspects"]]
+    assert scores == sorted(scores, reverse=True)
+    assert summary["first_divergence"]["api"] == "Torch.relu.0.forward"
+    by_score = all_rows(api, queued["id"], sort="score")
+    assert by_score["data"][0]["api"] == "Torch.relu.0.forward" and by_score["data"][0]["score"] > 1
+    row_scores = [r["score"] for r in by_score["data"] if r["score"] is not None]
+    assert row_scores == sorted(row_scores, reverse=True)
+    assert sorted((r["rank"], r["index"]) for r in by_score["data"]) == [
+        (r["rank"], r["index"]) for r in all_rows(api, queued["id"])["data"]
+    ]
+    assert api.get(f"/comparisons/{queued['id']}/rows", params={"sort": "nope"}).status_code == 422
 
     rows = all_rows(api, done["id"])
     assert rows["header"] == full_header(CompareMode.TENSOR, stack=False)

@@ -60,7 +60,9 @@ def test_tensor_mode_worked_example(tmp_path: Path) -> None:
     assert result.rows[1].highlight is Highlight.YELLOW  # 1.0 - 0.6 > 0.1, and 0.6 is not < 0.6
     assert result.rows[1].status is RowStatus.WARNING
     assert _cell(result, 1, "Data_name") == repr(["Torch.example.0.forward.output.0.pt"] * 2)
-    assert result.advice.line is None
+    # msprobe's verdict passes the row, but the call's inputs are identical and its output is not: the
+    # localization names it, and the three advisor lines follow the same judgement (issue 10).
+    assert result.advice.line == 1 and result.suspects[0].api == "Torch.example.0.forward"
 
 
 def test_tensor_mode_failing_output_is_the_advice_and_the_suspect(tmp_path: Path) -> None:

@@ -66,15 +66,31 @@ def test_failing_row_lines_then_ranked_suspects_with_stack():
         f"Expert Advice: {FORWARD_ADVICE}",
     ]
     assert lines[4].startswith("Top suspects")
-    assert (
-        lines[5] == "1. [forward] Functional.linear.0.forward (row 7): output cosine 0.5 while inputs agree"
+    assert lines[5] == (
+        "1. [forward] Functional.linear.0.forward (score 0.0, Excel row 9): "
+        "output cosine 0.5 while inputs agree"
     )
     assert lines[6] == "   at File /w/train.py, line 12, in forward, y = self.fc(x)"
-    assert (
-        lines[7]
-        == "2. [backward] Functional.linear.0.backward (row 21): output MaxAbsErr 3.0 requires_grad differs"
+    assert lines[7] == (
+        "2. [backward] Functional.linear.0.backward (score 0.0, Excel row 23): output MaxAbsErr 3.0 "
+        "requires_grad differs"
     )
     assert len(lines) == 8 and text.endswith("\n")
+
+
+def test_first_divergence_heads_the_suspects():
+    advice = Advice(line=7, suspect_node="Functional.linear.0.forward.output.0", text=FORWARD_ADVICE)
+    first = Suspect(1, "Functional.linear.0.forward", "forward", 7, "inputs identical", score=4.2,
+                    excel_row=9, stack="File /w/model.py, line 3, in forward, \n y = self.fc(x)")  # fmt: skip
+    result = result_with(advice, [first])
+    result.first_divergence = first
+    lines = advisor_text(result).splitlines()
+    assert lines[4:7] == [
+        "First divergence: [forward] Functional.linear.0.forward (Excel row 9)",
+        "   at File /w/model.py, line 3, in forward, y = self.fc(x)",
+        "",
+    ]
+    assert lines[8].startswith("1. [forward] Functional.linear.0.forward (score 4.2, Excel row 9)")
 
 
 def test_line_zero_is_not_na():

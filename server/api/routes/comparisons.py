@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import StreamingResponse
@@ -71,10 +71,14 @@ async def get_rows(
     rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    sort: Annotated[
+        Literal["index", "score"],
+        Query(description="index: table order (rank, row); score: the localization score, highest first"),
+    ] = "index",
 ) -> Response:
     # Assembled from stored JSON text (no model validation): this is the hot endpoint.
     body = await comparisons.rows_json_async(
-        comparison_id, failing=failing, name=name, rank=rank, limit=limit, offset=offset
+        comparison_id, failing=failing, name=name, rank=rank, limit=limit, offset=offset, sort=sort
     )
     return Response(body, media_type="application/json")
 

@@ -1,0 +1,458 @@
+"""The injected-fault suite behind ``bench_localization.py`` (and its slow test): small models of six
+families, one training step each, dumped by Parity's own client, one API call degraded in the target run.
+
+A fault is injected by a ``TorchFunctionMode`` entered *below* the client's capture mode: the capture records
+a call's inputs, then calls the function, which reaches this mode, which runs it degraded; so the dump shows
+exactly what a faulty kernel would have produced, under the call's own entry name. Backward-only faults add a
+node hook on the call's autograd node that rewrites the gradients it hands upstream, registered before the
+capture's own hook, which therefore records the degraded gradients as that call's backward output.
+
+The noisy variant perturbs every floating output of every call (forward, and backward through the same node
+hooks) by a relative ``sigma`` drawn per case between 1e-6 and 1e-4, as two devices' kernels differ; the bench
+run is always clean.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import random
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from parity.client import PrecisionDebugger
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+# ------------------------------------------------------------------------------------------------------
+# models: (build, batch) per family; every one small enough for a CPU step in tens of milliseconds
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.l1(x))
+        x = F.layer_norm(F.relu(self.l2(x)), (64,))
+        return self.l3(x)
+
+
+class CNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c2, self.b2 = nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.b1(self.c1(x))), 2)
+        x = F.max_pool2d(F.relu(self.b2(self.c2(x))), 2)
+        return self.fc(x.flatten(1))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, causal: bool) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.causal, self.heads = causal, 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        if self.causal:
+            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            att = att.masked_fill(mask, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = torch.matmul(att, v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(50, 32), nn.Embedding(8, 32)
+        self.blocks = nn.ModuleList([Block(32, True), Block(32, True)])
+        self.ln, self.head = nn.LayerNorm(32), nn.Linear(32, 50)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+class ViT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, 32, 4, stride=4)
+        self.blocks = nn.ModuleList([Block(32, False), Block(32, False)])
+        self.ln, self.head = nn.LayerNorm(32), nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x).mean(dim=1))
+
+
+class ResNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.convs = nn.ModuleList([nn.Conv2d(8, 8, 3, padding=1) for _ in range(4)])
+        self.bns = nn.ModuleList([nn.BatchNorm2d(8) for _ in range(4)])
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn0(self.stem(x)))
+        for i in (0, 2):
+            y = F.relu(self.bns[i](self.convs[i](x)))
+            x = F.relu(x + self.bns[i + 1](self.convs[i + 1](y)))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class LSTMNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.lstm = nn.Embedding(30, 16), nn.LSTM(16, 32, batch_first=True)
+        self.fc = nn.Linear(32, 30)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.emb(idx))
+        return self.fc(F.layer_norm(out, (32,)))
+
+
+def _batch(family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    if family == "mlp":
+        return torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+    if family in ("cnn", "vit", "resnet"):
+        size = 16 if family != "resnet" else 8
+        return torch.randn(4, 3, size, size, generator=g), torch.randint(0, 10, (4,), generator=g)
+    vocab = 50 if family == "gpt" else 30
+    idx = torch.randint(0, vocab, (4, 8), generator=g)
+    return idx, torch.randint(0, vocab, (4, 8), generator=g)
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "mlp": MLP, "cnn": CNN, "gpt": GPT, "vit": ViT, "resnet": ResNet, "lstm": LSTMNet,
+}  # fmt: skip
+
+
+def build(family: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model (same weights on every call) and its batch; built outside the capture."""
+    torch.manual_seed(0)
+    return MODELS[family](), *_batch(family)
+
+
+def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One training step: forward, loss, backward, an SGD update with momentum (per-parameter ops)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    logits = model(x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+# ------------------------------------------------------------------------------------------------------
+# faults
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One degraded call: the ``index``-th call of API ``api`` (``Functional.gelu``) fails as ``kind``."""
+
+    family: str
+    api: str
+    index: int
+    kind: str
+
+    @property
+    def backward(self) -> bool:
+        return self.kind.startswith("bwd-")
+
+    @property
+    def entry(self) -> str:
+        return f"{self.api}.{self.index}.{'backward' if self.backward else 'forward'}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.family}:{self.entry}:{self.kind}"
+
+
+FAULTS: list[Fault] = [
+    Fault("mlp", "Functional.gelu", 0, "noise-1e-3"),
+    Fault("mlp", "Functional.linear", 1, "fp16"),
+    Fault("mlp", "Functional.layer_norm", 0, "eps"),
+    Fault("mlp", "Functional.linear", 2, "no-bias"),
+    Fault("mlp", "Functional.relu", 0, "bwd-noise-1e-3"),
+    Fault("mlp", "Functional.linear", 1, "bwd-fp16"),
+    Fault("cnn", "Functional.conv2d", 0, "fp16"),
+    Fault("cnn", "Functional.conv2d", 1, "noise-1e-3"),
+    Fault("cnn", "Functional.batch_norm", 0, "eps"),
+    Fault("cnn", "Functional.conv2d", 1, "no-bias"),
+    Fault("cnn", "Functional.max_pool2d", 1, "nan"),
+    Fault("cnn", "Functional.conv2d", 1, "bwd-fp16"),
+    Fault("gpt", "Functional.gelu", 1, "noise-1e-3"),
+    Fault("gpt", "Functional.softmax", 0, "bf16"),
+    Fault("gpt", "Functional.layer_norm", 2, "eps"),
+    Fault("gpt", "Functional.linear", 4, "noise-1e-2"),
+    Fault("gpt", "Functional.cross_entropy", 0, "bf16"),
+    Fault("gpt", "Functional.linear", 2, "bwd-noise-1e-3"),
+    Fault("gpt", "Functional.layer_norm", 1, "bwd-fp16"),
+    Fault("vit", "Functional.conv2d", 0, "noise-1e-3"),
+    Fault("vit", "Functional.layer_norm", 3, "fp16"),
+    Fault("vit", "Functional.linear", 3, "no-bias"),
+    Fault("vit", "Functional.softmax", 1, "inf"),
+    Fault("vit", "Functional.gelu", 0, "bwd-noise-1e-3"),
+    Fault("resnet", "Functional.conv2d", 2, "fp16"),
+    Fault("resnet", "Functional.batch_norm", 3, "eps"),
+    Fault("resnet", "Functional.conv2d", 3, "noise-1e-2"),
+    Fault("resnet", "Functional.relu", 2, "bwd-noise-1e-3"),
+    Fault("resnet", "Functional.conv2d", 4, "bwd-fp16"),
+    Fault("lstm", "Functional.embedding", 0, "noise-1e-3"),
+    Fault("lstm", "Functional.layer_norm", 0, "fp16"),
+    Fault("lstm", "Functional.linear", 0, "no-bias"),
+    Fault("lstm", "Functional.layer_norm", 0, "bwd-noise-1e-3"),
+    Fault("lstm", "Functional.linear", 0, "bwd-fp16"),
+]
+
+
+def _float_tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _float_tensors(v)
+
+
+def _map_floats(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value) if value.is_floating_point() else value
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_map_floats(v, fn) for v in value)
+    if isinstance(value, list):
+        return [_map_floats(v, fn) for v in value]
+    return value
+
+
+_TORCH_DIR = str(Path(torch.__file__).parent)
+
+
+def _call_lines() -> frozenset[int]:
+    """The lines of ``Recorder.record_api`` that run the recorded function itself."""
+    from parity.client.recorder import Recorder
+
+    lines, start = inspect.getsourcelines(Recorder.record_api)
+    return frozenset(start + k for k, line in enumerate(lines) if "= func(*args, **kwargs)" in line)
+
+
+_CALL_LINES = _call_lines()
+
+
+def _captured_api() -> str | None:
+    """The API name the capture records for the call in flight, or None for the client's own work (copies,
+    statistics), which reaches this mode too and is left alone.
+
+    The call in flight is an API call when the first caller outside torch (``torch.nn.functional`` and
+    ``handle_torch_function`` sit in between) is ``Recorder.record_api``; its ``prefix_api`` is the name the
+    dump uses, so names always agree with the dump."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name != "record_api" or frame.f_lineno not in _CALL_LINES:
+        return None
+    name = frame.f_locals.get("prefix_api")
+    return name if isinstance(name, str) else None
+
+
+class Perturb(TorchFunctionMode):
+    """Degrades one call (``fault``) and/or every call (``sigma``); see the module docstring."""
+
+    def __init__(self, fault: Fault | None, sigma: float, seed: int) -> None:
+        super().__init__()
+        self.fault, self.sigma = fault, sigma
+        self.counts: dict[str, int] = {}
+        self.gen = torch.Generator().manual_seed(seed)  # its own: the run's RNG (dropout) stays in step
+        self.hit = False
+
+    def _noise(self, t: torch.Tensor, rel: float) -> torch.Tensor:
+        """``t`` scaled in place by ``1 + rel * N(0, 1)``, through ``.data``: the graph keeps the call's own
+        node (its backward entry must mean the same on both sides) and no version counter moves."""
+        scale = 1 + rel * torch.randn(t.shape, generator=self.gen, dtype=torch.float32).to(t.dtype)
+        t.data.mul_(scale)
+        return t
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:  # fmt: skip
+        kwargs = kwargs or {}
+        name = _captured_api()
+        if name is None:  # the client's own work (copies, statistics) reaches this mode too: left alone
+            return func(*args, **kwargs)
+        k = self.counts.get(name, 0)
+        self.counts[name] = k + 1
+        fault = self.fault if self.fault and self.fault.api == name and self.fault.index == k else None
+        if fault is not None:
+            self.hit = True
+        out = func(*args, **kwargs)
+        if fault is not None and not fault.backward:
+            # Computed apart and copied into the call's own output, so its autograd node stays the real one.
+            with torch.no_grad():
+                degraded = list(_float_tensors(self._degraded(fault.kind, func, args, kwargs)))
+            for t, d in zip(_float_tensors(out), degraded, strict=True):
+                t.data.copy_(d)
+        if self.sigma > 0:
+            for t in _float_tensors(out):
+                self._noise(t, self.sigma)
+        grad_fn = next((t.grad_fn for t in _float_tensors(out) if t.grad_fn is not None), None)
+        if grad_fn is not None and (self.sigma > 0 or (fault is not None and fault.backward)):
+            kind = fault.kind if fault is not None and fault.backward else None
+            grad_fn.register_hook(self._grad_hook(kind))
+        return out
+
+    def _grad_hook(self, kind: str | None) -> Callable[[Any, Any], Any]:
+        def hook(grad_inputs: Any, grad_outputs: Any) -> Any:
+            def degrade(g: torch.Tensor) -> torch.Tensor:
+                # New tensors, never in place: a view's backward hands on a view of its incoming gradient,
+                # which the capture records as the call's backward input.
+                if kind == "bwd-fp16":
+                    g = g.half().to(g.dtype)
+                elif kind == "bwd-noise-1e-3":
+                    g = self._noise(g.clone(), 1e-3)
+                return self._noise(g.clone(), self.sigma) if self.sigma > 0 else g
+
+            return tuple(degrade(g) if isinstance(g, torch.Tensor) and g.is_floating_point() else g
+                         for g in grad_inputs)  # fmt: skip
+
+        return hook
+
+    def _degraded(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call's result as the faulty kernel computes it (run under ``no_grad``)."""
+        if kind in ("fp16", "bf16"):
+            low = torch.float16 if kind == "fp16" else torch.bfloat16
+            return func(*_map_floats(args, lambda t: t.to(low)), **_map_floats(kwargs, lambda t: t.to(low)))
+        if kind == "eps":
+            return func(*args, **{**kwargs, "eps": 1e-2})
+        if kind == "no-bias":
+            if len(args) > 2:
+                args = (*args[:2], None, *args[3:])
+            return func(*args, **{**kwargs, "bias": None} if "bias" in kwargs else kwargs)
+        out = _map_floats(func(*args, **kwargs), lambda t: t.clone())
+        if kind.startswith("noise-"):
+            rel = float(kind.split("-", 1)[1])
+            return _map_floats(out, lambda t: self._noise(t, rel))
+        if kind in ("nan", "inf"):
+            for t in _float_tensors(out):
+                t.view(-1)[t.numel() // 2] = float(kind)
+            return out
+        raise ValueError(f"unknown fault kind {kind!r}")
+
+
+# ------------------------------------------------------------------------------------------------------
+# running
+
+
+@contextmanager
+def _dumping(dump_dir: Path, task: str, summary_mode: str) -> Iterator[None]:
+    PrecisionDebugger.reset()
+    dump_dir.parent.mkdir(parents=True, exist_ok=True)
+    cfg = dump_dir.parent / f"{dump_dir.name}.config.json"
+    body = {"task": task, "dump_path": str(dump_dir), "level": "L1", "step": [0]}
+    if task == "statistics":
+        body["statistics"] = {"summary_mode": summary_mode}
+    cfg.write_text(json.dumps(body))
+    PrecisionDebugger(cfg)
+    try:
+        yield
+    finally:
+        PrecisionDebugger.drain()
+        PrecisionDebugger.reset()
+
+
+def dump_run(dump_dir: Path, family: str, *, task: str = "tensor", fault: Fault | None = None,
+             sigma: float = 0.0, seed: int = 0, summary_mode: str = "statistics") -> Path:  # fmt: skip
+    """One training step of ``family`` dumped into ``dump_dir``; returns the rank directory's dump.json."""
+    perturb = Perturb(fault, sigma, seed)
+    model, x, y = build(family)
+    with _dumping(dump_dir, task, summary_mode):
+        with perturb:  # entered first: below the capture mode, so the capture sees its outputs
+            PrecisionDebugger.start()
+            train_step(model, x, y)
+            PrecisionDebugger.stop()
+        PrecisionDebugger.step()
+    if fault is not None and not perturb.hit:
+        raise RuntimeError(f"{fault.label}: the faulty call never ran")
+    found = sorted(dump_dir.glob("step0/*/dump.json"))
+    if not found:
+        raise RuntimeError(f"{dump_dir}: no dump written")
+    return found[0]
+
+
+def noise_sigma(rng: random.Random) -> float:
+    """A relative noise level log-uniform in [1e-6, 1e-4]."""
+    return 10.0 ** rng.uniform(-6.0, -4.0)
+
+
+@dataclass
+class Outcome:
+    """One compared pair: the ranked suspects, the first divergence, and every judged call's score."""
+
+    label: str
+    mode: str
+    noisy: bool
+    truth: str | None  # None: a pair with no fault (identical or noise-only)
+    ranked: list[str]
+    first: str | None
+    scores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def top1(self) -> bool:
+        return bool(self.ranked) and self.ranked[0] == self.truth
+
+    @property
+    def top3(self) -> bool:
+        return self.truth in self.ranked[:3]
+
+    @property
+    def false_alarm(self) -> bool:
+        return self.truth is None and bool(self.ranked)
+
+
+def compare(target: Path, bench: Path) -> tuple[list[str], str | None, dict[str, float]]:
+    """The engine's ranked suspects, first divergence and per-call scores for one pair."""
+    from parity.shared.compare.engine import compare_dumps
+    from parity.shared.compare.options import CompareOptions
+
+    result = compare_dumps(target, bench, CompareOptions(workers=1))
+    scores: dict[str, float] = {}
+    for row, score in zip(result.rows, result.row_scores or [], strict=False):
+        if score is not None:
+            scores[row.api] = score
+    first = result.first_divergence.api if result.first_divergence else None
+    return [s.api for s in result.suspects], first, scores
+
+
+def workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="parity-loc-"))
+
+
+def cleanup(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+

@@ -1,0 +1,41 @@
+"""A slice of the injected-fault suite (``benchmarks/bench_localization.py``) end to end: a real training
+step dumped by Parity's client with one call degraded, compared by the engine, the faulty API named."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import localization_suite as suite  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CASES = [
+    suite.Fault("mlp", "Functional.gelu", 0, "noise-1e-3"),  # forward, below msprobe's thresholds
+    suite.Fault("mlp", "Functional.linear", 1, "bwd-fp16"),  # backward only
+    suite.Fault("gpt", "Functional.softmax", 0, "bf16"),  # behind the causal mask's identical -inf fill
+]
+
+
+@pytest.fixture(scope="module")
+def benches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    return {family: suite.dump_run(root / family, family) for family in ("mlp", "gpt")}
+
+
+@pytest.mark.parametrize("fault", CASES, ids=lambda f: f.label)
+def test_the_faulty_call_is_the_top_suspect_and_the_first_divergence(
+    fault: suite.Fault, benches: dict[str, Path], tmp_path: Path
+) -> None:
+    target = suite.dump_run(tmp_path / "target", fault.family, fault=fault)
+    ranked, first, _ = suite.compare(target, benches[fault.family])
+    assert ranked[:1] == [fault.entry] and first == fault.entry
+
+
+def test_an_identical_gpt_run_names_no_suspect(benches: dict[str, Path], tmp_path: Path) -> None:
+    same = suite.dump_run(tmp_path / "same", "gpt")
+    assert suite.compare(same, benches["gpt"])[:2] == ([], None)
