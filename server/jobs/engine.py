@@ -62,3 +62,14 @@ def compare_step(
         raise CompareInputError(f"{npu_step_dir.name}: no rank is present in both runs")
     logger.info("compared %d rank(s) of %s", len(outputs), npu_step_dir.name)
     return outputs
+
+
+def write_step_summary(outputs: list[RankOutput], out_dir: Path) -> Path:
+    """``out_dir/summary.json``: the summary document ``parity compare`` writes for a step directory (every
+    rank's status counts, verdict and suspects), naming each rank's reports by their keys under the
+    comparison (``rank0/report.xlsx``), for ``GET /comparisons/{id}/summary.json``."""
+    from parity.shared.report.summary import multi_rank_summary, write_summary
+
+    ranks = [(out.result, {"xlsx": f"rank{out.rank}/report.xlsx", "advisor": f"rank{out.rank}/advisor.txt"})
+             for out in outputs]  # fmt: skip
+    return write_summary(multi_rank_summary(ranks), out_dir / "summary.json")

@@ -228,7 +228,7 @@ def _run(
         progress = _Progress(db, job_id, attempt, 0.05, 0.85, lease)
         progress.set(0.0)
 
-        from parity.server.jobs.engine import compare_step
+        from parity.server.jobs.engine import compare_step, write_step_summary
 
         try:
             outputs = compare_step(npu_dir, bench_dir, options, out_dir, progress)
@@ -242,6 +242,7 @@ def _run(
         for out in outputs:
             store.put_file(out.xlsx, comparison_key(job_id, f"rank{out.rank}/report.xlsx"))
             store.put_file(out.advisor, comparison_key(job_id, f"rank{out.rank}/advisor.txt"))
+        store.put_file(write_step_summary(outputs, out_dir), comparison_key(job_id, "summary.json"))
     # After the staging folder is gone (the results are in memory, the reports in the store): a job seen
     # as succeeded has left nothing in the temp folder.
     _finish_succeeded(db, store, job_id, attempt, outputs)
