@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from parity.server.models import Comparison, ComparisonRow, Run, RunFile, RunTag
-from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session, aliased
+
+
+def serialize_on(session: Session, key: str) -> None:
+    """Make concurrent write transactions about the same ``key`` (a run name, a comparison's inputs) run one
+    after the other, so that a check-then-insert cannot let two of them insert.
+
+    PostgreSQL: a transaction-scoped advisory lock on a 64-bit hash of ``key``, released at commit; it costs
+    one round trip and blocks nothing else. SQLite: nothing to do, every write transaction already holds the
+    database's write lock from its ``BEGIN IMMEDIATE``.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        lock = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
+        session.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
 
 
 @dataclass
@@ -35,11 +50,19 @@ class RunRepository:
             stmt = stmt.with_for_update(read=shared)
         return self.session.scalars(stmt).first()
 
+    def named(self, name: str, project: str | None = None) -> list[Run]:
+        """The runs called ``name`` (in ``project`` when given), oldest first."""
+        stmt = select(Run).where(Run.name == name)
+        if project is not None:
+            stmt = stmt.where(Run.project == project)
+        return list(self.session.scalars(stmt.order_by(Run.created_at, Run.id)))
+
     def filtered(
         self,
         *,
         project: str | None = None,
         name: str | None = None,
+        name_contains: str | None = None,
         device: str | None = None,
         status: str | None = None,
         tags: Sequence[tuple[str, str]] = (),
@@ -49,6 +72,8 @@ class RunRepository:
             stmt = stmt.where(Run.project == project)
         if name is not None:
             stmt = stmt.where(Run.name == name)
+        if name_contains:
+            stmt = stmt.where(contains_text(Run.name, name_contains))
         if device is not None:
             stmt = stmt.where(Run.device == device)
         if status is not None:
@@ -141,8 +166,12 @@ class ComparisonRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def get(self, comparison_id: str) -> Comparison | None:
-        return self.session.get(Comparison, comparison_id)
+    def get(self, comparison_id: str, *, for_update: bool = False) -> Comparison | None:
+        return self.session.get(Comparison, comparison_id, with_for_update=for_update)
+
+    def delete(self, comparison_id: str) -> None:
+        self.session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == comparison_id))
+        self.session.execute(delete(Comparison).where(Comparison.id == comparison_id))
 
     def filtered(
         self, *, run: str | None = None, project: str | None = None, status: str | None = None
@@ -162,6 +191,24 @@ class ComparisonRepository:
             stmt.order_by(Comparison.created_at.desc(), Comparison.id).limit(limit).offset(offset)
         ).all()
         return list(items), int(total)
+
+    def same_request(
+        self, target_id: str, bench_id: str, step: int, ranks: list[int] | None, options: dict[str, Any]
+    ) -> Comparison | None:
+        """The newest comparison of these runs, step, ranks and options (compared here: JSON columns
+        compare differently on each backend)."""
+        candidates = self.session.scalars(
+            select(Comparison)
+            .where(Comparison.target_run_id == target_id, Comparison.bench_run_id == bench_id,
+                   Comparison.step == step)
+            .order_by(Comparison.created_at.desc(), Comparison.id)
+        )  # fmt: skip
+        return next((c for c in candidates if c.ranks == ranks and (c.options or {}) == options), None)
+
+    def requeue(self, comparison: Comparison) -> None:
+        """A failed comparison back to ``queued``, under the same id; its attempt count keeps growing."""
+        comparison.status, comparison.error, comparison.progress = "queued", None, 0.0
+        comparison.started_at = comparison.finished_at = comparison.lease_expires_at = None
 
     def queued_ids(self, limit: int, exclude: Sequence[str] = ()) -> list[str]:
         stmt = select(Comparison.id).where(Comparison.status == "queued")
@@ -211,6 +258,16 @@ class ComparisonRepository:
             .limit(limit)
         )
         return [(job_id, lease) for job_id, lease in self.session.execute(stmt)]
+
+
+def contains_text(column: ColumnElement[str], needle: str) -> ColumnElement[bool]:
+    """``needle`` anywhere in ``column``, ignoring case, with ``%``, ``_`` and ``\\`` taken literally.
+
+    ``ILIKE`` on PostgreSQL and ``lower() LIKE lower()`` on SQLite, so both backends answer alike (a plain
+    ``LIKE`` ignores ASCII case on SQLite only).
+    """
+    escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return column.ilike(f"%{escaped}%", escape="\\")
 
 
 def _lease_passed(now: datetime) -> ColumnElement[bool]:

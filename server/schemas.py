@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Device = Literal["npu", "gpu", "cpu", "other"]
 RunStatus = Literal["uploading", "complete", "invalid"]
@@ -20,6 +20,16 @@ class RunCreate(BaseModel):
     device: Device
     tags: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("tags")
+    @classmethod
+    def _tag_keys_filterable(cls, tags: dict[str, str]) -> dict[str, str]:
+        # Filters and the CLI write a tag as KEY=VALUE, split at the first "=": a key holding one could
+        # never be asked for.
+        for key in tags:
+            if not key or "=" in key:
+                raise ValueError(f"tag key {key!r}: must be non-empty and hold no '=' (tags read KEY=VALUE)")
+        return tags
 
 
 class RunPublic(BaseModel):
@@ -65,8 +75,9 @@ class CompareOptions(BaseModel):
 class ComparisonCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    target_run: str
-    bench_run: str
+    target_run: str = Field(description="id or name of the run under test")
+    bench_run: str = Field(description="id or name of the reference run")
+    project: str | None = Field(default=None, description="project the run names are looked up in")
     step: int | None = Field(default=None, ge=0)
     ranks: list[int] | None = None
     options: CompareOptions = Field(default_factory=CompareOptions)

@@ -8,7 +8,8 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
@@ -17,7 +18,7 @@ from parity.server.db import Database
 from parity.server.errors import BadRequest, Conflict, NotFound, Unprocessable
 from parity.server.jobs.base import JobQueue
 from parity.server.models import Comparison, ComparisonRow, utcnow
-from parity.server.repositories import ComparisonRepository, RunRepository
+from parity.server.repositories import ComparisonRepository, RunRepository, contains_text, serialize_on
 from parity.server.schemas import (
     CompareOptions,
     ComparisonCreate,
@@ -25,7 +26,9 @@ from parity.server.schemas import (
     ComparisonsPublic,
     ComparisonSummary,
 )
+from parity.server.services.runs import resolve_run
 from parity.server.store import BlobStore, comparison_key
+from parity.shared.compare.result import RowStatus
 from sqlalchemy import false, func, select, tuple_
 
 logger = logging.getLogger(__name__)
@@ -46,13 +49,45 @@ def comparison_public(c: Comparison) -> ComparisonPublic:
     )  # fmt: skip
 
 
+#: Every row status, as the ``status`` column and the ``Parity Status`` cell write it.
+ROW_STATUSES = frozenset(s.value for s in RowStatus)
+#: What ``failing=true`` asks for: the rows an xlsx reader sees red or yellow, and NPU rows with no bench row.
+FAILING_ROW_STATUSES = frozenset({RowStatus.FAIL.value, RowStatus.WARNING.value, RowStatus.UNMATCHED.value})
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """Which rows a page holds (beside its rank): ``statuses`` None for any, ``name`` a substring of the
+    NPU (else bench) name, ignoring case. Hashable: it keys the cached counts."""
+
+    statuses: frozenset[str] | None = None
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, *, failing: bool | None, status: Sequence[str], name: str | None) -> RowFilter:
+        """From the query: ``status`` values may be repeated or comma-separated (``status=fail,warning``);
+        ``failing`` true keeps the failing statuses, false the others; given both, a row must pass both."""
+        statuses: frozenset[str] | None = None
+        asked = {part.strip() for value in status for part in value.split(",") if part.strip()}
+        if asked:
+            unknown = sorted(asked - ROW_STATUSES)
+            if unknown:
+                raise BadRequest(f"query status={','.join(unknown)}: not a row status "
+                                 f"(one of {', '.join(sorted(ROW_STATUSES))})")  # fmt: skip
+            statuses = frozenset(asked)
+        if failing is not None:
+            wanted = FAILING_ROW_STATUSES if failing else ROW_STATUSES - FAILING_ROW_STATUSES
+            statuses = wanted if statuses is None else statuses & wanted
+        return cls(statuses, name or None)
+
+
 class _Finished:
     """What never changes once a comparison succeeded: kept in memory for the hot rows endpoint."""
 
     def __init__(self, headers: dict[str, list[str]]) -> None:
         self.headers = headers
         self.header_json = {rank: json.dumps(h) for rank, h in headers.items()}
-        self.counts: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+        self.counts: OrderedDict[tuple[RowFilter, int | None], int] = OrderedDict()
         self.rank_counts: list[tuple[int, int]] | None = None  # (rank, rows) in rank order
 
 
@@ -75,16 +110,22 @@ class ComparisonService:
         self._count_lock = threading.Lock()
 
     def create(self, body: ComparisonCreate) -> ComparisonPublic:
+        """Queue the comparison ``body`` asks for, unless it exists already.
+
+        Runs are named by id or name (``body.project`` narrows the names). The same request again (same
+        runs, step, ranks and options) does not queue a copy: a comparison that is queued, running or
+        succeeded is returned as it is, and one that failed is queued again, under the same id, as a retry.
+        """
         with self.db.read() as session:
             runs = RunRepository(session)
             step_ranks = {}
-            for field, run_id in (("target_run", body.target_run), ("bench_run", body.bench_run)):
-                run = runs.get(run_id)
-                if run is None:
-                    raise NotFound(f"{field}: run {run_id!r} not found")
+            run_ids = {}
+            for field, ref in (("target_run", body.target_run), ("bench_run", body.bench_run)):
+                run = resolve_run(runs, ref, project=body.project, field=field)
                 if run.status != "complete":
-                    raise Conflict(f"{field}: run {run_id} is {run.status}, not complete")
-                step_ranks[field] = runs.step_ranks(run_id)
+                    raise Conflict(f"{field}: run {run.id} ({run.name}) is {run.status}, not complete")
+                step_ranks[field] = runs.step_ranks(run.id)
+                run_ids[field] = run.id
         target, bench = step_ranks["target_run"], step_ranks["bench_run"]
         common = sorted(set(target) & set(bench))
         if body.step is None:
@@ -104,17 +145,32 @@ class ComparisonService:
                     f"ranks: {missing or body.ranks} not in step {step} of the target run "
                     f"(it has {sorted(target[step])})"
                 )
-        comparison = Comparison(
-            id=uuid.uuid4().hex, target_run_id=body.target_run, bench_run_id=body.bench_run, step=step,
-            ranks=sorted(set(body.ranks)) if body.ranks is not None else None,
-            options=body.options.model_dump(), status="queued", progress=0.0, created_at=utcnow(), attempt=0,
-        )  # fmt: skip
+        target_id, bench_id = run_ids["target_run"], run_ids["bench_run"]
+        ranks = sorted(set(body.ranks)) if body.ranks is not None else None
+        options = body.options.model_dump()
         with self.db.write() as session:
-            session.add(comparison)
+            serialize_on(session, f"comparison\0{target_id}\0{bench_id}\0{step}")
+            repo = ComparisonRepository(session)
+            comparison = repo.same_request(target_id, bench_id, step, ranks, options)
+            if comparison is None:
+                comparison = Comparison(
+                    id=uuid.uuid4().hex, target_run_id=target_id, bench_run_id=bench_id, step=step,
+                    ranks=ranks, options=options, status="queued", progress=0.0, created_at=utcnow(),
+                    attempt=0,
+                )  # fmt: skip
+                session.add(comparison)
+                action = "queued"
+            elif comparison.status == "failed":
+                repo.requeue(comparison)
+                action = "queued again (retry of a failed comparison)"
+            else:
+                action = ""
+        if not action:
+            logger.info("comparison %s asked for again: it is %s", comparison.id, comparison.status)
+            return comparison_public(comparison)
         # Enqueued only after the commit, so a worker always finds the row it is given.
         self.queue.submit(comparison.id)
-        logger.info("comparison %s queued (%s vs %s, step %s)", comparison.id, body.target_run,
-                    body.bench_run, step)  # fmt: skip
+        logger.info("comparison %s %s (%s vs %s, step %s)", comparison.id, action, target_id, bench_id, step)
         return comparison_public(comparison)
 
     def _require(self, session: Any, comparison_id: str) -> Comparison:
@@ -130,7 +186,10 @@ class ComparisonService:
     def search(
         self, *, run: str | None, project: str | None, status: str | None, limit: int, offset: int
     ) -> ComparisonsPublic:
+        """A page of comparisons; ``run`` is a run id or name (within ``project`` when given)."""
         with self.db.read() as session:
+            if run is not None:
+                run = resolve_run(RunRepository(session), run, project=project, field="run").id
             repo = ComparisonRepository(session)
             items, total = repo.page(repo.filtered(run=run, project=project, status=status), limit, offset)
             return ComparisonsPublic(data=[comparison_public(c) for c in items], count=total)
@@ -162,58 +221,33 @@ class ComparisonService:
         return state
 
     async def rows_json_async(
-        self,
-        comparison_id: str,
-        *,
-        failing: bool | None,
-        name: str | None,
-        rank: int | None,
-        limit: int,
-        offset: int,
+        self, comparison_id: str, rows: RowFilter, *, rank: int | None, limit: int, offset: int
     ) -> bytes:
         """``rows_json`` from the event loop: inline when it is a short read of a comparison whose state and
         count are cached (under a millisecond: cheaper than the hop to a worker thread, and the hop is what
         makes the latency tail under many clients), in a worker thread otherwise (a first count, a long scan,
         a network round trip to PostgreSQL)."""
-        read = functools.partial(
-            self.rows_json, comparison_id, failing=failing, name=name, rank=rank, limit=limit, offset=offset
-        )
-        if self.db.dialect == "sqlite" and self._is_short_read(
-            comparison_id, failing, name, rank, limit, offset
-        ):
+        read = functools.partial(self.rows_json, comparison_id, rows, rank=rank, limit=limit, offset=offset)
+        if self.db.dialect == "sqlite" and self._is_short_read(comparison_id, rows, rank, limit, offset):
             return read()
         return await anyio.to_thread.run_sync(read)
 
-    def _is_short_read(
-        self,
-        comparison_id: str,
-        failing: bool | None,
-        name: str | None,
-        rank: int | None,
-        limit: int,
-        offset: int,
-    ) -> bool:
+    def _is_short_read(self, comparison_id: str, rows: RowFilter, rank: int | None, limit: int,
+                       offset: int) -> bool:  # fmt: skip
         with self._lock:
             state = self._finished.get(comparison_id)
-            count = state.counts.get((failing, name, rank)) if state is not None else None
-            rows = sum(n for _, n in state.rank_counts) if state is not None and state.rank_counts else None
+            count = state.counts.get((rows, rank)) if state is not None else None
+            total = sum(n for _, n in state.rank_counts) if state is not None and state.rank_counts else None
         if count is None:
             return False
-        if name:
-            # A substring filter scans rows until it has offset + limit matches: about
-            # (offset + limit) * rows / matches of them, which must stay small to run on the event loop.
-            return rows is not None and (offset + limit) * rows <= INLINE_SCAN_ROWS * max(count, 1)
-        return failing is None or offset <= INLINE_SCAN_ROWS
+        if rows.name or rows.statuses is not None:
+            # A filter scans rows until it has offset + limit matches: about (offset + limit) * rows /
+            # matches of them, which must stay small to run on the event loop.
+            return total is not None and (offset + limit) * total <= INLINE_SCAN_ROWS * max(count, 1)
+        return True
 
     def rows_json(
-        self,
-        comparison_id: str,
-        *,
-        failing: bool | None,
-        name: str | None,
-        rank: int | None,
-        limit: int,
-        offset: int,
+        self, comparison_id: str, rows: RowFilter, *, rank: int | None, limit: int, offset: int
     ) -> bytes:
         """The rows page as JSON bytes, assembled from the stored cell text without decoding it."""
         state = self._finished_state(comparison_id)
@@ -222,14 +256,13 @@ class ComparisonService:
                              f"{sorted(int(r) for r in state.headers)})")  # fmt: skip
         t = ComparisonRow.__table__.c
         where = [t.comparison_id == comparison_id]
-        if failing is not None:
-            where.append(t.failing == failing)
+        if rows.statuses is not None:
+            where.append(t.status.in_(sorted(rows.statuses)))
         if rank is not None:
             where.append(t.rank == rank)
-        if name:
-            escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            where.append(t.name.like(f"%{escaped}%", escape="\\"))
-        key = (failing, name, rank)
+        if rows.name:
+            where.append(contains_text(t.name, rows.name))
+        key = (rows, rank)
         columns = (t.index, t.rank, t.api, t.status, t.highlight, t.cells)
         with self.db.read_engine.connect() as conn:
             with self._lock:
@@ -255,7 +288,7 @@ class ComparisonService:
                             .group_by(t.rank).order_by(t.rank)
                         ).all()  # fmt: skip
                         state.rank_counts = [(int(r), int(n)) for r, n in per_rank]
-            if failing is None and not name:
+            if rows.statuses is None and not rows.name:
                 # Unfiltered pages seek through the primary key instead of stepping over ``offset`` rows:
                 # row indexes are dense per rank, so an offset is a (rank, index) position.
                 if rank is not None:
@@ -268,16 +301,39 @@ class ComparisonService:
             result = conn.execute(stmt).all()
         # json.encoder's C string quoting: a third of the cost of json.dumps for the per-row text fields.
         quote = encode_basestring_ascii
-        rows = ",".join(
+        data = ",".join(
             f'{{"index":{i},"rank":{r},"api":{quote(api)},"status":{quote(status)},'
             f'"highlight":{quote(hl) if hl is not None else "null"},"cells":{cells}}}'
             for i, r, api, status, hl, cells in result
         )
         header_rank = str(rank) if rank is not None else min(state.headers, key=int, default=None)
         header = state.header_json.get(header_rank, "[]") if header_rank is not None else "[]"
-        return f'{{"header":{header},"data":[{rows}],"count":{total}}}'.encode()
+        return f'{{"header":{header},"data":[{data}],"count":{total}}}'.encode()
 
     # -- reports ----------------------------------------------------------------------------------------
+    def summary_file(self, comparison_id: str) -> tuple[str, Iterator[bytes]]:
+        """(download name, bytes) of the comparison's summary.json, the document ``parity compare`` writes."""
+        with self.db.read() as session:
+            c = self._require(session, comparison_id)
+            if c.status != "succeeded":
+                raise Conflict(f"comparison {comparison_id} is {c.status}; a summary exists once it succeeds")
+        key = comparison_key(comparison_id, "summary.json")
+        if not self.store.exists(key):
+            raise NotFound(f"comparison {comparison_id} has no summary.json: it finished on a server that "
+                           "did not store summaries; delete it and ask for it again")  # fmt: skip
+        return f"compare_summary_{comparison_id[:8]}.json", self.store.iter_bytes(key)
+
+    def delete(self, comparison_id: str) -> None:
+        """Delete a comparison, its rows and its reports (its runs stay). A job still running finds it gone
+        and drops its result."""
+        with self.db.write() as session:
+            c = ComparisonRepository(session).get(comparison_id, for_update=True)
+            if c is None:
+                raise NotFound(f"comparison {comparison_id!r} not found")
+            ComparisonRepository(session).delete(comparison_id)
+        self.forget([comparison_id])
+        logger.info("comparison %s deleted", comparison_id)
+
     def report(self, comparison_id: str, file_name: str, rank: int | None) -> tuple[str, Iterator[bytes]]:
         """(download name, bytes) of one rank's report or advisor."""
         with self.db.read() as session:
