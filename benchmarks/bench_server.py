@@ -111,7 +111,7 @@ def bench_upload(api: ParityClient, work: Path, total_mb: int, jobs: int) -> flo
     root = work / "tensor-dump"
     size = write_tensor_dump(root, total_mb)
     start = time.perf_counter()
-    run = upload_dump(api, root, name=f"bench-upload-{time.time_ns()}", jobs=jobs, progress_stream=_Null())
+    run = upload_dump(api, root, name=f"bench-upload-{time.time_ns()}", jobs=jobs)
     took = time.perf_counter() - start
     rate = size / took / 1e6
     print(
@@ -120,13 +120,6 @@ def bench_upload(api: ParityClient, work: Path, total_mb: int, jobs: int) -> flo
     )
     return rate
 
-
-class _Null:
-    def write(self, _s: str) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
 
 
 def hammer(
@@ -176,9 +169,8 @@ def bench_rows(api: ParityClient, server: str, work: Path, apis: int, clients: i
     t0 = time.perf_counter()
     ids = {}
     for name in ("bench", "target"):
-        ids[name] = upload_dump(
-            api, work / f"stats-{name}", name=f"bench-stats-{name}-{time.time_ns()}", progress_stream=_Null()
-        )["id"]
+        run_name = f"bench-stats-{name}-{time.time_ns()}"
+        ids[name] = upload_dump(api, work / f"stats-{name}", name=run_name)["id"]
     t1 = time.perf_counter()
     info = api.create_comparison(ids["target"], ids["bench"])
     info = api.wait_for_comparison(info["id"], timeout=1800, poll_interval=0.5)

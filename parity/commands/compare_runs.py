@@ -4,12 +4,14 @@ TARGET and BENCH are run ids or run names (a name must match exactly one run; ot
 candidate ids). Without ``--wait`` the command queues the comparison and prints its id. With ``--wait`` it
 polls until the comparison is done, downloads ``report.xlsx`` and ``advisor.txt`` into OUT under msprobe's
 names (``compare_result_{ts}.xlsx``, or ``compare_result_rank{R}_{ts}.xlsx`` per rank when there are
-several), and prints the top suspects.
+several) and the summary JSON as ``compare_summary_{ts}.json`` (as ``parity compare`` names it), and prints
+the top suspects. Asking for a comparison that exists returns it (a failed one is retried).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -17,8 +19,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from parity.client.errors import ClientError
-from parity.client.rest import ComparisonInfo, ParityClient
+from parity.client.rest import ApiError, ComparisonInfo, ParityClient
 from parity.commands import upload
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +48,8 @@ def report_names(ranks: Sequence[int], stamp: str) -> list[tuple[int | None, str
 
 
 def download_reports(api: ParityClient, info: ComparisonInfo, out_dir: Path) -> list[Path]:
-    """Download every report and advisor of a succeeded comparison into ``out_dir``; returns their paths."""
+    """Download every report and advisor of a succeeded comparison, then its summary JSON, into ``out_dir``;
+    returns their paths."""
     summary = info.get("summary") or {}
     ranks = [int(r) for r in summary.get("ranks") or info.get("ranks") or []]
     stamp = time.strftime("%Y%m%d%H%M%S")
@@ -52,6 +57,13 @@ def download_reports(api: ParityClient, info: ComparisonInfo, out_dir: Path) -> 
     for rank, xlsx, advisor in report_names(ranks, stamp):
         paths.append(api.download(info["id"], "report.xlsx", out_dir / xlsx, rank=rank))
         paths.append(api.download(info["id"], "advisor.txt", out_dir / advisor, rank=rank))
+    try:
+        paths.append(api.download(info["id"], "summary.json", out_dir / f"compare_summary_{stamp}.json"))
+    except ApiError as exc:
+        if exc.status_code != 404:
+            raise
+        # A server from before summaries were stored (or a comparison it finished then): the reports suffice.
+        log.warning("no summary JSON: %s", exc.detail)
     return paths
 
 

@@ -5,8 +5,19 @@ folder and its ``proc{pid}`` folder are stored as ``rank0`` when they are the on
 A step directory (``step3``) or a single rank directory (one holding dump.json) is accepted too and stored
 under its own step and rank numbers.
 
-An interrupted upload is resumed rather than duplicated: if the server has a run of that name and project
-still ``uploading``, the files it already holds with the same sha256 are skipped and the rest are sent to it.
+Run names are unique in a project (the server refuses a second run of a name), so an upload under a name
+that exists is either a resume or refused:
+
+* the run is still ``uploading`` (an interrupted upload): the files it holds with the same sha256 are
+  skipped, the rest are sent to it, and it is completed;
+* the run is ``complete`` and holds exactly this dump (same paths, same sha256): nothing is sent, and the
+  command succeeds with that run, so a script may run the same upload twice;
+* the run is ``complete`` and holds anything else: refused, naming the differences. A complete run is never
+  changed, since the comparisons made from it would then describe files it no longer holds; delete it
+  (``parity runs delete NAME --with-comparisons``) or choose another ``--name``.
+
+On a terminal a progress bar is redrawn in place; elsewhere (a CI log) a line is written at each quarter of
+the bytes; ``--quiet`` shows nothing but errors and, on stdout, the run id.
 """
 
 from __future__ import annotations
@@ -17,17 +28,16 @@ import os
 import re
 import socket
 import sys
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from parity.client.errors import ClientError, UploadError
 from parity.client.rest import ParityClient, RunInfo, sha256_file
 from parity.client.uploader import iter_dump_files, retry_call
+from parity.progress import TransferProgress
 
 log = logging.getLogger(__name__)
 
@@ -112,46 +122,57 @@ def collect_files(dump_dir: Path) -> list[DumpFile]:
     return files
 
 
-class _Progress:
-    """Progress lines on stderr, at most one a second (and the last one), thread-safe."""
+class UploadObserver(Protocol):
+    """What an upload reports as it goes (a progress display implements it)."""
 
-    def __init__(self, total_files: int, total_bytes: int, stream: Any = None) -> None:
-        self.total_files = total_files
-        self.total_bytes = total_bytes
-        self.files = 0
-        self.bytes = 0
-        self.sent_bytes = 0
-        self.start = time.monotonic()
-        self._last = 0.0
-        self._lock = threading.Lock()
-        self._stream = stream if stream is not None else sys.stderr
+    def started(self, files: int, total_bytes: int) -> None:
+        """The files about to be checked and sent, and their total size."""
 
-    def done(self, size: int, sent: bool) -> None:
-        with self._lock:
-            self.files += 1
-            self.bytes += size
-            if sent:
-                self.sent_bytes += size
-            now = time.monotonic()
-            if now - self._last >= 1.0 or self.files == self.total_files:
-                self._last = now
-                rate = self.sent_bytes / max(now - self.start, 1e-9) / 1e6
-                self._stream.write(
-                    f"parity upload: {self.files}/{self.total_files} files, "
-                    f"{self.bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB, {rate:.1f} MB/s\n"
-                )
-                self._stream.flush()
+    def file_done(self, size: int, sent: bool) -> None:
+        """One file is on the server: sent now (``sent``), or found there with the same sha256."""
 
 
-def _find_resumable(api: ParityClient, name: str, project: str) -> RunInfo | None:
-    runs = api.find_runs(name=name, project=project, status="uploading")
-    if not runs:
-        return None
+def _existing_run(api: ParityClient, name: str, project: str) -> RunInfo | None:
+    """The run called ``name`` in ``project``, if any. Servers from before names were unique may hold
+    several: the newest uploading one is resumed, and several complete ones are an error listing them."""
+    runs = api.find_runs(name=name, project=project)
+    if len(runs) <= 1:
+        return runs[0] if runs else None
     runs.sort(key=lambda r: str(r.get("created_at") or ""))
-    if len(runs) > 1:
-        log.warning("%d runs named %r in project %r are uploading; resuming the newest, %s",
-                    len(runs), name, project, runs[-1]["id"])
-    return runs[-1]
+    uploading = [r for r in runs if r.get("status") != "complete"]
+    if uploading:
+        log.warning("%d runs named %r in project %r; resuming the newest uploading one, %s",
+                    len(runs), name, project, uploading[-1]["id"])  # fmt: skip
+        return uploading[-1]
+    ids = ", ".join(r["id"] for r in runs)
+    raise ClientError(f"project {project!r} has {len(runs)} complete runs named {name!r} ({ids}); "
+                      "delete the extra ones or upload under another --name")  # fmt: skip
+
+
+def _hash_all(files: Sequence[DumpFile], jobs: int) -> dict[str, str]:
+    with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="parity-hash") as pool:
+        return dict(zip((f.rel for f in files), pool.map(lambda f: sha256_file(f.path), files), strict=True))
+
+
+def _check_same_dump(run: RunInfo, stored: Mapping[str, str], local: Mapping[str, str], project: str) -> None:
+    """Nothing to do when the complete ``run`` holds exactly ``local``; otherwise an error naming how the
+    two differ and what to do."""
+    differ = sorted(p for p in local.keys() & stored.keys() if local[p] != stored[p])
+    only_here = sorted(local.keys() - stored.keys())
+    only_there = sorted(stored.keys() - local.keys())
+    if not (differ or only_here or only_there):
+        return
+    parts = []
+    for label, paths in (("differ", differ), ("only here", only_here), ("only on the server", only_there)):
+        if paths:
+            shown = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+            parts.append(f"{len(paths)} file(s) {label} ({shown})")
+    name = run.get("name")
+    raise ClientError(
+        f"run {run['id']} ({name!r} in project {project!r}) is complete and holds another dump: "
+        f"{'; '.join(parts)}. A complete run is never changed: delete it (parity runs delete {name} "
+        f"--project {project} --with-comparisons) or upload under another --name"
+    )
 
 
 def upload_dump(
@@ -165,20 +186,25 @@ def upload_dump(
     metadata: Mapping[str, Any] | None = None,
     jobs: int = 4,
     retry_budget_s: float = 30.0,
-    progress_stream: Any = None,
+    observer: UploadObserver | None = None,
     on_file: Callable[[DumpFile], None] | None = None,
 ) -> RunInfo:
     """Upload (or finish uploading) ``dump_dir`` as run ``name`` and complete it; returns the complete run.
 
     Files are hashed and sent by ``jobs`` threads; a transient failure is retried with back-off for
     ``retry_budget_s``. A path the server already holds with other content is an error: a resumed upload
-    must not mix two dumps.
+    must not mix two dumps. A complete run of that name is returned as is when it holds this very dump, and
+    refused otherwise (see the module docstring). ``observer`` hears of each file as it is done.
     """
     files = collect_files(dump_dir)
-    run = _find_resumable(api, name, project)
+    run = _existing_run(api, name, project)
     stored: dict[str, str] = {}
     if run is not None:
         stored = {f["path"]: f["sha256"] for f in api.list_files(run["id"])}
+        if run.get("status") == "complete":
+            _check_same_dump(run, stored, _hash_all(files, jobs), project)
+            log.info("run %s (%s) already holds this dump: nothing to send", run["id"], name)
+            return run
         log.info("resuming run %s (%s): %d files already on the server", run["id"], name, len(stored))
     else:
         from parity import __version__
@@ -193,13 +219,15 @@ def upload_dump(
         run = api.create_run(name, project=project, device=device, tags=tags, metadata=meta)
         log.info("created run %s (%s)", run["id"], name)
     run_id = run["id"]
-    progress = _Progress(len(files), sum(f.path.stat().st_size for f in files), progress_stream)
+    if observer is not None:
+        observer.started(len(files), sum(f.path.stat().st_size for f in files))
 
     def send(item: DumpFile) -> None:
         digest = sha256_file(item.path)
         have = stored.get(item.rel)
         if have == digest:
-            progress.done(item.path.stat().st_size, sent=False)
+            if observer is not None:
+                observer.file_done(item.path.stat().st_size, sent=False)
             return
         if have is not None:
             raise UploadError(
@@ -213,7 +241,8 @@ def upload_dump(
         )
         if on_file is not None:
             on_file(item)
-        progress.done(item.path.stat().st_size, sent=True)
+        if observer is not None:
+            observer.file_done(item.path.stat().st_size, sent=True)
 
     # dump.json files go after every other file of the dump (iter_dump_files orders each rank that way), and
     # are sent only once the rest is in, so a stored dump.json always finds its tensors on the server.
@@ -232,7 +261,8 @@ def upload_dump(
 
 
 def parse_tags(values: Sequence[str] | None) -> dict[str, str]:
-    """``--tag k=v`` values as a dict; a value without ``=`` is an error naming it."""
+    """``--tag KEY=VALUE`` values as a dict, split at the first ``=`` as the server's ``tag=`` filter does;
+    a value without ``=`` is an error naming it."""
     tags: dict[str, str] = {}
     for value in values or ():
         key, sep, val = value.partition("=")
@@ -254,12 +284,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dump_dir", type=Path, metavar="DUMP_DIR",
                         help="dump root holding step*/rank* (or one step or rank folder)")
     add_server_arguments(parser)
-    parser.add_argument("--name", required=True, help="run name (an uploading run of this name is resumed)")
+    parser.add_argument("--name", required=True,
+                        help="run name, unique in its project (an unfinished upload of it is resumed)")
     parser.add_argument("--project", default="default", help="project of the run (default: default)")
     parser.add_argument("--device", default="other", choices=DEVICES, help="device the dump was taken on")
     parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
                         help="run tag (repeatable)")
     parser.add_argument("--jobs", type=int, default=4, help="files uploaded in parallel (default: 4)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress and no summary: only errors, and the run id on stdout")
 
 
 def make_client(args: argparse.Namespace) -> ParityClient:
@@ -271,15 +304,20 @@ def make_client(args: argparse.Namespace) -> ParityClient:
 
 def run(args: argparse.Namespace) -> int:
     tags = parse_tags(args.tag)
-    with make_client(args) as api:
-        done = upload_dump(
-            api, args.dump_dir, name=args.name, project=args.project, device=args.device, tags=tags,
-            jobs=args.jobs,
+    progress = TransferProgress("parity upload", quiet=args.quiet)
+    try:
+        with make_client(args) as api:
+            done = upload_dump(
+                api, args.dump_dir, name=args.name, project=args.project, device=args.device, tags=tags,
+                jobs=args.jobs, observer=progress,
+            )
+    finally:
+        progress.close()
+    if not args.quiet:
+        sys.stderr.write(
+            f"parity upload: run {done['id']} ({done.get('name')}) {done.get('status')}: "
+            f"{done.get('file_count')} files, {int(done.get('total_bytes') or 0) / 1e6:.1f} MB, "
+            f"steps {done.get('steps')}, ranks {done.get('ranks')}\n"
         )
-    sys.stderr.write(
-        f"parity upload: run {done['id']} ({done.get('name')}) {done.get('status')}: "
-        f"{done.get('file_count')} files, {int(done.get('total_bytes') or 0) / 1e6:.1f} MB, "
-        f"steps {done.get('steps')}, ranks {done.get('ranks')}\n"
-    )
     sys.stdout.write(f"{done['id']}\n")
     return 0

@@ -360,3 +360,29 @@ def test_progress_bar_on_a_terminal_redraws_one_line_and_ends_it():
     bar(1, 3)
     bar.close()
     assert unfinished.getvalue().endswith("\n")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_upload_progress_redraws_one_line_on_a_terminal_and_is_silent_when_quiet():
+    from parity.progress import TransferProgress
+
+    stream = _Terminal()
+    progress = TransferProgress("parity upload", stream=stream)
+    progress.started(files=4, total_bytes=4000)
+    for sent in (False, True, True, True):
+        progress.file_done(1000, sent=sent)
+    progress.close()
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one line, redrawn in place, then ended
+    assert "\rparity upload [" in text and "100%  4/4 files, 4.0 KB/4.0 KB," in text and "/s" in text
+
+    quiet = io.StringIO()
+    silent = TransferProgress("parity upload", stream=quiet, quiet=True)
+    silent.started(files=1, total_bytes=10)
+    silent.file_done(10, sent=True)
+    silent.close()
+    assert quiet.getvalue() == ""
