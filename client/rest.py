@@ -354,14 +354,15 @@ class ParityClient:
         """``POST /comparisons``: queue a comparison of two complete runs, by id or name (names looked up in
         ``project`` when given). The same request again returns the existing comparison; a failed one is
         queued again under its id."""
-        body = {
+        body: dict[str, Any] = {
             "target_run": target_run,
             "bench_run": bench_run,
-            "project": project,
             "step": step,
             "ranks": list(ranks) if ranks else None,
             "options": {"fuzzy_match": fuzzy_match, "stack_mode": stack_mode},
         }
+        if project is not None:  # only when asked: a server from before names has no such field
+            body["project"] = project
         return cast(ComparisonInfo, self._send("POST", "/comparisons", json=body, ok=(200, 201, 202)).json())
 
     def get_comparison(self, comparison_id: str) -> ComparisonInfo:
