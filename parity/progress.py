@@ -8,10 +8,9 @@ throttled, so the engine may call it for every row.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Protocol, TextIO
 
 #: Below this many units (rows or bytes, whatever the engine counts) a non-terminal gets no progress lines.
 MANY_UNITS = 50_000
@@ -95,49 +94,52 @@ def _size(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-class TransferProgress:
-    """The progress of an upload of many files, as a :class:`ProgressBar` over its bytes; thread-safe.
+class TransferState(Protocol):
+    """How far a transfer of many files is (``parity.commands.upload.UploadProgress``); read-only."""
 
-    It is the observer ``parity upload`` hands the uploader: ``started`` once the files are known, then
-    ``file_done`` as each one reaches the server (sent now, or found there already: done, but not counted
-    in the rate). ``quiet`` shows nothing; otherwise the bar shows on a terminal, and elsewhere (a CI log)
-    as one plain line per tenth of the bytes.
+    @property
+    def files_done(self) -> int: ...
+    @property
+    def files_total(self) -> int: ...
+    @property
+    def bytes_done(self) -> int: ...
+    @property
+    def bytes_total(self) -> int: ...
+    @property
+    def bytes_sent(self) -> int: ...  # of bytes_done, those sent now (the rest were there already)
+    @property
+    def elapsed_s(self) -> float: ...
+
+
+class TransferProgress:
+    """The progress of an upload of many files as a :class:`ProgressBar` over its bytes.
+
+    Called with a :class:`TransferState` after each file (the uploader's ``on_progress``, which calls it
+    under its lock). ``quiet`` shows nothing; otherwise the bar shows on a terminal, and elsewhere (a CI log)
+    as one plain line per tenth of the bytes. Files already on the server count as done, not in the rate.
     """
 
     def __init__(self, label: str, *, stream: TextIO | None = None, quiet: bool = False) -> None:
         self.quiet = quiet
         self.bar = ProgressBar(label, stream=stream, force=True, describe=self._describe)
-        self.files = self.total_files = 0
-        self.bytes = self.total_bytes = self.sent_bytes = 0
-        self._start = time.monotonic()
-        self._lock = threading.Lock()
+        self._state: TransferState | None = None
 
-    def started(self, files: int, total_bytes: int) -> None:
-        with self._lock:
-            self.total_files, self.total_bytes = files, total_bytes
-            self._start = time.monotonic()
-            self._draw()
-
-    def file_done(self, size: int, sent: bool) -> None:
-        with self._lock:
-            self.files += 1
-            self.bytes += size
-            self.sent_bytes += size if sent else 0
-            self._draw()
+    def __call__(self, state: TransferState) -> None:
+        if self.quiet:
+            return
+        self._state = state
+        if state.bytes_total:
+            self.bar(state.bytes_done, state.bytes_total)
+        else:  # nothing but empty files: count files
+            self.bar(state.files_done, state.files_total)
 
     def close(self) -> None:
         self.bar.close()
 
-    def _draw(self) -> None:
-        if self.quiet:
-            return
-        if self.total_bytes:
-            self.bar(self.bytes, self.total_bytes)
-        else:  # nothing but empty files: count files
-            self.bar(self.files, self.total_files)
-
     def _describe(self, _done: int, _total: int) -> str:
         """``312/636 files, 1.2/2.5 GB, 45.3 MB/s``: files and bytes, and the rate of what was sent."""
-        elapsed = max(time.monotonic() - self._start, 1e-9)
-        return (f"{self.files}/{self.total_files} files, {_size(self.bytes)}/{_size(self.total_bytes)}, "
-                f"{_size(self.sent_bytes / elapsed)}/s")  # fmt: skip
+        s = self._state
+        assert s is not None  # the bar draws only from __call__
+        rate = s.bytes_sent / max(s.elapsed_s, 1e-9)
+        done = f"{_size(s.bytes_done)}/{_size(s.bytes_total)}"
+        return f"{s.files_done}/{s.files_total} files, {done}, {_size(rate)}/s"

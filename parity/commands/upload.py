@@ -28,11 +28,13 @@ import os
 import re
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from parity.client.errors import ClientError, UploadError
 from parity.client.rest import ParityClient, RunInfo, sha256_file
@@ -122,14 +124,38 @@ def collect_files(dump_dir: Path) -> list[DumpFile]:
     return files
 
 
-class UploadObserver(Protocol):
-    """What an upload reports as it goes (a progress display implements it)."""
+@dataclass(frozen=True)
+class UploadProgress:
+    """Where :func:`upload_dump` stands, handed to its ``on_progress`` after each file."""
 
-    def started(self, files: int, total_bytes: int) -> None:
-        """The files about to be checked and sent, and their total size."""
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    bytes_sent: int  # of bytes_done, those sent now (the rest the server already had)
+    elapsed_s: float
 
-    def file_done(self, size: int, sent: bool) -> None:
-        """One file is on the server: sent now (``sent``), or found there with the same sha256."""
+
+class _Tally:
+    """Counts finished files across the sending threads and reports each one to ``on_progress``."""
+
+    def __init__(self, files: list[DumpFile], on_progress: Callable[[UploadProgress], None] | None) -> None:
+        self.files_total = len(files)
+        self.bytes_total = sum(f.path.stat().st_size for f in files)
+        self.files_done = self.bytes_done = self.bytes_sent = 0
+        self.start = time.monotonic()
+        self.on_progress = on_progress
+        self._lock = threading.Lock()
+
+    def done(self, size: int, sent: bool) -> None:
+        with self._lock:
+            self.files_done += 1
+            self.bytes_done += size
+            self.bytes_sent += size if sent else 0
+            if self.on_progress is not None:
+                elapsed = time.monotonic() - self.start
+                self.on_progress(UploadProgress(self.files_done, self.files_total, self.bytes_done,
+                                                self.bytes_total, self.bytes_sent, elapsed))  # fmt: skip
 
 
 def _existing_run(api: ParityClient, name: str, project: str) -> RunInfo | None:
@@ -186,7 +212,7 @@ def upload_dump(
     metadata: Mapping[str, Any] | None = None,
     jobs: int = 4,
     retry_budget_s: float = 30.0,
-    observer: UploadObserver | None = None,
+    on_progress: Callable[[UploadProgress], None] | None = None,
     on_file: Callable[[DumpFile], None] | None = None,
 ) -> RunInfo:
     """Upload (or finish uploading) ``dump_dir`` as run ``name`` and complete it; returns the complete run.
@@ -194,7 +220,7 @@ def upload_dump(
     Files are hashed and sent by ``jobs`` threads; a transient failure is retried with back-off for
     ``retry_budget_s``. A path the server already holds with other content is an error: a resumed upload
     must not mix two dumps. A complete run of that name is returned as is when it holds this very dump, and
-    refused otherwise (see the module docstring). ``observer`` hears of each file as it is done.
+    refused otherwise (see the module docstring). ``on_progress`` hears of each file as it is done.
     """
     files = collect_files(dump_dir)
     run = _existing_run(api, name, project)
@@ -219,15 +245,13 @@ def upload_dump(
         run = api.create_run(name, project=project, device=device, tags=tags, metadata=meta)
         log.info("created run %s (%s)", run["id"], name)
     run_id = run["id"]
-    if observer is not None:
-        observer.started(len(files), sum(f.path.stat().st_size for f in files))
+    tally = _Tally(files, on_progress)
 
     def send(item: DumpFile) -> None:
         digest = sha256_file(item.path)
         have = stored.get(item.rel)
         if have == digest:
-            if observer is not None:
-                observer.file_done(item.path.stat().st_size, sent=False)
+            tally.done(item.path.stat().st_size, sent=False)
             return
         if have is not None:
             raise UploadError(
@@ -241,8 +265,7 @@ def upload_dump(
         )
         if on_file is not None:
             on_file(item)
-        if observer is not None:
-            observer.file_done(item.path.stat().st_size, sent=True)
+        tally.done(item.path.stat().st_size, sent=True)
 
     # dump.json files go after every other file of the dump (iter_dump_files orders each rank that way), and
     # are sent only once the rest is in, so a stored dump.json always finds its tensors on the server.
@@ -309,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
         with make_client(args) as api:
             done = upload_dump(
                 api, args.dump_dir, name=args.name, project=args.project, device=args.device, tags=tags,
-                jobs=args.jobs, observer=progress,
+                jobs=args.jobs, on_progress=progress,
             )
     finally:
         progress.close()
