@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[client,server,celery,postgres,dev]' $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[compare,server,celery,postgres,dev]' $(TORCH)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

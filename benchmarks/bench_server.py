@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 from parity.client.rest import ParityClient
+from parity.client.upload import upload_dump
 
-from parity.commands.upload import upload_dump
 from parity.demo import ServerProcess
 
 
@@ -117,10 +117,9 @@ def bench_upload(api: ParityClient, work: Path, total_mb: int, jobs: int) -> flo
     rate = size / took / 1e6
     print(
         f"upload: {size / 1e6:.0f} MB in {len(list(root.rglob('*.pt')))} tensor files, --jobs {jobs}: "
-        f"{took:.2f} s = {rate:.0f} MB/s (target >= 200 MB/s), run {run['id']} {run['status']}"
+        f"{took:.2f} s = {rate:.0f} MB/s (target >= 200 MB/s), run {run.id} {run.status}"
     )
     return rate
-
 
 
 def hammer(
@@ -172,25 +171,24 @@ def bench_rows(api: ParityClient, server: str, work: Path, apis: int, clients: i
     t0 = time.perf_counter()
     ids = {}
     for name in ("bench", "target"):
-        run_name = f"bench-stats-{name}-{time.time_ns()}"
-        ids[name] = upload_dump(api, work / f"stats-{name}", name=run_name)["id"]
+        ids[name] = upload_dump(api, work / f"stats-{name}", name=f"bench-stats-{name}-{time.time_ns()}").id
     t1 = time.perf_counter()
     info = api.create_comparison(ids["target"], ids["bench"])
-    info = api.wait_for_comparison(info["id"], timeout=1800, poll_interval=0.5)
+    info = api.wait_for_comparison(info.id, timeout=1800, poll_interval=0.5)
     t2 = time.perf_counter()
-    if info.get("status") != "succeeded":
-        raise SystemExit(f"comparison failed: {info.get('error')}")
-    summary = info.get("summary") or {}
-    total = int(summary.get("rows", 0))
+    if info.status != "succeeded" or info.summary is None:
+        raise SystemExit(f"comparison failed: {info.error}")
+    summary = info.summary
+    total = summary.rows
     print(
         f"rows setup: {apis} APIs per run uploaded in {t1 - t0:.1f} s, "
-        f"compared on the server in {t2 - t1:.1f} s: {total} rows, {summary.get('failing_rows')} failing"
+        f"compared on the server in {t2 - t1:.1f} s: {total} rows, {summary.failing_rows} failing"
     )
 
     p99 = 0.0
     # One client first: the server's own time per request, which 32 clients can only queue behind.
     for n_clients, n_requests in ((1, 100), (clients, requests)):
-        latencies, wall, errors = hammer(server, info["id"], total, n_clients, n_requests)
+        latencies, wall, errors = hammer(server, info.id, total, n_clients, n_requests)
         p50 = statistics.median(latencies) * 1e3
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3
         target = " (target p99 <= 100 ms)" if n_clients == clients else ""

@@ -24,6 +24,7 @@ import torch
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
+from parity.shared.dump.layout import rank_dir_path
 from parity.shared.dump.naming import backward_of, tensor_file
 from parity.shared.dump.writer import RankDirWriter
 
@@ -115,7 +116,7 @@ class Recorder:
         self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5")
         self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
         self.stacks: list[tuple[list[str], list[str]]] = []
-        self.rank_dir = self.cfg.dump_path / f"step{self.step}" / f"rank{self.rank}"
+        self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
         self.dirty = False  # entries changed since the last flush
         self.flushed = False

@@ -1,5 +1,9 @@
 """A small typed client for the Parity server's REST API (``/api/v1``), over an injected ``httpx.Client``.
 
+Requests are built and answers parsed with the models of :mod:`parity.shared.contract`, the ones the server
+uses: there is no second copy of the contract to drift. An answer outside the contract is an
+:class:`ApiError` naming the field, not a ``KeyError`` three calls later.
+
 The transport is injected so that tests can hand in an ``httpx.Client(transport=httpx.MockTransport(...))``
 or FastAPI's ``TestClient`` and run without a network; by default a plain ``httpx.Client`` is made. Every
 failure becomes an :class:`ApiError` (the server answered with an error status) or a
@@ -11,8 +15,8 @@ Example::
 
     with ParityClient("http://127.0.0.1:8000", token="t0k") as api:
         run = api.create_run("resnet-npu", device="npu")
-        api.upload_file(run["id"], "step0/rank0/dump.json", Path("dump/step0/rank0/dump.json"))
-        api.complete_run(run["id"])
+        api.upload_file(run.id, "step0/rank0/dump.json", Path("dump/step0/rank0/dump.json"))
+        api.complete_run(run.id)
 """
 
 from __future__ import annotations
@@ -25,75 +29,43 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypedDict, cast
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
+import pydantic
 from parity.client.errors import UploadError
+from parity.shared.contract import (
+    API_PREFIX,
+    ComparisonCreate,
+    ComparisonOptions,
+    ComparisonPublic,
+    ComparisonsPublic,
+    FilePublic,
+    FilesPublic,
+    Health,
+    RowsPublic,
+    RunCreate,
+    RunPublic,
+    RunsPublic,
+)
 
 __all__ = [
     "API_PREFIX",
     "ApiError",
-    "ComparisonInfo",
-    "FileInfo",
     "ParityClient",
-    "RunInfo",
     "ServerUnreachable",
     "sha256_file",
 ]
 
 log = logging.getLogger(__name__)
 
-API_PREFIX = "/api/v1"
+M = TypeVar("M", bound=pydantic.BaseModel)
+
 #: Bytes read per chunk when hashing or streaming a file: big enough that per-chunk overhead is negligible,
 #: small enough that an upload never holds more than this of a file in memory.
 CHUNK_BYTES = 1 << 20
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
-class RunInfo(TypedDict, total=False):
-    """A run as the server describes it (``Run`` in the REST contract)."""
-
-    id: str
-    name: str
-    project: str
-    device: str
-    tags: dict[str, str]
-    metadata: dict[str, Any]
-    status: str  # uploading | complete | invalid
-    error: str | None
-    created_at: str
-    completed_at: str | None
-    file_count: int
-    total_bytes: int
-    steps: list[int]
-    ranks: list[int]
-
-
-class FileInfo(TypedDict):
-    """One stored file of a run: its path relative to the dump root, size and sha256."""
-
-    path: str
-    size: int
-    sha256: str
-
-
-class ComparisonInfo(TypedDict, total=False):
-    """A comparison job (``Comparison`` in the REST contract)."""
-
-    id: str
-    status: str  # queued | running | succeeded | failed
-    error: str | None
-    progress: float
-    target_run: str
-    bench_run: str
-    step: int | None
-    ranks: list[int] | None
-    options: dict[str, Any]
-    created_at: str
-    started_at: str | None
-    finished_at: str | None
-    summary: dict[str, Any] | None
 
 
 class ApiError(UploadError):
@@ -152,6 +124,22 @@ def _detail(response: httpx.Response) -> str:
                 parts.append(str(item))
         return "; ".join(parts)
     return str(detail).replace("\n", " ")
+
+
+def _first_error(exc: pydantic.ValidationError) -> str:
+    """The first problem pydantic found, as ``field.path: message``."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{loc or 'body'}: {err['msg']}{more}"
+
+
+def _request(model: type[M], **fields: Any) -> M:
+    """A request body of the contract; a value it refuses is an :class:`UploadError`, before sending."""
+    try:
+        return model(**fields)
+    except pydantic.ValidationError as exc:
+        raise UploadError(f"{model.__name__}: {_first_error(exc)}") from None
 
 
 class ParityClient:
@@ -226,9 +214,30 @@ class ParityClient:
         """Whether ``GET /healthz`` answers ``{"status": "ok"}`` (never raises)."""
         try:
             response = self._http.get(self.server + "/healthz", timeout=5.0)
-            return response.status_code == 200 and response.json().get("status") == "ok"
-        except (httpx.HTTPError, ValueError):
+            return response.status_code == 200 and Health.model_validate_json(response.content).status == "ok"
+        except (httpx.HTTPError, ValueError):  # pydantic's ValidationError is a ValueError
             return False
+
+    def _call(
+        self,
+        model: type[M],
+        method: str,
+        path: str,
+        *,
+        body: pydantic.BaseModel | None = None,
+        params: list[tuple[str, Any]] | None = None,
+        ok: Sequence[int] = (200,),
+    ) -> M:
+        """One JSON request whose answer is parsed as ``model``, the contract's type for that endpoint."""
+        json = body.model_dump(mode="json") if body is not None else None
+        response = self._send(method, path, json=json, params=params, ok=ok)
+        try:
+            return model.model_validate_json(response.content)
+        except pydantic.ValidationError as exc:
+            raise ApiError(
+                method, self._api + path, response.status_code,
+                f"answer is not a {model.__name__} of the REST contract: {_first_error(exc)}",
+            ) from None  # fmt: skip
 
     # -- runs -------------------------------------------------------------------------------------------
 
@@ -240,20 +249,17 @@ class ParityClient:
         device: str = "other",
         tags: Mapping[str, str] | None = None,
         metadata: Mapping[str, Any] | None = None,
-    ) -> RunInfo:
+    ) -> RunPublic:
         """``POST /runs``: a new run in status ``uploading``."""
-        body = {
-            "name": name,
-            "project": project,
-            "device": device,
-            "tags": dict(tags or {}),
-            "metadata": dict(metadata or {}),
-        }
-        return cast(RunInfo, self._send("POST", "/runs", json=body, ok=(200, 201)).json())
+        body = _request(
+            RunCreate, name=name, project=project, device=device, tags=dict(tags or {}),
+            metadata=dict(metadata or {}),
+        )  # fmt: skip
+        return self._call(RunPublic, "POST", "/runs", body=body, ok=(200, 201))
 
-    def get_run(self, run_id: str) -> RunInfo:
+    def get_run(self, run_id: str) -> RunPublic:
         """``GET /runs/{id}`` (ids only; see :meth:`resolve_run` for names)."""
-        return cast(RunInfo, self._send("GET", f"/runs/{quote(run_id, safe='')}").json())
+        return self._call(RunPublic, "GET", f"/runs/{quote(run_id, safe='')}")
 
     def list_runs(
         self,
@@ -266,7 +272,7 @@ class ParityClient:
         tags: Mapping[str, str] | None = None,
         limit: int = 50,
         offset: int = 0,
-    ) -> tuple[list[RunInfo], int]:
+    ) -> tuple[list[RunPublic], int]:
         """One page of ``GET /runs`` and the total count of runs matching the filters (``name`` exact,
         ``name_contains`` a substring in any case, every one of ``tags``)."""
         params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
@@ -275,19 +281,19 @@ class ParityClient:
             if value is not None:
                 params.append((key, value))
         params.extend(("tag", f"{k}={v}") for k, v in (tags or {}).items())
-        body = self._send("GET", "/runs", params=params).json()
-        return cast(list[RunInfo], body["data"]), int(body["count"])
+        page = self._call(RunsPublic, "GET", "/runs", params=params)
+        return page.data, page.count
 
-    def find_runs(self, **filters: Any) -> list[RunInfo]:
+    def find_runs(self, **filters: Any) -> list[RunPublic]:
         """Every run matching the :meth:`list_runs` filters, all pages."""
-        found: list[RunInfo] = []
+        found: list[RunPublic] = []
         while True:
             page, total = self.list_runs(limit=200, offset=len(found), **filters)
             found.extend(page)
             if not page or len(found) >= total:
                 return found
 
-    def resolve_run(self, ref: str, *, project: str | None = None) -> RunInfo:
+    def resolve_run(self, ref: str, *, project: str | None = None) -> RunPublic:
         """A run from its id or its name; a name that matches several runs is an error listing their ids."""
         if _RUN_ID.match(ref):
             try:
@@ -300,9 +306,7 @@ class ParityClient:
             where = f" in project {project!r}" if project else ""
             raise UploadError(f"no run with id or name {ref!r}{where} on {self.server}")
         if len(runs) > 1:
-            listed = ", ".join(
-                f"{r['id']} ({r.get('project')}, {r.get('status')}, {r.get('created_at')})" for r in runs
-            )
+            listed = ", ".join(f"{r.id} ({r.project}, {r.status}, {r.created_at.isoformat()})" for r in runs)
             raise UploadError(f"run name {ref!r} is ambiguous, pass one of these ids: {listed}")
         return runs[0]
 
@@ -324,13 +328,13 @@ class ParityClient:
         )
         return response.status_code == 201
 
-    def list_files(self, run_id: str) -> list[FileInfo]:
+    def list_files(self, run_id: str) -> list[FilePublic]:
         """``GET /runs/{id}/files``: what is already stored (to resume an upload)."""
-        return cast(list[FileInfo], self._send("GET", f"/runs/{quote(run_id, safe='')}/files").json()["data"])
+        return self._call(FilesPublic, "GET", f"/runs/{quote(run_id, safe='')}/files").data
 
-    def complete_run(self, run_id: str) -> RunInfo:
+    def complete_run(self, run_id: str) -> RunPublic:
         """``POST /runs/{id}/complete``: the server validates every dump.json and closes the run."""
-        return cast(RunInfo, self._send("POST", f"/runs/{quote(run_id, safe='')}/complete").json())
+        return self._call(RunPublic, "POST", f"/runs/{quote(run_id, safe='')}/complete")
 
     def delete_run(self, run: str, *, with_comparisons: bool = False) -> None:
         """``DELETE /runs/{id or name}`` with its files; a run that comparisons use is refused (409) unless
@@ -350,24 +354,20 @@ class ParityClient:
         fuzzy_match: bool = False,
         stack_mode: bool = False,
         project: str | None = None,
-    ) -> ComparisonInfo:
+    ) -> ComparisonPublic:
         """``POST /comparisons``: queue a comparison of two complete runs, by id or name (names looked up in
         ``project`` when given). The same request again returns the existing comparison; a failed one is
         queued again under its id."""
-        body: dict[str, Any] = {
-            "target_run": target_run,
-            "bench_run": bench_run,
-            "step": step,
-            "ranks": list(ranks) if ranks else None,
-            "options": {"fuzzy_match": fuzzy_match, "stack_mode": stack_mode},
-        }
-        if project is not None:  # only when asked: a server from before names has no such field
-            body["project"] = project
-        return cast(ComparisonInfo, self._send("POST", "/comparisons", json=body, ok=(200, 201, 202)).json())
+        body = _request(
+            ComparisonCreate, target_run=target_run, bench_run=bench_run, project=project, step=step,
+            ranks=list(ranks) if ranks else None,
+            options=ComparisonOptions(fuzzy_match=fuzzy_match, stack_mode=stack_mode),
+        )  # fmt: skip
+        return self._call(ComparisonPublic, "POST", "/comparisons", body=body, ok=(200, 201, 202))
 
-    def get_comparison(self, comparison_id: str) -> ComparisonInfo:
+    def get_comparison(self, comparison_id: str) -> ComparisonPublic:
         """``GET /comparisons/{id}``: status, progress and, once succeeded, the summary."""
-        return cast(ComparisonInfo, self._send("GET", f"/comparisons/{quote(comparison_id, safe='')}").json())
+        return self._call(ComparisonPublic, "GET", f"/comparisons/{quote(comparison_id, safe='')}")
 
     def list_comparisons(
         self,
@@ -377,14 +377,14 @@ class ParityClient:
         status: str | None = None,
         limit: int = 50,
         offset: int = 0,
-    ) -> tuple[list[ComparisonInfo], int]:
+    ) -> tuple[list[ComparisonPublic], int]:
         """One page of ``GET /comparisons`` and the total count."""
         params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
         for key, value in (("run", run), ("project", project), ("status", status)):
             if value is not None:
                 params.append((key, value))
-        body = self._send("GET", "/comparisons", params=params).json()
-        return cast(list[ComparisonInfo], body["data"]), int(body["count"])
+        page = self._call(ComparisonsPublic, "GET", "/comparisons", params=params)
+        return page.data, page.count
 
     def comparison_rows(
         self,
@@ -396,9 +396,9 @@ class ParityClient:
         rank: int | None = None,
         limit: int = 100,
         offset: int = 0,
-    ) -> dict[str, Any]:
-        """One page of ``GET /comparisons/{id}/rows``: ``{"header", "data", "count"}``. ``failing`` keeps the
-        fail, warning and unmatched rows; ``status`` the rows of these statuses."""
+    ) -> RowsPublic:
+        """One page of ``GET /comparisons/{id}/rows``. ``failing`` keeps the fail, warning and unmatched rows;
+        ``status`` the rows of these statuses."""
         params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
         if failing is not None:
             params.append(("failing", "true" if failing else "false"))
@@ -408,8 +408,8 @@ class ParityClient:
             params.append(("name", name))
         if rank is not None:
             params.append(("rank", rank))
-        return cast(dict[str, Any], self._send("GET", f"/comparisons/{quote(comparison_id, safe='')}/rows",
-                                               params=params).json())
+        path = f"/comparisons/{quote(comparison_id, safe='')}/rows"
+        return self._call(RowsPublic, "GET", path, params=params)
 
     def wait_for_comparison(
         self,
@@ -417,20 +417,20 @@ class ParityClient:
         *,
         timeout: float | None = None,
         poll_interval: float = 0.5,
-        on_progress: Callable[[ComparisonInfo], None] | None = None,
-    ) -> ComparisonInfo:
+        on_progress: Callable[[ComparisonPublic], None] | None = None,
+    ) -> ComparisonPublic:
         """Poll until the comparison succeeded or failed; a timeout is an :class:`UploadError`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             info = self.get_comparison(comparison_id)
             if on_progress is not None:
                 on_progress(info)
-            if info.get("status") in ("succeeded", "failed"):
+            if info.status in ("succeeded", "failed"):
                 return info
             if deadline is not None and time.monotonic() >= deadline:
                 raise UploadError(
-                    f"comparison {comparison_id} still {info.get('status')} after {timeout:g} s "
-                    f"(progress {float(info.get('progress') or 0):.0%})"
+                    f"comparison {comparison_id} still {info.status} after {timeout:g} s "
+                    f"(progress {info.progress:.0%})"
                 )
             time.sleep(poll_interval)
 

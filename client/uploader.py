@@ -7,7 +7,9 @@ streams every file of the directory to ``PUT /runs/{id}/files/step{N}/rank{R}/..
 the server is down, each request is retried with exponential back-off for a bounded time, then the item is
 given up with ONE warning per uploader (later failures are logged at DEBUG): the dump stays on disk, and
 ``parity upload`` can finish the run later, since a run that missed files is left ``uploading``.
-:meth:`close` (also run at interpreter exit) drains the queue, then marks the run complete.
+:meth:`close` (also run at interpreter exit) drains the queue, then marks the run complete. What to skip and
+what to refuse on a re-flushed folder is :class:`~parity.client.upload.RunFiles`' rule, shared with
+``parity upload``.
 
 Example::
 
@@ -24,23 +26,22 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 from parity.client.errors import UploadError
-from parity.client.rest import ApiError, ParityClient, RunInfo, sha256_file
+from parity.client.rest import ApiError, ParityClient
+from parity.client.upload import RunFiles, rank_files, retry_call
+from parity.shared.contract import RunPublic
 
-__all__ = ["BackgroundUploader", "UploadStats", "iter_dump_files", "retry_call"]
+__all__ = ["BackgroundUploader", "UploadStats"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: Dump files whose content refers to other files go last, so that a stored dump.json implies its tensors are.
-_LAST = ("dump.json",)
 
 
 @dataclass
@@ -56,52 +57,7 @@ class UploadStats:
     errors: list[str] = field(default_factory=list)
 
 
-def iter_dump_files(rank_dir: Path) -> Iterator[Path]:
-    """Every regular file under ``rank_dir`` (links are skipped: the server refuses them), dump.json last."""
-    files = [p for p in rank_dir.rglob("*") if p.is_file() and not p.is_symlink()]
-    files.sort(key=lambda p: (p.name in _LAST, p.relative_to(rank_dir).as_posix()))
-    yield from files
-
-
-def retry_call(
-    fn: Callable[[], T],
-    *,
-    what: str,
-    budget_s: float,
-    initial_backoff_s: float = 0.25,
-    max_backoff_s: float = 8.0,
-    wait: Callable[[float], Any] = time.sleep,
-) -> T:
-    """Call ``fn`` until it succeeds, retrying retryable :class:`UploadError` with exponential back-off.
-
-    The total time spent waiting is bounded by ``budget_s`` (0 means a single try). A non-retryable error
-    (a 4xx other than 408/429) is raised at once: trying the same request again cannot change the answer.
-    """
-    deadline = time.monotonic() + budget_s
-    delay = initial_backoff_s
-    attempt = 1
-    while True:
-        try:
-            return fn()
-        except UploadError as exc:
-            if not getattr(exc, "retryable", False):
-                raise
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise UploadError(f"{exc} (gave up after {attempt} tries)") from None
-            pause = min(delay, remaining, max_backoff_s)
-            log.debug("%s failed (try %d), retrying in %.2f s: %s", what, attempt, pause, exc)
-            wait(pause)
-            delay = min(delay * 2, max_backoff_s)
-            attempt += 1
-
-
 _STOP = object()
-
-
-def _bind_upload(api: ParityClient, run_id: str, rel: str, path: Path, digest: str) -> Callable[[], bool]:
-    """One upload as a retryable call (each try reopens the file, so a retry resends it from the start)."""
-    return lambda: api.upload_file(run_id, rel, path, sha256=digest)
 
 
 class BackgroundUploader:
@@ -147,14 +103,14 @@ class BackgroundUploader:
         self.max_backoff_s = max_backoff_s
         self.close_timeout_s = close_timeout_s
         self.stats = UploadStats()
-        self.run: RunInfo | None = None
+        self.run: RunPublic | None = None
         self.dump_root: Path | None = None
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._abort = threading.Event()  # set when close() times out: stop waiting in back-off
         self._closed = False
         self._warned = False
         self._server_down = False  # after one give-up, later requests try once instead of backing off again
-        self._sent: dict[str, str] = {}  # path -> sha256 already sent (re-flushes skip them)
+        self._remote: RunFiles | None = None  # what the run holds: a re-flush sends only what changed
         self._lock = threading.Lock()
         self._api: ParityClient | None = None
         self._thread: threading.Thread | None = None
@@ -175,7 +131,7 @@ class BackgroundUploader:
     @property
     def run_id(self) -> str | None:
         """The server's id of the run once it is created (None before, or when it could not be)."""
-        return self.run["id"] if self.run else None
+        return self.run.id if self.run else None
 
     def submit_rank_dir(self, step: int, rank: int, rank_dir: Path) -> None:
         """Queue ``rank_dir`` (``{root}/step{step}/rank{rank}``) for upload; never raises nor waits long."""
@@ -281,9 +237,9 @@ class BackgroundUploader:
             finally:
                 self._queue.task_done()
 
-    def _ensure_run(self, rank_dir: Path) -> RunInfo:
-        if self.run is not None:
-            return self.run
+    def _ensure_run(self, rank_dir: Path) -> RunFiles:
+        if self._remote is not None:
+            return self._remote
         from parity.client.run_metadata import capture_metadata, detect_device
 
         root = rank_dir.resolve().parent.parent
@@ -294,19 +250,20 @@ class BackgroundUploader:
         assert self._api is not None
         api = self._api
 
-        def create() -> RunInfo:
+        def create() -> RunPublic:
             return api.create_run(
                 name, project=self.project, device=device, tags=self.tags, metadata=metadata
             )
 
         self.run = self._call("create run", create)
         self.run_name = name
-        log.info("parity upload: run %s (%s) created on %s", self.run["id"], name, self.server)
-        return self.run
+        self._remote = RunFiles(api, self.run)
+        log.info("parity upload: run %s (%s) created on %s", self.run.id, name, self.server)
+        return self._remote
 
     def _upload_rank_dir(self, step: int, rank: int, rank_dir: Path) -> None:
         try:
-            run = self._ensure_run(rank_dir)
+            remote = self._ensure_run(rank_dir)
         except UploadError as exc:
             self.stats.items_failed += 1
             self._warn(
@@ -314,27 +271,20 @@ class BackgroundUploader:
                 f"(the dump stays at {rank_dir})"
             )
             return
-        assert self._api is not None
-        api = self._api
         failed = 0
-        for file_path in iter_dump_files(rank_dir):
-            rel = f"step{step}/rank{rank}/{file_path.relative_to(rank_dir).as_posix()}"
+        for item in rank_files(step, rank, rank_dir):
             try:
-                digest = sha256_file(file_path)
-                if self._sent.get(rel) == digest:
-                    continue
-                stored = self._call(f"upload {rel}", _bind_upload(api, run["id"], rel, file_path, digest))
+                sent = remote.send(item, self._call)
             except (UploadError, OSError) as exc:
                 failed += 1
                 self.stats.files_failed += 1
-                self._warn(f"{rel}: not uploaded: {exc} (the dump stays at {rank_dir})")
+                self._warn(f"{item.rel}: not uploaded: {exc} (the dump stays at {rank_dir})")
                 if self._server_down:
                     break  # the rest of this directory would fail the same way, each one after a try
                 continue
-            self._sent[rel] = digest
-            if stored:
+            if sent == "stored":
                 self.stats.files_uploaded += 1
-                self.stats.bytes_uploaded += file_path.stat().st_size
+                self.stats.bytes_uploaded += item.path.stat().st_size
             else:
                 self.stats.files_present += 1
         if failed:
@@ -358,7 +308,7 @@ class BackgroundUploader:
             return
         assert self._api is not None
         api = self._api
-        run_id = self.run["id"]
+        run_id = self.run.id
         try:
             self.run = self._call("complete run", lambda: api.complete_run(run_id))
         except UploadError as exc:

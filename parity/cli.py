@@ -43,7 +43,21 @@ def _build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argpars
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
+    from parity.errors import missing_extra
+
     args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(args_list)
+    except ModuleNotFoundError as exc:  # a light install (the client only) running a command of an extra
+        advice = missing_extra(exc)
+        if advice is None:
+            raise
+        command = next((a for a in args_list if a in COMMANDS), None)
+        sys.stderr.write(f"parity {command}: error: {advice}\n" if command else f"parity: error: {advice}\n")
+        return EXIT_USAGE
+
+
+def _main(args_list: list[str]) -> int:
     parser, args = _build_parser(args_list)
     quiet = getattr(args, "quiet", False)  # a command's own -q/--quiet
     logging.basicConfig(

@@ -191,18 +191,18 @@ def _wait_complete(api: ParityClient, name: str, project: str, timeout: float = 
     deadline = time.monotonic() + timeout
     while True:
         runs = api.find_runs(name=name, project=project)
-        if runs and runs[0].get("status") == "complete":
-            return runs[0]["id"]
+        if runs and runs[0].status == "complete":
+            return runs[0].id
         if time.monotonic() > deadline:
-            state = runs[0].get("status") if runs else "missing"
+            state = runs[0].status if runs else "missing"
             raise RuntimeError(f"run {name} is {state} {timeout:g} s after training ended")
         time.sleep(0.2)
 
 
 def run_demo(out_dir: Path, data_dir: Path | None, *, keep_server: bool = False) -> Path:
     """The whole flow; returns the report's path."""
+    from parity.client.reports import download_reports, summary_lines
     from parity.client.rest import ParityClient
-    from parity.commands.compare_runs import download_reports, print_summary
 
     start = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="parity-demo-"))
@@ -219,11 +219,11 @@ def run_demo(out_dir: Path, data_dir: Path | None, *, keep_server: bool = False)
             bench = _wait_complete(api, names["bench"], "demo")
             target = _wait_complete(api, names["target"], "demo")
             info = api.create_comparison(target, bench)
-            info = api.wait_for_comparison(info["id"], timeout=120)
-            if info.get("status") != "succeeded":
-                raise RuntimeError(f"comparison {info['id']} failed: {info.get('error')}")
+            info = api.wait_for_comparison(info.id, timeout=120)
+            if info.status != "succeeded":
+                raise RuntimeError(f"comparison {info.id} failed: {info.error}")
             paths = download_reports(api, info, out_dir)
-        print_summary(info, sys.stdout)
+        sys.stdout.writelines(f"{line}\n" for line in summary_lines(info))
         report = next(p for p in paths if p.suffix == ".xlsx")
         for path in paths:
             sys.stdout.write(f"wrote {path}\n")

@@ -19,3 +19,34 @@ def user_error_types() -> tuple[type[BaseException], ...]:
             continue
         found.append(getattr(module, class_name))
     return tuple(found)
+
+
+#: The extra that brings each module a light install (``pip install parity``, the client) may lack; the keys
+#: are import names, the values the extras of pyproject.toml that list them.
+EXTRA_OF_MODULE: dict[str, str] = {
+    "numba": "compare",
+    "openpyxl": "compare",
+    "xlsxwriter": "compare",
+    "rustpy_xlsxwriter": "compare",
+    "orjson": "compare",
+    "msgspec": "compare",
+    "fastapi": "server",
+    "starlette": "server",
+    "uvicorn": "server",
+    "sqlalchemy": "server",
+    "alembic": "server",
+    "pydantic_settings": "server",
+    "boto3": "server",
+    "celery": "celery",
+    "redis": "celery",
+    "psycopg": "postgres",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """What to install for a module that one of Parity's extras brings; None for any other missing module."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return None
+    return f"needs the [{extra}] extra, not installed here (no module {top!r}): pip install 'parity[{extra}]'"

@@ -22,10 +22,9 @@ from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService
 from parity.server.settings import Settings
 from parity.server.store import open_store
+from parity.shared.contract import API_PREFIX
 
 logger = logging.getLogger(__name__)
-
-API_PREFIX = "/api/v1"
 
 
 def _operation_id(route: APIRoute) -> str:

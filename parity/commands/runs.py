@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from parity.client.errors import ClientError
-from parity.client.rest import RunInfo
-from parity.commands import upload
+from parity.commands import server_args, upload
+from parity.shared.contract import RunPublic
 
 #: Comparisons named in the refusal of a delete.
 LISTED = 5
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
     listing = actions.add_parser("list", help="list runs, newest first", description="List runs.")
-    upload.add_server_arguments(listing)
+    server_args.add_server_arguments(listing)
     listing.add_argument("--project", default=None, help="only runs of this project")
     listing.add_argument("--name", default=None, help="only runs of exactly this name")
     listing.add_argument("--name-contains", default=None, metavar="TEXT", help="only names holding TEXT")
@@ -33,23 +33,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     delete = actions.add_parser("delete", help="delete a run and its files",
                                 description="Delete a run and its files.")  # fmt: skip
     delete.add_argument("run", metavar="RUN", help="run id or name")
-    upload.add_server_arguments(delete)
+    server_args.add_server_arguments(delete)
     delete.add_argument("--with-comparisons", action="store_true",
                         help="also delete the comparisons that use the run, and their reports")
 
 
-def format_run(run: RunInfo) -> str:
+def format_run(run: RunPublic) -> str:
     """One line: id, project/name, status, device, size, steps and ranks, tags as KEY=VALUE."""
-    tags = " ".join(f"{k}={v}" for k, v in sorted((run.get("tags") or {}).items()))
+    tags = " ".join(f"{k}={v}" for k, v in sorted(run.tags.items()))
     return (
-        f"{run['id']}  {run.get('project')}/{run.get('name')}  {run.get('status')}  {run.get('device')}  "
-        f"{run.get('file_count', 0)} files {int(run.get('total_bytes') or 0) / 1e6:.1f} MB  "
-        f"steps {run.get('steps')} ranks {run.get('ranks')}" + (f"  {tags}" if tags else "")
+        f"{run.id}  {run.project}/{run.name}  {run.status}  {run.device}  "
+        f"{run.file_count} files {run.total_bytes / 1e6:.1f} MB  steps {run.steps} ranks {run.ranks}"
+        + (f"  {tags}" if tags else "")
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    with upload.make_client(args) as api:
+    with server_args.connect(args) as api:
         if args.action == "list":
             runs, total = api.list_runs(
                 name=args.name, name_contains=args.name_contains, project=args.project, status=args.status,
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             # Said in the CLI's words; the server refuses the same delete on its own (409) in any case.
             used, total = api.list_comparisons(run=args.run, limit=LISTED)
             if total:
-                ids = ", ".join(c["id"] for c in used) + (", ..." if total > len(used) else "")
+                ids = ", ".join(c.id for c in used) + (", ..." if total > len(used) else "")
                 raise ClientError(
                     f"run {args.run} is used by {total} comparison(s) ({ids}): deleting it deletes them and "
                     "their reports too; nothing deleted: pass --with-comparisons to do so"

@@ -20,8 +20,8 @@ from parity.server.jobs.base import JobQueue
 from parity.server.models import Comparison, ComparisonRow, utcnow
 from parity.server.repositories import ComparisonRepository, RunRepository, contains_text, serialize_on
 from parity.server.schemas import (
-    CompareOptions,
     ComparisonCreate,
+    ComparisonOptions,
     ComparisonPublic,
     ComparisonsPublic,
     ComparisonSummary,
@@ -43,7 +43,7 @@ def comparison_public(c: Comparison) -> ComparisonPublic:
     return ComparisonPublic(
         id=c.id, status=c.status, error=c.error, progress=c.progress,  # type: ignore[arg-type]
         target_run=c.target_run_id, bench_run=c.bench_run_id, step=c.step, ranks=c.ranks,
-        options=CompareOptions(**(c.options or {})), created_at=c.created_at, started_at=c.started_at,
+        options=ComparisonOptions(**(c.options or {})), created_at=c.created_at, started_at=c.started_at,
         finished_at=c.finished_at,
         summary=ComparisonSummary(**c.summary) if c.summary else None,
     )  # fmt: skip

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from parity.server.errors import BadRequest
+from parity.shared.dump.layout import parse_stored_path
 
 MAX_PATH_LENGTH = 1024
-_STEP_RANK = re.compile(r"^step(\d+)/rank(\d+)/")
 
 
 def check_upload_path(path: str) -> tuple[int | None, int | None]:
@@ -36,10 +36,8 @@ def check_upload_path(path: str) -> tuple[int | None, int | None]:
             problem = "starts with a drive or scheme"
     if problem:
         raise BadRequest(f"file path {path!r} {problem}")
-    match = _STEP_RANK.match(path)
-    if match is None:
-        return None, None
-    return int(match.group(1)), int(match.group(2))
+    step_rank = parse_stored_path(path)
+    return step_rank if step_rank is not None else (None, None)
 
 
 def check_sha256(value: str | None) -> str:

@@ -2,6 +2,16 @@
 
 msprobe writes ``{dump_path}/step{N}/rank{R}/{dump.json, stack.json, construct.json, dump_tensor_data/}``, or
 ``proc{pid}`` when torch.distributed was not initialised. Multi-rank compare pairs ranks by their number.
+
+Every rule about these folders lives here, once: the capture writes its rank folders with
+:func:`rank_dir_path`, the uploaders find them with :func:`find_dump_ranks` and name them on the server with
+:func:`stored_prefix`, the server reads the step and rank of an uploaded path with :func:`parse_stored_path`,
+and compare pairs them with :func:`find_rank_dirs`.
+
+msprobe's unnumbered folders (a bare ``rank``, or ``proc{pid}``) hold a single-process run. Such a folder is a
+rank only when it is the only rank folder of its step: it then has no number (``RankDir.rank is None``) and
+is stored as ``rank0`` on a server (:attr:`RankDir.number`). Beside numbered rank folders a bare ``rank``
+cannot be paired with anything and is refused; ``proc{pid}`` folders are skipped there, as msprobe does.
 """
 
 from __future__ import annotations
@@ -12,11 +22,14 @@ from pathlib import Path
 
 from parity.shared.errors import CompareInputError
 
-_RANK_DIR = re.compile(r"^rank(0|[1-9][0-9]*)?$")
+_NUMBER = "(0|[1-9][0-9]*)"  # no leading zeros: ``rank01`` is not rank 1
+_RANK_DIR = re.compile(rf"^rank{_NUMBER}?$")
 _PROC_DIR = re.compile(r"^proc[0-9]+$")
-_STEP_DIR = re.compile(r"^step(0|[1-9][0-9]*)$")
+_STEP_DIR = re.compile(rf"^step{_NUMBER}$")
+_STORED_PREFIX = re.compile(rf"^step{_NUMBER}/rank{_NUMBER}/")
 
 DUMP_JSON = "dump.json"
+DEBUG_JSON = "debug.json"  # msprobe's name for the dump.json of a ``debug`` task
 STACK_JSON = "stack.json"
 CONSTRUCT_JSON = "construct.json"
 TENSOR_DIR = "dump_tensor_data"
@@ -28,6 +41,16 @@ class RankDir:
 
     path: Path
     rank: int | None  # None for a bare ``rank`` or a ``proc{pid}`` directory (a single-process run)
+
+    @property
+    def number(self) -> int:
+        """The rank number this folder is stored under: an unnumbered single-process folder is rank 0."""
+        return 0 if self.rank is None else self.rank
+
+    @property
+    def has_dump(self) -> bool:
+        """Whether the folder holds a dump.json (or msprobe's debug.json)."""
+        return any((self.path / name).is_file() for name in (DUMP_JSON, DEBUG_JSON))
 
     @property
     def dump_json(self) -> Path:
@@ -46,6 +69,38 @@ class RankDir:
         return self.path / TENSOR_DIR
 
 
+def step_dir_name(step: int) -> str:
+    """``3`` → ``step3``."""
+    return f"step{step}"
+
+
+def rank_dir_name(rank: int) -> str:
+    """``3`` → ``rank3``."""
+    return f"rank{rank}"
+
+
+def rank_dir_path(dump_path: str | Path, step: int, rank: int) -> Path:
+    """Where the capture writes one rank of one step: ``{dump_path}/step{step}/rank{rank}``."""
+    return Path(dump_path) / step_dir_name(step) / rank_dir_name(rank)
+
+
+def stored_prefix(step: int, rank: int) -> str:
+    """The path of a rank folder under a run's dump root on a server: ``step{step}/rank{rank}``."""
+    return f"{step_dir_name(step)}/{rank_dir_name(rank)}"
+
+
+def parse_stored_path(path: str) -> tuple[int, int] | None:
+    """``(step, rank)`` of a stored path ``step{N}/rank{R}/...``; None for any other path."""
+    match = _STORED_PREFIX.match(path)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def step_number(name: str) -> int | None:
+    """``step3`` → 3; None for a name that is not a step folder."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
 def rank_number(name: str) -> int | None:
     """``rank3`` → 3; ``rank`` → None. Raises ValueError for a name that is not a rank directory."""
     match = _RANK_DIR.match(name)
@@ -57,27 +112,40 @@ def rank_number(name: str) -> int | None:
 def find_rank_dirs(step_dir: str | Path) -> list[RankDir]:
     """The rank directories of one step directory, sorted by rank number.
 
-    ``rank``/``rankN`` directories match ``^rank(0|[1-9][0-9]*)?$``; other entries are ignored (msprobe v1
-    aborts on them, v2 skips them). When there is no rank directory, a single ``proc{pid}`` directory is taken
-    (v2's fallback); several of them cannot be told apart and are refused.
+    ``rankN`` directories match ``^rank(0|[1-9][0-9]*)$``; other entries are ignored (msprobe v1 aborts on
+    them, v2 skips them). An unnumbered ``rank`` or ``proc{pid}`` directory is taken only as the step's one
+    rank (v2's fallback); beside numbered ranks a ``rank`` directory is refused and ``proc*`` ones skipped,
+    and several unnumbered ones cannot be told apart and are refused.
     """
     step_dir = Path(step_dir)
     if not step_dir.exists():
         raise CompareInputError(f"{step_dir}: step directory not found")
     if not step_dir.is_dir():
         raise CompareInputError(f"{step_dir}: is a file, expected a step directory (the parent of rank*)")
-    ranks: list[RankDir] = []
+    numbered: list[RankDir] = []
+    bare: Path | None = None
     procs: list[Path] = []
     for child in step_dir.iterdir():
         if not child.is_dir():
             continue
         if _RANK_DIR.match(child.name):
-            ranks.append(RankDir(child, rank_number(child.name)))
+            rank = rank_number(child.name)
+            if rank is None:
+                bare = child
+            else:
+                numbered.append(RankDir(child, rank))
         elif _PROC_DIR.match(child.name):
             procs.append(child)
-    if ranks:
-        ranks.sort(key=lambda r: -1 if r.rank is None else r.rank)
-        return ranks
+    if numbered and bare is not None:
+        names = ", ".join(["rank", *sorted(d.path.name for d in numbered)])
+        raise CompareInputError(
+            f"{step_dir}: cannot number its rank folders ({names}): an unnumbered 'rank' folder is a rank "
+            "only when it is the only rank folder of its step"
+        )
+    if numbered:
+        return sorted(numbered, key=lambda r: r.number)
+    if bare is not None:
+        return [RankDir(bare, None)]
     if len(procs) == 1:
         return [RankDir(procs[0], None)]
     if procs:
@@ -91,6 +159,31 @@ def find_step_dirs(dump_path: str | Path) -> list[Path]:
     root = Path(dump_path)
     steps = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)] if root.is_dir() else []
     return sorted(steps, key=lambda p: int(p.name[4:]))
+
+
+def find_dump_ranks(path: str | Path) -> list[tuple[int, RankDir]]:
+    """``(step, rank folder)`` for every rank under ``path``, sorted by step then rank.
+
+    ``path`` is a dump root (``step*/rank*``), one step folder, or one rank folder (a folder holding
+    dump.json, whatever its name: rank 0 unless named ``rank{N}``, step 0 unless its parent is a ``step{N}``).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CompareInputError(f"{path}: not a directory")
+    lone = RankDir(path, None)
+    if lone.has_dump:
+        rank = rank_number(path.name) if _RANK_DIR.match(path.name) else None
+        return [(step_number(path.parent.name) or 0, RankDir(path, rank))]
+    step = step_number(path.name)
+    if step is not None:
+        return [(step, r) for r in find_rank_dirs(path)]
+    found = [(int(d.name[4:]), r) for d in find_step_dirs(path) for r in find_rank_dirs(d)]
+    if not found:
+        raise CompareInputError(
+            f"{path}: no step*/rank* folders (expected a dump root such as DUMP_DIR/step0/rank0/dump.json, "
+            "a step folder, or a rank folder holding dump.json)"
+        )
+    return found
 
 
 def sibling_stack_json(dump_json: str | Path) -> Path | None:

@@ -54,7 +54,7 @@ def test_upload_shows_a_few_progress_lines_and_quiet_shows_none(
     quiet = cli("upload", str(many_files_dump(tmp_path / "dump2", apis=5)), "--server", server.url,
                 "--name", f"quiet-{unique}", "-q")  # fmt: skip
     assert quiet.returncode == 0 and quiet.stderr == ""
-    assert api.get_run(quiet.stdout.strip())["status"] == "complete"
+    assert api.get_run(quiet.stdout.strip()).status == "complete"
 
 
 def test_an_upload_under_a_taken_name_is_a_noop_or_refused(
@@ -79,7 +79,7 @@ def test_an_upload_under_a_taken_name_is_a_noop_or_refused(
     assert "1 file(s) differ (step0/rank0/dump.json)" in err
     assert "1 file(s) only here (step0/rank0/extra.json)" in err
     assert f"parity runs delete {name} --project e2e --with-comparisons" in err
-    assert [r["id"] for r in api.find_runs(name=name, project="e2e")] == [run_id]
+    assert [r.id for r in api.find_runs(name=name, project="e2e")] == [run_id]
     assert api.list_files(run_id) == stored
 
 
@@ -109,7 +109,7 @@ def test_runs_commands_and_compare_runs_speak_the_rest_api(
     assert main(["runs", "delete", f"npu-{unique}", *base]) == 2
     err = capsys.readouterr().err
     assert "used by 1 comparison(s)" in err and "--with-comparisons" in err
-    assert api.find_runs(name=f"npu-{unique}")[0]["status"] == "complete"
+    assert api.find_runs(name=f"npu-{unique}")[0].status == "complete"
     assert main(["runs", "delete", f"npu-{unique}", *base, "--with-comparisons"]) == 0
     assert api.find_runs(name=f"npu-{unique}") == []
     assert api.list_comparisons(run=f"gpu-{unique}")[1] == 0

@@ -41,10 +41,10 @@ def test_demo_flow_two_uploads_compare_download(
     bench = upload_with_client(server.url, bench_root, f"gpu-{unique}", (0,))
     target = upload_with_client(server.url, target_root, f"npu-{unique}", (0,))
     for up, root in ((bench, bench_root), (target, target_root)):
-        assert up.run is not None and up.run["status"] == "complete", up.stats
-        stored = {f["path"] for f in api.list_files(up.run["id"])}
+        assert up.run is not None and up.run.status == "complete", up.stats
+        stored = {f.path for f in api.list_files(up.run.id)}
         assert stored == local_files(root)
-        assert up.run["metadata"]["torch_version"] and up.run["tags"] == {"suite": "e2e"}
+        assert up.run.metadata["torch_version"] and up.run.tags == {"suite": "e2e"}
 
     out_dir = tmp_path / "out"
     argv = [
@@ -62,20 +62,20 @@ def test_demo_flow_two_uploads_compare_download(
     assert "top suspects" in printed and "Functional.gelu.0.forward" in printed
 
     (comparison,) = api.list_comparisons(run=target.run_id)[0]
-    summary = comparison["summary"]
-    assert comparison["status"] == "succeeded" and summary is not None
-    assert summary["top_suspects"][0]["api"] == "Functional.gelu.0.forward"
-    rows = api.comparison_rows(comparison["id"], limit=1000)
-    assert rows["count"] == summary["rows"] == len(rows["data"]) > 0
-    failing = api.comparison_rows(comparison["id"], failing=True, limit=1000)
-    assert failing["count"] == summary["failing_rows"] > 0
+    summary = comparison.summary
+    assert comparison.status == "succeeded" and summary is not None
+    assert summary.top_suspects[0].api == "Functional.gelu.0.forward"
+    rows = api.comparison_rows(comparison.id, limit=1000)
+    assert rows.count == summary.rows == len(rows.data) > 0
+    failing = api.comparison_rows(comparison.id, failing=True, limit=1000)
+    assert failing.count == summary.failing_rows > 0
 
     xlsx = next(out_dir.glob("compare_result_*.xlsx"))
     advisor = next(out_dir.glob("advisor_*.txt"))
     sheet = openpyxl.load_workbook(xlsx, read_only=True).worksheets[0]
     table = list(sheet.iter_rows(values_only=True))
-    assert list(table[0][: len(rows["header"])]) == rows["header"]
-    assert len(table) - 1 == summary["rows"]
+    assert list(table[0][: len(rows.header)]) == rows.header
+    assert len(table) - 1 == summary.rows
     assert "Functional.gelu.0.forward" in advisor.read_text()
 
 
@@ -98,7 +98,7 @@ def test_upload_resumes_after_sigkill_without_duplicates(
     while time.monotonic() < deadline and proc.poll() is None:
         runs = api.find_runs(name=name, project="e2e")
         if runs:
-            run_id = runs[0]["id"]
+            run_id = runs[0].id
             if len(api.list_files(run_id)) >= 10:
                 break
         time.sleep(0.01)
@@ -106,20 +106,20 @@ def test_upload_resumes_after_sigkill_without_duplicates(
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the upload finished before it could be interrupted"
     assert run_id is not None
-    partial = {f["path"] for f in api.list_files(run_id)}
+    partial = {f.path for f in api.list_files(run_id)}
     assert 10 <= len(partial) < len(local_files(root))
-    assert api.get_run(run_id)["status"] == "uploading"
+    assert api.get_run(run_id).status == "uploading"
 
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == run_id  # the same run was finished, not a new one
     runs = api.find_runs(name=name, project="e2e")
-    assert [r["id"] for r in runs] == [run_id]
+    assert [r.id for r in runs] == [run_id]
     files = api.list_files(run_id)
-    paths = [f["path"] for f in files]
+    paths = [f.path for f in files]
     assert len(paths) == len(set(paths)) and set(paths) == local_files(root)
     run = api.get_run(run_id)
-    assert run["status"] == "complete" and run["file_count"] == len(paths) and run["ranks"] == [0, 1]
+    assert run.status == "complete" and run.file_count == len(paths) and run.ranks == [0, 1]
 
 
 def test_sixteen_concurrent_uploaders(
@@ -143,11 +143,11 @@ def test_sixteen_concurrent_uploaders(
     assert not errors and len(uploaders) == 16
     for up in uploaders:
         assert up.stats.files_failed == 0 and up.stats.errors == [], up.stats
-        assert up.run is not None and up.run["status"] == "complete"
-        i = int(up.run["name"][4:].split("-")[0])
-        stored = {f["path"]: f["sha256"] for f in api.list_files(up.run["id"])}
+        assert up.run is not None and up.run.status == "complete"
+        i = int(up.run.name[4:].split("-")[0])
+        stored = {f.path: f.sha256 for f in api.list_files(up.run.id)}
         assert set(stored) == local_files(roots[i])
-        assert up.run["file_count"] == len(stored)
+        assert up.run.file_count == len(stored)
 
 
 def test_commands_send_the_token(tmp_path: Path, unique: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -163,7 +163,7 @@ def test_commands_send_the_token(tmp_path: Path, unique: str, capsys: pytest.Cap
         assert main([*base, "--token", "rw-tok"]) == 0
         with ParityClient(srv.url, token="ro-tok") as ro:
             (run,) = ro.find_runs(name=f"tok-{unique}")
-            assert run["status"] == "complete"
+            assert run.status == "complete"
 
 
 TRAIN_WITHOUT_FINAL_STEP = """
@@ -196,5 +196,5 @@ def test_debugger_uploads_the_step_flushed_at_exit(
     assert done.returncode == 0, done.stderr
     assert "WARNING" not in done.stderr, done.stderr
     (run,) = api.find_runs(name=name, project="e2e")
-    assert run["status"] == "complete" and run["steps"] == [0, 1]
-    assert {f["path"] for f in api.list_files(run["id"])} == local_files(tmp_path / "dump")
+    assert run.status == "complete" and run.steps == [0, 1]
+    assert {f.path for f in api.list_files(run.id)} == local_files(tmp_path / "dump")

@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parity.shared.dump.layout import find_rank_dirs, rank_number, sibling_stack_json
+from parity.shared.dump.layout import (
+    find_dump_ranks,
+    find_rank_dirs,
+    parse_stored_path,
+    rank_dir_path,
+    rank_number,
+    sibling_stack_json,
+    stored_prefix,
+)
 from parity.shared.dump.reader import load_construct, load_dump, load_stack
 from parity.shared.errors import CompareInputError, DumpError
 
@@ -333,3 +341,51 @@ def test_tensor_leaf_without_dtype_is_refused(tmp_path: Path) -> None:
     rec = {"type": "torch.Tensor", "shape": [2], "Max": 1.0}
     with pytest.raises(DumpError, match=r"field 'Torch.f.0.forward.output.0.dtype': missing"):
         load_dump(write_raw_dump(tmp_path, {"Torch.f.0.forward": {"output": [rec]}}))
+
+
+# -- the one layout rule shared by capture, upload, server and compare ---------------------------------
+
+
+def test_bare_rank_beside_numbered_ranks_is_refused(tmp_path: Path) -> None:
+    for name in ("rank", "rank1"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(CompareInputError, match=r"cannot number its rank folders \(rank, rank1\)"):
+        find_rank_dirs(tmp_path)
+
+
+def test_proc_dirs_beside_rank_dirs_are_skipped(tmp_path: Path) -> None:
+    for name in ("rank", "proc12"):
+        (tmp_path / name).mkdir()
+    (found,) = find_rank_dirs(tmp_path)
+    assert found.path.name == "rank" and found.rank is None and found.number == 0
+    (tmp_path / "rank").rmdir()
+    (tmp_path / "rank3").mkdir()
+    assert [(r.path.name, r.number) for r in find_rank_dirs(tmp_path)] == [("rank3", 3)]
+
+
+def test_find_dump_ranks_from_a_root_a_step_or_a_rank(tmp_path: Path) -> None:
+    root = tmp_path / "dump"
+    for step, rank in ((0, 0), (0, 1), (2, 0)):
+        write_raw_dump(rank_dir_path(root, step, rank), {})
+    assert [(s, r.number) for s, r in find_dump_ranks(root)] == [(0, 0), (0, 1), (2, 0)]
+    assert [(s, r.number) for s, r in find_dump_ranks(root / "step2")] == [(2, 0)]
+    assert [(s, r.number) for s, r in find_dump_ranks(root / "step0" / "rank1")] == [(0, 1)]
+    loose = tmp_path / "by-hand"
+    write_raw_dump(loose, {})
+    assert [(s, r.rank, r.number) for s, r in find_dump_ranks(loose)] == [(0, None, 0)]
+
+
+@pytest.mark.parametrize("problem", ["missing", "empty"])
+def test_find_dump_ranks_names_the_folder(tmp_path: Path, problem: str) -> None:
+    path = tmp_path / "d"
+    if problem == "empty":
+        path.mkdir()
+    with pytest.raises(CompareInputError, match="not a directory" if problem == "missing" else "no step"):
+        find_dump_ranks(path)
+
+
+def test_stored_paths_round_trip_and_refuse_leading_zeros() -> None:
+    assert stored_prefix(3, 12) == "step3/rank12"
+    assert parse_stored_path("step3/rank12/dump_tensor_data/x.pt") == (3, 12)
+    assert parse_stored_path("step03/rank1/dump.json") is None
+    assert parse_stored_path("notes/step0/rank0/dump.json") is None

@@ -1,4 +1,4 @@
-"""BackgroundUploader and the REST client against an in-memory server (httpx.MockTransport): no network."""
+"""BackgroundUploader and the REST client against the real app in process (no network, no fake)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,29 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from parity.client.errors import UploadError
-from parity.client.rest import ApiError, ParityClient, ServerUnreachable
+from parity.client.rest import ApiError, ServerUnreachable
 from parity.client.uploader import BackgroundUploader, retry_call
 
-from tests.e2e.fake_server import FakeServer
+from tests.e2e.app_wire import AppWire, app_wire
 from tests.factories import DumpBuilder
+
+
+@pytest.fixture
+def wire(tmp_path: Path) -> Iterator[AppWire]:
+    with app_wire(tmp_path / "server", workers=0) as w:
+        yield w
+
+
+def stored_files(wire: AppWire, run_id: str) -> dict[str, str]:
+    return {f.path: f.sha256 for f in wire.api().list_files(run_id)}
+
 
 FAST = {"retry_budget_s": 0.3, "initial_backoff_s": 0.01, "max_backoff_s": 0.05}
 
@@ -93,70 +105,90 @@ def test_retry_call_does_not_retry_a_refusal() -> None:
     assert len(calls) == 1
 
 
-def test_api_error_names_request_and_detail() -> None:
-    fake = FakeServer()
-    api = ParityClient("http://parity", client=fake.client())
+def test_api_error_names_request_and_detail(wire: AppWire) -> None:
+    api = wire.api()
     with pytest.raises(ApiError) as info:
         api.get_run("0" * 32)
     assert info.value.status_code == 404 and not info.value.retryable
-    assert str(info.value) == f"GET http://parity/api/v1/runs/{'0' * 32}: HTTP 404: run {'0' * 32}: not found"
+    missing = "0" * 32
+    assert str(info.value) == f"GET http://parity/api/v1/runs/{missing}: HTTP 404: run '{missing}' not found"
+
+
+def test_a_request_outside_the_contract_is_refused_before_it_is_sent(wire: AppWire) -> None:
+    api = wire.api()
+    with pytest.raises(UploadError, match=r"^RunCreate: device: Input should be 'npu', 'gpu', 'cpu' or"):
+        api.create_run("r", device="tpu")
+    with pytest.raises(UploadError, match=r"^ComparisonCreate: step: Input should be greater than or equal"):
+        api.create_comparison("a", "b", step=-1)
+    assert wire.requests == []
+
+
+def test_an_answer_outside_the_contract_names_the_field(wire: AppWire) -> None:
+    api = wire.api()
+    run = api.create_run("r", device="cpu")
+    bad = {"id": run.id, "status": "sideways"}
+    wire.fail = lambda r: httpx.Response(200, json=bad) if r.method == "GET" else None
+    with pytest.raises(ApiError, match=r"not a RunPublic of the REST contract: name: Field required \(and"):
+        api.get_run(run.id)
 
 
 # -- BackgroundUploader ----------------------------------------------------------------------------------
 
 
-def test_uploads_every_file_and_completes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_uploads_every_file_and_completes(
+    wire: AppWire, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     root = tmp_path / "mydump"
     write_rank(root, 0, 0)
     write_rank(root, 0, 1, scale=2.0)
     write_rank(root, 1, 0, scale=3.0)
-    fake = FakeServer()
-    up = BackgroundUploader("http://parity", project="p1", tags={"lr": 0.1}, client=fake.client(), **FAST)
+    up = BackgroundUploader("http://parity", project="p1", tags={"lr": 0.1}, client=wire.client(), **FAST)
     for step, rank in ((0, 0), (0, 1), (1, 0)):
         up.submit_rank_dir(step, rank, root / f"step{step}" / f"rank{rank}")
     up.close(timeout=10)
+    sent = list(wire.requests)
 
-    (run,) = fake.runs.values()
-    assert run["status"] == "complete" and up.run_id == run["id"]
-    assert run["project"] == "p1" and run["tags"] == {"lr": "0.1"} and run["device"] == "cpu"
-    assert re.fullmatch(r"mydump-\d{8}-\d{6}", run["name"])
-    meta = run["metadata"]
+    (run,) = wire.api().find_runs()
+    assert run.status == "complete" and up.run_id == run.id
+    assert run.project == "p1" and run.tags == {"lr": "0.1"} and run.device == "cpu"
+    assert re.fullmatch(r"mydump-\d{8}-\d{6}", run.name)
+    meta = run.metadata
     assert meta["torch_version"] and meta["python"] and meta["hostname"] and meta["parity_version"]
     assert "git_commit" in meta
-    stored = {p: s for p, (_, s) in fake.files[run["id"]].items()}
+    stored = stored_files(wire, run.id)
     assert stored == local_files(root)
     # dump.json of a rank goes after its tensors, and the run is completed last
-    puts = [p for m, p in fake.requests if m == "PUT"]
+    puts = [p for m, p in sent if m == "PUT"]
     for rank_prefix in ("step0/rank0/", "step0/rank1/", "step1/rank0/"):
         mine = [p for p in puts if rank_prefix in p]
         assert mine[-1].endswith("/dump.json") and len(mine) == 3
-    assert fake.requests[-1] == ("POST", f"/api/v1/runs/{run['id']}/complete")
+    assert sent[-1] == ("POST", f"/api/v1/runs/{run.id}/complete")
     assert up.stats.files_uploaded == len(stored) == 9 and up.stats.files_failed == 0
     assert uploader_warnings(caplog) == []
 
 
 def test_streams_with_content_length_and_token_from_env(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    wire: AppWire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PARITY_SERVER", "http://from-env:9")
     monkeypatch.setenv("PARITY_TOKEN", "s3cret")
     root = tmp_path / "d"
     write_rank(root, 0, 0)
-    fake = FakeServer()
-    up = BackgroundUploader(run_name="named", client=fake.client(), **FAST)
+    up = BackgroundUploader(run_name="named", client=wire.client(), **FAST)
     up.submit_rank_dir(0, 0, root / "step0" / "rank0")
     up.close(timeout=10)
     assert up.server == "http://from-env:9"
-    assert all(h.get("authorization") == "Bearer s3cret" for h in fake.headers)
-    put_headers = [h for h, (m, _) in zip(fake.headers, fake.requests, strict=True) if m == "PUT"]
+    assert all(h.get("authorization") == "Bearer s3cret" for h in wire.headers)
+    put_headers = [h for h, (m, _) in zip(wire.headers, wire.requests, strict=True) if m == "PUT"]
     assert put_headers and all("content-length" in h and "transfer-encoding" not in h for h in put_headers)
-    assert next(iter(fake.runs.values()))["name"] == "named"
+    assert wire.api().find_runs()[0].name == "named"
 
 
-def test_transient_errors_are_retried(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_transient_errors_are_retried(
+    wire: AppWire, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     root = tmp_path / "d"
     write_rank(root, 0, 0)
-    fake = FakeServer()
     failures = {"n": 0}
 
     def flaky(request: httpx.Request) -> httpx.Response | Exception | None:
@@ -167,25 +199,24 @@ def test_transient_errors_are_retried(tmp_path: Path, caplog: pytest.LogCaptureF
             return httpx.ConnectError("reset")
         return None
 
-    fake.fail = flaky
-    up = BackgroundUploader("http://parity", client=fake.client(), retry_budget_s=5, initial_backoff_s=0.01)
+    wire.fail = flaky
+    up = BackgroundUploader("http://parity", client=wire.client(), retry_budget_s=5, initial_backoff_s=0.01)
     up.submit_rank_dir(0, 0, root / "step0" / "rank0")
     up.close(timeout=10)
-    run = next(iter(fake.runs.values()))
+    run = wire.api().find_runs()[0]
     assert failures["n"] == 3
-    assert run["status"] == "complete" and len(fake.files[run["id"]]) == 3
+    assert run.status == "complete" and len(stored_files(wire, run.id)) == 3
     assert uploader_warnings(caplog) == []
 
 
 def test_server_down_never_raises_warns_once_and_keeps_dump(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    wire: AppWire, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "d"
     dirs = [write_rank(root, s, 0) for s in range(4)]
     before = local_files(root)
-    fake = FakeServer()
-    fake.fail = lambda request: httpx.ConnectError("connection refused")
-    up = BackgroundUploader("http://parity", client=fake.client(), **FAST)
+    wire.fail = lambda request: httpx.ConnectError("connection refused")
+    up = BackgroundUploader("http://parity", client=wire.client(), **FAST)
     for step, d in enumerate(dirs):
         up.submit_rank_dir(step, 0, d)  # must not raise
     up.close(timeout=10)
@@ -194,39 +225,37 @@ def test_server_down_never_raises_warns_once_and_keeps_dump(
     assert up.stats.items_failed == 4 and up.run_id is None
     assert local_files(root) == before
     # after the first give-up, later items try once instead of backing off again
-    assert len(fake.requests) < 4 * 10
+    assert len(wire.requests) < 4 * 10
 
 
 def test_refused_file_is_not_retried_and_run_left_open(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    wire: AppWire, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "d"
     write_rank(root, 0, 0)
-    fake = FakeServer()
-    fake.fail = lambda r: (
+    wire.fail = lambda r: (
         httpx.Response(422, json={"detail": "sha256 mismatch"}) if r.method == "PUT" else None
     )
-    up = BackgroundUploader("http://parity", client=fake.client(), **FAST)
+    up = BackgroundUploader("http://parity", client=wire.client(), **FAST)
     up.submit_rank_dir(0, 0, root / "step0" / "rank0")
     up.close(timeout=10)
-    puts = [p for m, p in fake.requests if m == "PUT"]
+    puts = [p for m, p in wire.requests if m == "PUT"]
     assert len(puts) == 3  # one try per file, no retry of a refusal
-    assert next(iter(fake.runs.values()))["status"] == "uploading"
-    assert not any(p.endswith("/complete") for _, p in fake.requests)
+    assert wire.api().find_runs()[0].status == "uploading"
+    assert not any(p.endswith("/complete") for _, p in wire.requests)
     (warning,) = uploader_warnings(caplog)
     assert "sha256 mismatch" in warning and "step0/rank0/" in warning
 
 
 def test_full_queue_drops_with_a_warning_instead_of_blocking(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    wire: AppWire, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "d"
     dirs = [write_rank(root, s, 0) for s in range(4)]
     gate = threading.Event()
-    fake = FakeServer()
-    fake.fail = lambda r: (gate.wait(10), None)[1]
+    wire.fail = lambda r: (gate.wait(10), None)[1]
     up = BackgroundUploader(
-        "http://parity", client=fake.client(), queue_size=1, enqueue_timeout_s=0.05, **FAST
+        "http://parity", client=wire.client(), queue_size=1, enqueue_timeout_s=0.05, **FAST
     )
     for step, d in enumerate(dirs):
         up.submit_rank_dir(step, 0, d)
@@ -235,17 +264,18 @@ def test_full_queue_drops_with_a_warning_instead_of_blocking(
     # one item in flight, one queued; the other two were dropped
     assert up.stats.items_dropped == 2
     assert "queue full" in uploader_warnings(caplog)[0]
-    run = next(iter(fake.runs.values()))
-    assert run["status"] == "uploading"  # dropped items keep the run open for `parity upload`
+    run = wire.api().find_runs()[0]
+    assert run.status == "uploading"  # dropped items keep the run open for `parity upload`
 
 
-def test_close_times_out_instead_of_hanging(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_close_times_out_instead_of_hanging(
+    wire: AppWire, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     root = tmp_path / "d"
     write_rank(root, 0, 0)
     gate = threading.Event()
-    fake = FakeServer()
-    fake.fail = lambda r: (gate.wait(10), None)[1]
-    up = BackgroundUploader("http://parity", client=fake.client(), **FAST)
+    wire.fail = lambda r: (gate.wait(10), None)[1]
+    up = BackgroundUploader("http://parity", client=wire.client(), **FAST)
     up.submit_rank_dir(0, 0, root / "step0" / "rank0")
     start = time.monotonic()
     up.close(timeout=0.2)
@@ -272,3 +302,12 @@ def test_malformed_server_url_disables_uploads(tmp_path: Path, caplog: pytest.Lo
     up.close()
     (warning,) = uploader_warnings(caplog)
     assert "'localhost:8000': expected an http:// or https:// URL" in warning
+
+
+def test_health_reads_the_contract_and_never_raises(wire: AppWire) -> None:
+    api = wire.api()
+    assert api.health()
+    wire.fail = lambda r: httpx.Response(200, json={"status": "starting"})
+    assert not api.health()
+    wire.fail = lambda r: httpx.ConnectError("refused")
+    assert not api.health()

@@ -1,0 +1,68 @@
+"""A finished comparison on the client side: its reports under msprobe's file names, and its verdict as text.
+
+Used by ``parity compare-runs --wait`` and the demo.
+
+Example::
+
+    info = api.wait_for_comparison(comparison_id)
+    paths = download_reports(api, info, Path("out"))
+    print("\\n".join(summary_lines(info)))
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from parity.client.rest import ApiError, ParityClient
+from parity.shared.contract import ComparisonPublic
+
+__all__ = ["download_reports", "report_names", "summary_lines"]
+
+log = logging.getLogger(__name__)
+
+
+def report_names(ranks: Sequence[int], stamp: str) -> list[tuple[int | None, str, str]]:
+    """``(rank to ask for, xlsx name, advisor name)``: msprobe's names, per rank when there are several."""
+    if len(ranks) <= 1:
+        return [(None, f"compare_result_{stamp}.xlsx", f"advisor_{stamp}.txt")]
+    return [(r, f"compare_result_rank{r}_{stamp}.xlsx", f"advisor_rank{r}_{stamp}.txt") for r in ranks]
+
+
+def download_reports(api: ParityClient, info: ComparisonPublic, out_dir: Path) -> list[Path]:
+    """Download every report and advisor of a succeeded comparison, then its summary JSON
+    (``compare_summary_{ts}.json``), into ``out_dir``; returns their paths."""
+    ranks = info.summary.ranks if info.summary is not None else (info.ranks or [])
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    paths: list[Path] = []
+    for rank, xlsx, advisor in report_names(ranks, stamp):
+        paths.append(api.download(info.id, "report.xlsx", out_dir / xlsx, rank=rank))
+        paths.append(api.download(info.id, "advisor.txt", out_dir / advisor, rank=rank))
+    try:
+        paths.append(api.download(info.id, "summary.json", out_dir / f"compare_summary_{stamp}.json"))
+    except ApiError as exc:
+        if exc.status_code != 404:
+            raise
+        # A server from before summaries were stored (or a comparison it finished then): the reports suffice.
+        log.warning("no summary JSON: %s", exc.detail)
+    return paths
+
+
+def summary_lines(info: ComparisonPublic, limit: int = 10) -> list[str]:
+    """The comparison's verdict and its top ``limit`` suspects, one line each."""
+    summary = info.summary
+    if summary is None:
+        return [f"comparison {info.id}: {info.status}, no summary"]
+    lines = [
+        f"comparison {info.id}: {summary.rows} rows, {summary.failing_rows} failing, "
+        f"{len(summary.failing_apis)} failing APIs (mode {summary.mode})"
+    ]
+    if not summary.top_suspects:
+        return [*lines, "no suspects: every compared API agrees within tolerance"]
+    lines.append("top suspects (where precision is first lost):")
+    for s in summary.top_suspects[:limit]:
+        where = f" [{' '.join(s.stack.split())}]" if s.stack else ""
+        lines.append(f"  {s.rank}. {s.api} ({s.direction}, rank {s.compare_rank}): {s.reason}{where}")
+    return lines
