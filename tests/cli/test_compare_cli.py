@@ -369,6 +369,7 @@ class _Terminal(io.StringIO):
 
 def test_upload_progress_redraws_one_line_on_a_terminal_and_is_silent_when_quiet():
     from parity.client.upload import UploadProgress
+
     from parity.progress import TransferProgress
 
     stream = _Terminal()
