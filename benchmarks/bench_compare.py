@@ -158,6 +158,20 @@ def generate_statistics_dumps(out: Path, apis: int, *, indent1: bool = False) ->
         (out / side / "dump.json").write_text(dumps_indent1(doc) if indent1 else json.dumps(doc))
 
 
+def generate_tiny_tensor_dumps(out: Path) -> None:
+    """A tensor-mode pair of about 1 KB a side: what a compare costs when there is nothing to compare."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT))
+    from tests.factories import DumpBuilder
+
+    x = np.arange(64, dtype=np.float32)
+    for side, shift in (("npu", 0.0), ("bench", 1e-3)):
+        DumpBuilder("tensor").api("Torch.add.0.forward", inputs=[x], outputs=[x + np.float32(shift)]).write(
+            out / side
+        )
+
+
 # --- measurements ------------------------------------------------------------------------------------------
 
 
@@ -189,7 +203,34 @@ def bench_tensor(base: Path, quick: bool, repeat: int, workers: int | None) -> l
                      f"peak RSS {peak / 2**20:5.0f} MiB  ({total / MB / t / 78:.1f}x msprobe)"))  # fmt: skip
     rows.append(engine_row("compare_dumps (engine)", out, repeat, lambda t: f"{total / MB / t:7.0f} MB/s",
                            workers))  # fmt: skip
+    t = cli_seconds(out, repeat)
+    rate = f"{total / MB / t:7.0f} MB/s  {t:6.2f} s  ({total / MB / t / 78:.1f}x msprobe)"
+    rows.append((f"parity compare CLI, this pair ({total / MB:.0f} MB)", rate))
+    tiny = base / "tiny-tensor"
+    subprocess.run([sys.executable, __file__, "--generate-tiny", str(tiny)], check=True)
+    t = cli_seconds(tiny, repeat)
+    size = sum(f.stat().st_size for f in tiny.rglob("*") if f.is_file() and f.suffix != ".xlsx")
+    rows.append((f"parity compare CLI, a {size / 1000:.0f} KB tensor pair", f"{t:6.2f} s  (fixed cost)"))
     return rows
+
+
+def cli_seconds(out: Path, repeat: int) -> float:
+    """Median wall time of ``parity compare`` (a fresh process, as a user runs it) on ``out``'s two dumps."""
+    spec = out / "compare.json"
+    spec.write_text(json.dumps({"npu_path": str(out / "npu" / "dump.json"),
+                                "bench_path": str(out / "bench" / "dump.json")}))  # fmt: skip
+    cli_out = out / "cli-out"
+
+    def cli() -> None:
+        shutil.rmtree(cli_out, ignore_errors=True)
+        command = [sys.executable, "-m", "parity", "compare", "-i", str(spec), "-o", str(cli_out),
+                   "--no-progress"]  # fmt: skip
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            raise RuntimeError(f"parity compare exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+
+    cli()  # warm: the page cache and numba's on-disk cache, as on a second run
+    return timed(cli, repeat)[0]
 
 
 def engine_row(label: str, out: Path, repeat: int, rate: Callable[[float], str],
@@ -197,9 +238,15 @@ def engine_row(label: str, out: Path, repeat: int, rate: Callable[[float], str],
     from parity.shared.compare.engine import compare_dumps
     from parity.shared.compare.options import CompareOptions
 
+    from parity.process_policy import collector_paused
+
     options = CompareOptions(workers=workers)
-    t, peak, result = timed(lambda: compare_dumps(out / "npu" / "dump.json", out / "bench" / "dump.json",
-                                                  options), repeat)  # fmt: skip
+
+    def run() -> Any:
+        with collector_paused():  # the process policy of the entry points (CLI, worker)
+            return compare_dumps(out / "npu" / "dump.json", out / "bench" / "dump.json", options)
+
+    t, peak, result = timed(run, repeat)
     return (label, f"{rate(t)}  {t:6.2f} s  peak RSS {peak / 2**20:5.0f} MiB  ({len(result.rows)} rows)")
 
 
@@ -221,22 +268,13 @@ def bench_statistics(base: Path, quick: bool, repeat: int) -> list[tuple[str, st
     os.sync()
     size = (indented / "npu" / "dump.json").stat().st_size / MB
     rows.append(engine_row(f"  same, indent=1 as msprobe ({size:.1f} MB)", indented, repeat, rate, None))
-    spec = out / "compare.json"
-    spec.write_text(json.dumps({"npu_path": str(out / "npu" / "dump.json"),
-                                "bench_path": str(out / "bench" / "dump.json")}))  # fmt: skip
-    cli_out = out / "cli-out"
-
-    def cli() -> None:
-        shutil.rmtree(cli_out, ignore_errors=True)
-        command = [sys.executable, "-m", "parity", "compare", "-i", str(spec), "-o", str(cli_out)]
-        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-        if proc.returncode != 0:
-            raise RuntimeError(f"parity compare exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
-
-    t, peak, _ = timed(cli, max(1, repeat - 1))
-    xlsx = sorted(cli_out.glob("compare_result_*.xlsx"))
-    rows.append(("parity compare CLI to xlsx", f"{rate(t)}  {t:6.2f} s  peak RSS {peak / 2**20:5.0f} MiB  "
-                 f"(whole process, {len(xlsx)} xlsx)"))  # fmt: skip
+    t = cli_seconds(out, max(1, repeat - 1))
+    rows.append(("parity compare CLI to xlsx", f"{rate(t)}  {t:6.2f} s  (whole process)"))
+    tiny = base / "statistics-tiny"
+    generate_statistics_dumps(tiny, 3)
+    size = (tiny / "npu" / "dump.json").stat().st_size
+    rows.append((f"parity compare CLI, a {size / 1000:.0f} KB statistics pair",
+                 f"{cli_seconds(tiny, repeat):6.2f} s  (fixed cost)"))  # fmt: skip
     return rows
 
 
@@ -248,9 +286,13 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to build the data (default: temp)")
     parser.add_argument("--only", choices=["tensor", "statistics"], default=None)
     parser.add_argument("--generate-tensor", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--generate-tiny", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate_tensor:
         generate_tensor_dumps(args.generate_tensor, args.quick)
+        return 0
+    if args.generate_tiny:
+        generate_tiny_tensor_dumps(args.generate_tiny)
         return 0
     if args.only is None:
         # Each mode in a fresh process, as the CLI and the job workers run every compare: the tensor phase's

@@ -4,5 +4,5 @@
 Layout: ``api/`` (thin routes, dependencies), ``services/`` (the logic, raising ``errors.ServiceError``),
 ``repositories.py`` (queries), ``models.py`` + ``migrations/`` (one Alembic tree for SQLite and PostgreSQL),
 ``store.py`` (file:// and s3:// blob stores), ``jobs/`` (the ``JobQueue`` protocol, the local process pool,
-``run_compare_job``).
+Celery, ``TaskRunner``: one rank of a comparison).
 """

@@ -12,6 +12,8 @@ it verbatim (``{"detail": "..."}``).
      +-- PayloadTooLarge (413)
      +-- Unprocessable (422)
      +-- StoreError (500)    the blob store failed (disk, S3)
+     +-- InsufficientStorage (507)  the disk or the database is full: free space by deleting runs
+     +-- ConfigError         a setting is invalid: the server refuses to start
 """
 
 from __future__ import annotations
@@ -58,4 +60,14 @@ class Unprocessable(ServiceError):
 
 
 class StoreError(ServiceError):
+    status_code = 500
+
+
+class InsufficientStorage(ServiceError):
+    status_code = 507
+
+
+class ConfigError(ServiceError):
+    """A ``PARITY_*`` setting the server cannot run with; raised before it starts, never as a response."""
+
     status_code = 500

@@ -22,6 +22,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -72,6 +73,8 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Never deleted by the retention sweep (revision 0006).
+    keep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class RunTag(Base):
@@ -151,3 +154,33 @@ class ComparisonRow(Base):
     cells: Mapped[str] = mapped_column(Text)  # JSON text of the cell list
 
     __table_args__ = (Index("ix_comparison_rows_failing", "comparison_id", "failing", "rank", "index"),)
+
+
+class ComparisonTask(Base):
+    """One rank pair of a comparison: the unit a worker claims, runs and stores (revision 0005).
+
+    The comparison fans out into one task per rank found in both runs; each task is claimed under a lease
+    (the protocol of ``Comparison`` before, per rank now), so a worker killed mid-rank loses that rank
+    only, and a failed rank is run again alone. A finished task keeps its rank's summary document and
+    header; the last task to finish merges them into the comparison's summary.
+    """
+
+    __tablename__ = "comparison_tasks"
+
+    comparison_id: Mapped[str] = mapped_column(
+        ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
+    )
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # queued → running → succeeded | failed | skipped (a side has no dump.json for this rank)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)  # host:pid of the claimant
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    rows: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    header: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from parity.server.models import Comparison, ComparisonRow, Run, RunFile, RunTag
+from parity.server.models import Comparison, ComparisonRow, ComparisonTask, Run, RunFile, RunTag
 from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session, aliased
 
@@ -143,6 +143,7 @@ class RunRepository:
             or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id)
         )
         self.session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id.in_(cids)))
+        self.session.execute(delete(ComparisonTask).where(ComparisonTask.comparison_id.in_(cids)))
         self.session.execute(
             delete(Comparison).where(
                 or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id)
@@ -205,59 +206,114 @@ class ComparisonRepository:
         )  # fmt: skip
         return next((c for c in candidates if c.ranks == ranks and (c.options or {}) == options), None)
 
-    def requeue(self, comparison: Comparison) -> None:
-        """A failed comparison back to ``queued``, under the same id; its attempt count keeps growing."""
-        comparison.status, comparison.error, comparison.progress = "queued", None, 0.0
-        comparison.started_at = comparison.finished_at = comparison.lease_expires_at = None
+#: A task's id on the job backends: ``{comparison id}:{rank}`` (ids, never objects, travel to workers).
+TaskId = str
 
-    def queued_ids(self, limit: int, exclude: Sequence[str] = ()) -> list[str]:
-        stmt = select(Comparison.id).where(Comparison.status == "queued")
-        if exclude:
-            stmt = stmt.where(Comparison.id.not_in(list(exclude)))
-        return list(self.session.scalars(stmt.order_by(Comparison.created_at, Comparison.id).limit(limit)))
 
-    def claim(self, job_id: str, now: datetime, lease_seconds: float) -> int | None:
-        """Make ``job_id`` running under a lease until ``now + lease_seconds`` and return its new attempt
-        number, if it is queued or running under a lease that has passed (its worker died); else None.
+def task_id(comparison_id: str, rank: int) -> TaskId:
+    return f"{comparison_id}:{rank}"
 
-        One conditional UPDATE, so that of any number of claimants exactly one wins: SQLite's
-        ``BEGIN IMMEDIATE`` serialises them, and on PostgreSQL a second UPDATE waits for the first one's row
-        lock and then re-checks the condition against the row the first one wrote.
-        """
+
+def parse_task_id(value: TaskId) -> tuple[str, int]:
+    comparison_id, sep, rank = value.rpartition(":")
+    if not sep or not rank.lstrip("-").isdigit():
+        raise ValueError(f"not a task id: {value!r} (expected COMPARISON:RANK)")
+    return comparison_id, int(rank)
+
+
+class TaskRepository:
+    """The per-rank tasks of comparisons: claim under a lease, renew, find the lapsed and the queued."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def for_comparison(self, comparison_id: str) -> list[ComparisonTask]:
+        stmt = select(ComparisonTask).where(ComparisonTask.comparison_id == comparison_id)
+        return list(self.session.scalars(stmt.order_by(ComparisonTask.rank)))
+
+    def for_comparisons(self, comparison_ids: Sequence[str]) -> dict[str, list[ComparisonTask]]:
+        out: dict[str, list[ComparisonTask]] = defaultdict(list)
+        if comparison_ids:
+            stmt = select(ComparisonTask).where(ComparisonTask.comparison_id.in_(list(comparison_ids)))
+            for task in self.session.scalars(stmt.order_by(ComparisonTask.rank)):
+                out[task.comparison_id].append(task)
+        return out
+
+    def claim(
+        self, comparison_id: str, rank: int, now: datetime, lease_seconds: float, worker: str
+    ) -> int | None:
+        """Make the task running under a lease and return its new attempt number, if it is queued or running
+        under a lease that has passed (its worker died); else None. One conditional UPDATE, so exactly one
+        of any number of claimants wins (as ``ComparisonRepository.claim`` for whole jobs before)."""
+        t = ComparisonTask
         result = self.session.execute(
-            update(Comparison)
-            .where(Comparison.id == job_id, _claimable(now))
-            .values(
-                status="running", attempt=Comparison.attempt + 1, started_at=now, progress=0.0, error=None,
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
-            )  # fmt: skip
+            update(t)
+            .where(t.comparison_id == comparison_id, t.rank == rank, _task_claimable(now))
+            .values(status="running", attempt=t.attempt + 1, started_at=now, progress=0.0, error=None,
+                    worker=worker, lease_expires_at=now + timedelta(seconds=lease_seconds))
             .execution_options(synchronize_session=False)
-        )
+        )  # fmt: skip
         if getattr(result, "rowcount", 0) != 1:
             return None
-        # Read inside the same transaction, which holds the row (or the database) until it commits.
-        return self.session.scalar(select(Comparison.attempt).where(Comparison.id == job_id))
-
-    def renew_lease(self, job_id: str, attempt: int, until: datetime) -> bool:
-        """Extend the lease of ``attempt``; False when that attempt no longer holds the job (it finished, was
-        claimed again after its lease passed, or the comparison was deleted)."""
-        result = self.session.execute(
+        # The comparison is running from its first claimed task on (lock order: task row, then comparison).
+        self.session.execute(
             update(Comparison)
-            .where(Comparison.id == job_id, Comparison.attempt == attempt, Comparison.status == "running")
+            .where(Comparison.id == comparison_id, Comparison.status == "queued")
+            .values(status="running", started_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        return self.session.scalar(select(t.attempt).where(t.comparison_id == comparison_id, t.rank == rank))
+
+    def renew_lease(self, comparison_id: str, rank: int, attempt: int, until: datetime) -> bool:
+        """Extend ``attempt``'s lease; False when that attempt no longer holds the task."""
+        t = ComparisonTask
+        result = self.session.execute(
+            update(t)
+            .where(t.comparison_id == comparison_id, t.rank == rank)
+            .where(t.attempt == attempt, t.status == "running")
             .values(lease_expires_at=until)
             .execution_options(synchronize_session=False)
         )
         return bool(getattr(result, "rowcount", 0))
 
-    def expired_leases(self, now: datetime, limit: int) -> list[tuple[str, datetime | None]]:
-        """(id, lease expiry) of the running jobs whose lease has passed at ``now``: their worker is gone."""
+    def expired_leases(self, now: datetime, limit: int) -> list[tuple[TaskId, datetime | None]]:
+        """(task id, lease expiry) of the running tasks whose lease has passed: their worker is gone."""
+        t = ComparisonTask
         stmt = (
-            select(Comparison.id, Comparison.lease_expires_at)
-            .where(Comparison.status == "running", _lease_passed(now))
-            .order_by(Comparison.created_at, Comparison.id)
+            select(t.comparison_id, t.rank, t.lease_expires_at)
+            .where(t.status == "running", _task_lease_passed(now))
+            .order_by(t.queued_at, t.comparison_id, t.rank)
             .limit(limit)
         )
-        return [(job_id, lease) for job_id, lease in self.session.execute(stmt)]
+        return [(task_id(cid, rank), lease) for cid, rank, lease in self.session.execute(stmt)]
+
+    def queued(self, limit: int, exclude: Sequence[TaskId] = ()) -> list[TaskId]:
+        """Queued tasks, oldest comparison first, ranks in order."""
+        t = ComparisonTask
+        stmt = (
+            select(t.comparison_id, t.rank)
+            .where(t.status == "queued")
+            .order_by(t.queued_at, t.comparison_id, t.rank)
+        )
+        skip = set(exclude)
+        out: list[TaskId] = []
+        for cid, rank in self.session.execute(stmt.limit(limit + len(skip))):
+            tid = task_id(cid, rank)
+            if tid not in skip:
+                out.append(tid)
+        return out[:limit]
+
+    def requeue_running(self, worker: str | None = None) -> int:
+        """Put running tasks (of one dead ``worker``, or all of them) back in the queue; returns how many."""
+        t = ComparisonTask
+        stmt = update(t).where(t.status == "running")
+        if worker is not None:
+            stmt = stmt.where(t.worker == worker)
+        result = self.session.execute(
+            stmt.values(status="queued", progress=0.0, lease_expires_at=None, worker=None)
+            .execution_options(synchronize_session=False)
+        )
+        return int(getattr(result, "rowcount", 0))
 
 
 def contains_text(column: ColumnElement[str], needle: str) -> ColumnElement[bool]:
@@ -270,10 +326,10 @@ def contains_text(column: ColumnElement[str], needle: str) -> ColumnElement[bool
     return column.ilike(f"%{escaped}%", escape="\\")
 
 
-def _lease_passed(now: datetime) -> ColumnElement[bool]:
-    # NULL: claimed before revision 0004 by a worker that never renews; it counts as passed.
-    return or_(Comparison.lease_expires_at.is_(None), Comparison.lease_expires_at < now)
+def _task_lease_passed(now: datetime) -> ColumnElement[bool]:
+    return or_(ComparisonTask.lease_expires_at.is_(None), ComparisonTask.lease_expires_at < now)
 
 
-def _claimable(now: datetime) -> ColumnElement[bool]:
-    return or_(Comparison.status == "queued", and_(Comparison.status == "running", _lease_passed(now)))
+def _task_claimable(now: datetime) -> ColumnElement[bool]:
+    running = and_(ComparisonTask.status == "running", _task_lease_passed(now))
+    return or_(ComparisonTask.status == "queued", running)

@@ -9,10 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 1024**3
+
+#: ``PARITY_TOKENS`` roles: a token without one may write.
+TOKEN_ROLES = {"rw": True, "ro": False}
 
 
 class Settings(BaseSettings):
@@ -24,7 +27,9 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="sqlite:///... or postgresql+psycopg://...")
     store_url: str | None = Field(default=None, description="file:///path or s3://bucket/prefix")
     workers: int = Field(default=2, ge=0, description="compare worker processes (0: jobs stay queued)")
-    tokens: str | None = Field(default=None, description="comma-separated TOKEN or TOKEN:ro entries")
+    tokens: str | None = Field(
+        default=None, description="comma-separated TOKEN, TOKEN:rw or TOKEN:ro entries (unset: no auth)"
+    )
     max_upload_bytes: int = Field(default=DEFAULT_MAX_UPLOAD_BYTES, gt=0)
     job_backend: Literal["local", "celery"] = Field(
         default="local", description="local: a pool of processes in the server; celery: Celery workers"
@@ -35,6 +40,39 @@ class Settings(BaseSettings):
         description="how long a running job stays its worker's without a renewal (renewed every third of "
         "it); a job whose worker died is claimed again once its lease has passed",
     )  # fmt: skip
+    job_timeout_seconds: float | None = Field(
+        default=None, gt=0,
+        description="a compare job still running after this many seconds fails with a message saying so "
+        "(unset: no limit)",
+    )  # fmt: skip
+    retention_days: float | None = Field(
+        default=None, gt=0,
+        description="runs created longer ago than this, and not marked keep, are deleted with their "
+        "comparisons by the periodic sweep and by 'parity gc' (unset: runs are kept forever)",
+    )  # fmt: skip
+    sweep_interval_seconds: float = Field(
+        default=3600.0, gt=0,
+        description="how often the server removes orphaned blobs, stale temp files and expired runs",
+    )  # fmt: skip
+    temp_grace_seconds: float = Field(
+        default=3600.0, ge=0,
+        description="a temp file or an unrecorded blob untouched for this long is left over from a crash "
+        "and is removed by the sweep (younger ones may belong to an upload in flight)",
+    )  # fmt: skip
+    reserve_bytes: int = Field(
+        default=8 * 1024**2, ge=0,
+        description="space the server keeps in a reserve file in the data folder and gives up when the "
+        "disk is full, so that deletes can still write to the database",
+    )  # fmt: skip
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens_fail_closed(cls, value: str | None) -> str | None:
+        # A typo must never turn authentication off or widen a token's rights: refuse to start instead.
+        if value is None:
+            return None
+        parse_tokens(value)
+        return value
 
     @field_validator("database_url")
     @classmethod
@@ -57,12 +95,49 @@ class Settings(BaseSettings):
         return self.store_url or (self.resolved_data_dir / "blobs").as_uri()
 
     def token_roles(self) -> dict[str, bool]:
-        """token -> True when it may write; empty when authentication is off."""
-        roles: dict[str, bool] = {}
-        for entry in (self.tokens or "").split(","):
-            entry = entry.strip()
-            if not entry:
-                continue
-            token, _, role = entry.partition(":")
-            roles[token] = role.strip().lower() != "ro"
-        return roles
+        """token -> True when it may write; empty when authentication is off (``PARITY_TOKENS`` unset)."""
+        return parse_tokens(self.tokens) if self.tokens is not None else {}
+
+
+def parse_tokens(value: str) -> dict[str, bool]:
+    """``PARITY_TOKENS`` as token -> may write. Raises ``ValueError`` naming the entry for an unknown role,
+    an empty token, a token that is not printable ASCII, or a list with no token at all."""
+    roles: dict[str, bool] = {}
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        token, sep, role = entry.partition(":")
+        token, role = token.strip(), role.strip().lower()
+        if not token:
+            raise ValueError(f"PARITY_TOKENS entry {entry!r}: empty token")
+        if not (token.isascii() and token.isprintable()) or " " in token:
+            raise ValueError(f"PARITY_TOKENS entry {entry!r}: a token must be printable ASCII without spaces")
+        if sep and role not in TOKEN_ROLES:
+            raise ValueError(
+                f"PARITY_TOKENS entry {entry!r}: unknown role {role!r} (use {' or '.join(TOKEN_ROLES)})"
+            )
+        roles[token] = TOKEN_ROLES[role] if sep else True
+    if not roles:
+        raise ValueError(
+            f"PARITY_TOKENS={value!r} names no token; unset it to run without authentication"
+        )
+    return roles
+
+
+def load_settings(**overrides: object) -> Settings:
+    """``Settings`` from the environment (and ``overrides``); an invalid value is a :class:`ConfigError`
+    naming the variable and the value, so ``parity server`` exits with one line instead of a traceback."""
+    from parity.server.errors import ConfigError
+
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(p) for p in error.get("loc", ())) or "settings"
+            message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+            name = f"PARITY_{field.upper()}"
+            text = message if message.startswith(name) else f"{name}: {message} (got {error.get('input')!r})"
+            problems.append(text)
+        raise ConfigError("invalid settings: " + "; ".join(problems)) from None

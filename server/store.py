@@ -17,7 +17,8 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
@@ -68,20 +69,43 @@ class BlobStore(Protocol):
         """Remove every blob under ``prefix/`` (a run's files, a comparison's reports)."""
         ...
 
-    def sweep_temp(self) -> int:
-        """Remove the temp files and job folders a killed server left behind; call only at start."""
+    def iter_blobs(self, prefix: str) -> Iterator[tuple[str, float, int]]:
+        """(key, last-modified time as a Unix timestamp, size) of every blob under ``prefix/``."""
+        ...
+
+    def sweep_temp(self, older_than_s: float | None = None, busy: Collection[str] = ()) -> int:
+        """Remove the temp files and job folders a killed server or worker left behind: all of them at
+        start (``older_than_s`` None), else those untouched for ``older_than_s`` seconds whose name does not
+        start with one of ``busy`` (the staging folders of running jobs)."""
         ...
 
 
-def _sweep(folder: Path) -> int:
+def _sweep(folder: Path, older_than_s: float | None = None, busy: Collection[str] = ()) -> int:
     count = 0
+    now = time.time()
     for entry in folder.glob("*"):
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+        try:
+            if older_than_s is not None:
+                if any(entry.name.startswith(prefix) for prefix in busy):
+                    continue
+                if now - entry.lstat().st_mtime < older_than_s:
+                    continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        except FileNotFoundError:
+            continue  # removed meanwhile by its owner
         count += 1
     return count
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class FileStore:
@@ -110,6 +134,7 @@ class FileStore:
             try:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(temp, dest)
+                _sync_dir(dest.parent)  # the rename itself survives a crash once the folder is synced
                 return
             except FileNotFoundError:
                 # A delete of the run removed the folder between the mkdir and the rename. The upload's
@@ -124,8 +149,14 @@ class FileStore:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         temp = self.new_temp()
-        shutil.copyfile(source, temp)
-        os.replace(temp, dest)
+        try:
+            shutil.copyfile(source, temp)
+            with open(temp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(temp, dest)
+        finally:
+            temp.unlink(missing_ok=True)
+        _sync_dir(dest.parent)
 
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
@@ -144,8 +175,19 @@ class FileStore:
     def delete_prefix(self, prefix: str) -> None:
         shutil.rmtree(self._path(prefix.rstrip("/")), ignore_errors=True)
 
-    def sweep_temp(self) -> int:
-        return _sweep(self._tmp)
+    def iter_blobs(self, prefix: str) -> Iterator[tuple[str, float, int]]:
+        top = self.root / prefix.strip("/")
+        for dirpath, _dirs, files in os.walk(top):
+            for name in files:
+                path = Path(dirpath) / name
+                try:
+                    info = path.lstat()
+                except FileNotFoundError:
+                    continue
+                yield path.relative_to(self.root).as_posix(), info.st_mtime, info.st_size
+
+    def sweep_temp(self, older_than_s: float | None = None, busy: Collection[str] = ()) -> int:
+        return _sweep(self._tmp, older_than_s, busy)
 
 
 class S3Store:
@@ -220,8 +262,16 @@ class S3Store:
             if objects:
                 self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects})
 
-    def sweep_temp(self) -> int:
-        return _sweep(self._tmp)
+    def iter_blobs(self, prefix: str) -> Iterator[tuple[str, float, int]]:
+        full = self._key(prefix.strip("/")) + "/"
+        skip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self._s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            for item in page.get("Contents", []):
+                yield item["Key"][skip:], item["LastModified"].timestamp(), int(item.get("Size", 0))
+
+    def sweep_temp(self, older_than_s: float | None = None, busy: Collection[str] = ()) -> int:
+        return _sweep(self._tmp, older_than_s, busy)
 
 
 def open_store(url: str, temp_dir: Path) -> BlobStore:
@@ -250,3 +300,10 @@ def upload_key(run_id: str, upload_id: str) -> str:
 
 def comparison_key(comparison_id: str, name: str = "") -> str:
     return f"comparisons/{comparison_id}/{name}" if name else f"comparisons/{comparison_id}"
+
+
+def sidecar_key(blob: str) -> str:
+    """Where the parsed columns of the dump.json stored at ``blob`` live (written at complete): beside it,
+    under the run's prefix, so deleting the run takes it along; blob keys are unique per upload, so a
+    sidecar always belongs to the bytes it was made from."""
+    return f"{blob}.columns"

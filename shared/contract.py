@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -30,10 +30,14 @@ __all__ = [
     "ComparisonsPublic",
     "ComparisonSummary",
     "Device",
+    "ErrorPublic",
     "FilePublic",
     "FilesPublic",
     "Health",
     "JobStatus",
+    "MAX_INDEX",
+    "MAX_METADATA_DEPTH",
+    "RankTaskPublic",
     "RowPublic",
     "RowsPublic",
     "RunCreate",
@@ -41,6 +45,7 @@ __all__ = [
     "RunStatus",
     "RunsPublic",
     "SuspectPublic",
+    "TaskStatus",
 ]
 
 #: Where the versioned API is mounted; ``/healthz`` sits outside it.
@@ -49,6 +54,33 @@ API_PREFIX = "/api/v1"
 Device = Literal["npu", "gpu", "cpu", "other"]
 RunStatus = Literal["uploading", "complete", "invalid"]
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
+#: A rank task: ``skipped`` when the rank is in both runs but a side has no dump.json for it.
+TaskStatus = Literal["queued", "running", "succeeded", "failed", "skipped"]
+
+#: The largest step or rank number (they are stored as 32-bit integers).
+MAX_INDEX = 2**31 - 1
+#: How deep a run's metadata may nest. Deeper documents are refused: 300 levels stored once made every
+#: later read of the run list fail (the encoders recurse), for every user.
+MAX_METADATA_DEPTH = 32
+#: A printable single-line text: names and tags end up in log lines and file names, where a newline or an
+#: escape sequence would forge a line or garble a terminal.
+_ONE_LINE = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
+def _nesting(value: Any, limit: int) -> int:
+    """How deep ``value`` nests (a scalar is 0), counted without recursion; stops past ``limit``."""
+    depth, level = 0, [value]
+    while level and depth <= limit:
+        children: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                children.extend(item.values())
+            elif isinstance(item, list):
+                children.extend(item)
+        if children:
+            depth += 1
+        level = children
+    return depth
 
 
 class _Request(BaseModel):
@@ -69,11 +101,24 @@ class _Response(BaseModel):
 class RunCreate(_Request):
     """``POST /runs``: a new run, in status ``uploading`` until ``POST /runs/{id}/complete``."""
 
-    name: str = Field(min_length=1, max_length=255)
-    project: str = Field(default="default", min_length=1, max_length=255)
+    name: str = Field(min_length=1, max_length=255, pattern=_ONE_LINE)
+    project: str = Field(default="default", min_length=1, max_length=255, pattern=_ONE_LINE)
     device: Device
-    tags: dict[str, str] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    tags: dict[
+        Annotated[str, Field(min_length=1, max_length=255, pattern=_ONE_LINE)],
+        Annotated[str, Field(max_length=1024, pattern=_ONE_LINE)],
+    ] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description=f"free JSON, nested at most {MAX_METADATA_DEPTH} levels"
+    )
+    keep: bool = Field(default=False, description="never deleted by the retention sweep")
+
+    @field_validator("metadata")
+    @classmethod
+    def _shallow(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if _nesting(value, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
+            raise ValueError(f"nests deeper than {MAX_METADATA_DEPTH} levels")
+        return value
 
     @field_validator("tags")
     @classmethod
@@ -99,6 +144,7 @@ class RunPublic(_Response):
     error: str | None
     created_at: datetime
     completed_at: datetime | None
+    keep: bool = False  # absent from servers before revision 0006
     file_count: int
     total_bytes: int
     steps: list[int]
@@ -144,8 +190,8 @@ class ComparisonCreate(_Request):
     target_run: str = Field(description="id or name of the run under test")
     bench_run: str = Field(description="id or name of the reference run")
     project: str | None = Field(default=None, description="project the run names are looked up in")
-    step: int | None = Field(default=None, ge=0)
-    ranks: list[int] | None = None
+    step: int | None = Field(default=None, ge=0, le=MAX_INDEX)
+    ranks: list[Annotated[int, Field(ge=0, le=MAX_INDEX)]] | None = None
     options: ComparisonOptions = Field(default_factory=ComparisonOptions)
 
 
@@ -170,6 +216,22 @@ class ComparisonSummary(_Response):
     top_suspects: list[SuspectPublic]
     ranks: list[int]
     mode: str
+    status_counts: dict[str, int] = Field(default_factory=dict)
+    skipped_ranks: list[int] = Field(default_factory=list)  # in both runs, but a side has no dump.json
+
+
+class RankTaskPublic(_Response):
+    """One rank of a comparison, a task of its own: status, progress, claims (a failed rank is retried
+    alone with ``POST /comparisons/{id}/retry``)."""
+
+    rank: int
+    status: TaskStatus
+    progress: float
+    attempt: int
+    error: str | None
+    rows: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
 
 
 class ComparisonPublic(_Response):
@@ -188,6 +250,7 @@ class ComparisonPublic(_Response):
     started_at: datetime | None
     finished_at: datetime | None
     summary: ComparisonSummary | None
+    tasks: list[RankTaskPublic] = Field(default_factory=list)  # one per rank, in rank order
 
 
 class ComparisonsPublic(_Response):
@@ -214,6 +277,12 @@ class RowsPublic(_Response):
     header: list[str]
     data: list[RowPublic]
     count: int
+
+
+class ErrorPublic(_Response):
+    """Every error answer (4xx, 5xx): one line naming the run, file, field or comparison it is about."""
+
+    detail: str
 
 
 class Health(_Response):

@@ -6,6 +6,7 @@ and exit 2, and a server can turn it into a 422, without either of them knowing 
     ParityError
      +-- DumpError            a dump or config file is missing, malformed or inconsistent
      |    +-- UnsafeFileError a tensor file that could only be read by running code (pickle) or is too big
+     |    +-- TensorTooLargeError  more elements than the cap (its row says so; the compare goes on)
      +-- CompareInputError    the compare request itself is wrong (compare.json, paths, tasks that differ)
      +-- ReportError          a report could not be written
 """
@@ -36,6 +37,12 @@ class DumpError(ParityError):
 
 class UnsafeFileError(DumpError):
     """A tensor file that is refused without being executed (it needs pickle, or it is over the size cap)."""
+
+
+class TensorTooLargeError(DumpError):
+    """A tensor holds more elements than ``PARITY_MAX_TENSOR_ELEMENTS``: a few bytes on disk can describe a
+    broadcast view of 2**40 elements, which would hold a worker for hours. Its row is ``unsupported`` with
+    this error's message; the rest of the compare goes on."""
 
 
 class CompareInputError(ParityError):

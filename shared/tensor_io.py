@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import pickle
 import re
@@ -30,13 +31,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from parity.shared.errors import DumpError, UnsafeFileError
+from parity.shared.errors import DumpError, TensorTooLargeError, UnsafeFileError
 
 logger = logging.getLogger(__name__)
 
 #: Files above this size are refused, as msprobe does (10 GiB); ``PARITY_MAX_TENSOR_FILE_BYTES`` overrides it.
 DEFAULT_MAX_TENSOR_FILE_BYTES = 10 * 2**30
 _ENV_MAX_BYTES = "PARITY_MAX_TENSOR_FILE_BYTES"
+#: Tensors with more elements are not compared (a row diagnostic says why); ``PARITY_MAX_TENSOR_ELEMENTS``
+#: overrides it. The size cap alone does not bound the work: a 1.7 KB ``.pt`` can hold an ``expand``-ed view
+#: of 2**40 elements. 2**31 float32 elements are an 8 GiB file, the largest a 10 GiB size cap lets through
+#: for the common dtype; the fused kernel reads them in a few seconds.
+DEFAULT_MAX_TENSOR_ELEMENTS = 2**31
+_ENV_MAX_ELEMENTS = "PARITY_MAX_TENSOR_ELEMENTS"
 
 # torch storage class names (as they appear in data.pkl) -> the numpy dtype of their elements.
 _STORAGE_DTYPES: dict[str, np.dtype[Any]] = {
@@ -64,6 +71,30 @@ def max_tensor_file_bytes() -> int:
         except ValueError:
             logger.warning("ignoring %s=%r: not an integer", _ENV_MAX_BYTES, raw)
     return DEFAULT_MAX_TENSOR_FILE_BYTES
+
+
+def max_tensor_elements() -> int:
+    """The element cap in force: ``PARITY_MAX_TENSOR_ELEMENTS`` when set to a positive integer, else 2**31."""
+    raw = os.environ.get(_ENV_MAX_ELEMENTS)
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value > 0:
+            return value
+        logger.warning("ignoring %s=%r: not a positive integer", _ENV_MAX_ELEMENTS, raw)
+    return DEFAULT_MAX_TENSOR_ELEMENTS
+
+
+def _check_elements(path: Path, shape: tuple[int, ...]) -> None:
+    numel = math.prod(shape)
+    cap = max_tensor_elements()
+    if numel > cap:
+        raise TensorTooLargeError(
+            path, f"tensor of shape {list(shape)} has {numel} elements, over the cap of {cap} "
+            f"({_ENV_MAX_ELEMENTS}); not compared",
+        )  # fmt: skip
 
 
 def _check_size(path: Path, max_bytes: int | None) -> None:
@@ -117,6 +148,7 @@ def _load_pt_with_torch(path: Path) -> np.ndarray:
         raise DumpError(path, f"cannot load tensor file: {exc}") from None
     if not isinstance(obj, torch.Tensor):
         raise DumpError(path, f"holds a {type(obj).__name__}, not a single tensor")
+    _check_elements(path, tuple(obj.shape))
     tensor = obj.detach()
     if tensor.layout is not torch.strided:
         raise DumpError(path, f"holds a {tensor.layout} tensor; only dense tensors are compared")
@@ -169,6 +201,7 @@ def _load_npy(path: Path) -> np.ndarray:
         raise DumpError(path, f"cannot load .npy file: {exc}") from None
     except OSError as exc:
         raise DumpError(path, f"cannot load .npy file: {exc}") from None
+    _check_elements(path, array.shape)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("="))
     return np.asarray(array)
@@ -293,6 +326,7 @@ def _open_pt_mmap(path: Path) -> RawTensor:
         raise _NotPlainTensor("negative size, stride or offset")
     if storage.numel * itemsize > data_info.file_size or data_offset + data_info.file_size > file_size:
         raise _NotPlainTensor("storage larger than its zip member")
+    _check_elements(path, size)
     if 0 in size:
         array: np.ndarray = np.zeros(size, dtype=dtype)
     else:
@@ -317,6 +351,8 @@ def open_tensor(path: Path, *, max_bytes: int | None = None) -> RawTensor:
     if path.suffix.lower() == ".pt":
         try:
             return _open_pt_mmap(path)
+        except TensorTooLargeError:
+            raise
         except _NotPlainTensor as why:
             logger.debug("%s: fast reader declined (%s); using torch.load(weights_only=True)", path, why)
         except Exception as exc:  # noqa: BLE001 - any surprise: torch's weights-only loader judges the file

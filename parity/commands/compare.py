@@ -93,26 +93,25 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise CompareInputError(f"--workers must be at least 1, got {args.workers}")
     spec = load_compare_spec(args.input_path)
-    if args.workers != 1:
-        from parity.shared.dump.pair_reader import start_reader
 
-        start_reader()  # the bench dump's reader process boots while the engine is imported
-
+    from parity.process_policy import collector_paused, preload_metric_workers
     from parity.shared.compare.job import run_compare
     from parity.shared.compare.options import CompareOptions
     from parity.shared.report.advisor import one_line
 
+    preload_metric_workers()
     options = CompareOptions(fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, workers=args.workers)
     bar = ProgressBar("compare") if args.progress else None
     try:
-        outputs = run_compare(
-            spec,
-            args.output_path,
-            options,
-            progress=bar,
-            advisor=not args.compare_only,
-            highlight=args.highlight,
-        )
+        with collector_paused():
+            outputs = run_compare(
+                spec,
+                args.output_path,
+                options,
+                progress=bar,
+                advisor=not args.compare_only,
+                highlight=args.highlight,
+            )
     finally:
         if bar is not None:
             bar.close()

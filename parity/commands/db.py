@@ -25,9 +25,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
     from parity.server.migrate import current_revision, upgrade
-    from parity.server.settings import Settings
+    from parity.server.settings import load_settings
 
-    settings = Settings(database_url=args.database_url) if args.database_url else Settings()
+    settings = load_settings(database_url=args.database_url) if args.database_url else load_settings()
     url = settings.resolved_database_url
     if args.db_command == "upgrade":
         settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)

@@ -16,11 +16,11 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from parity.server.main import create_app
-    from parity.server.settings import Settings
+    from parity.server.settings import load_settings
     from parity.server.store import open_store
 
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line per plugin otherwise
-    settings = Settings()
+    settings = load_settings()  # an invalid setting (a token role typo) refuses to start, naming it
     # A wrong store URL is a one-line error here rather than a traceback from inside the app's startup.
     open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
     app = create_app(settings)

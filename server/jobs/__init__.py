@@ -1,1 +1,1 @@
-"""Compare jobs: the ``JobQueue`` protocol, the local process pool, and ``run_compare_job``."""
+"""Compare jobs: the ``JobQueue`` protocol, the local process pool, Celery, and ``TaskRunner`` (one rank)."""

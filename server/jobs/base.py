@@ -1,8 +1,8 @@
-"""The one interface between the services and whatever runs compare jobs.
+"""The one interface between the services and whatever runs compare tasks.
 
-A job *is* its row in the ``comparisons`` table (queued → running → succeeded | failed); a backend only has
-to deliver the job id to ``run_compare_job(job_id, settings)`` somewhere. The local process pool is the
-default; a Celery backend would be another class with these three methods and a task calling the runner.
+A comparison fans out into one task per rank pair, each a row of ``comparison_tasks`` (queued → running →
+succeeded | failed | skipped); a backend only has to deliver task ids (``{comparison}:{rank}``) to
+``TaskRunner.run`` somewhere. The local process pool is the default; Celery is the other backend.
 """
 
 from __future__ import annotations
@@ -11,23 +11,23 @@ from typing import Protocol
 
 
 class JobQueue(Protocol):
-    def submit(self, job_id: str) -> None:
-        """Ask for ``job_id`` (already committed as ``queued``) to be run; returns at once."""
+    def submit(self, task_id: str) -> None:
+        """Ask for ``task_id`` (already committed as ``queued``) to be run; returns at once."""
         ...
 
     def start(self) -> None:
-        """Begin running jobs, including those left queued or running by a previous server."""
+        """Begin running tasks, including those left queued or running by a previous server."""
         ...
 
     def stop(self) -> None:
-        """Stop running jobs; an interrupted job goes back to ``queued`` and runs again at the next start."""
+        """Stop running tasks; an interrupted one is queued again and runs at the next start."""
         ...
 
 
 class NullQueue:
-    """Runs nothing (``PARITY_WORKERS=0``): jobs stay queued for another server or a later start."""
+    """Runs nothing (``PARITY_WORKERS=0``): tasks stay queued for another server or a later start."""
 
-    def submit(self, job_id: str) -> None:
+    def submit(self, task_id: str) -> None:
         pass
 
     def start(self) -> None:

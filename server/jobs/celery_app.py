@@ -1,17 +1,17 @@
 """The Celery job backend (``PARITY_JOB_BACKEND=celery``, ``PARITY_CELERY_BROKER_URL=redis://...``).
 
-The server only sends job ids; workers started with ``celery -A parity.server.jobs.celery_app worker``
-(configured by the same ``PARITY_*`` variables: database, store, broker) call ``run_compare_job``. Nothing
-else changes: routes, services and the runner are the same as with the local pool. A message delivered twice
-is harmless: the runner's claim lets only one delivery run a job, so messages are acknowledged late (after
-the job) and a worker lost before it claimed the job leaves its message to be delivered again. No result
-backend: the job's row in the database is its result.
+The server only sends task ids (``{comparison}:{rank}``, one message per rank of a comparison); workers
+started with ``celery -A parity.server.jobs.celery_app worker`` (configured by the same ``PARITY_*``
+variables: database, store, broker) run them with ``TaskRunner``, the same as the local pool's processes.
+A message delivered twice is harmless: the runner's claim lets only one delivery run a task, so messages are
+acknowledged late (after the task) and a worker lost before it claimed the task leaves its message to be
+delivered again. No result backend: the task's row in the database is its result.
 
-A worker killed *mid-job* leaves the row ``running``. The runner holds each job under a lease that it renews
-while it works (``PARITY_JOB_LEASE_SECONDS``); once a lease has passed, any delivery of the id claims the job
-again. The broker redelivers the dead worker's unacknowledged message only after its visibility timeout
-(an hour with Redis), so the server also watches the leases: every half lease it sends the id of each job
-whose lease has passed, once per lapsed lease, and an idle worker picks it up within about a lease.
+A worker killed *mid-rank* leaves that task ``running``. The runner holds each task under a lease that it
+renews while it works (``PARITY_JOB_LEASE_SECONDS``); once a lease has passed, any delivery of the id claims
+the task again. The broker redelivers the dead worker's unacknowledged message only after its visibility
+timeout (an hour with Redis), so the server also watches the leases: every half lease it sends the id of each
+task whose lease has passed, once per lapsed lease, and an idle worker picks it up within about a lease.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from celery import Celery
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.models import utcnow
-from parity.server.repositories import ComparisonRepository
+from parity.server.repositories import TaskRepository
 from parity.server.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-TASK_NAME = "parity.compare.run"
-#: At most this many lapsed jobs are sent again per look at the leases.
+TASK_NAME = "parity.compare.rank"
+#: At most this many lapsed tasks are sent again per look at the leases.
 LEASE_SCAN_LIMIT = 1000
 
 
@@ -48,24 +48,35 @@ def make_celery(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,
-        worker_prefetch_multiplier=1,  # compare jobs are long: take one at a time
+        worker_prefetch_multiplier=1,  # rank tasks can be long: take one at a time
         task_acks_late=True,  # a worker lost before its claim leaves the message to be delivered again
         task_reject_on_worker_lost=True,
         broker_connection_retry_on_startup=True,  # a worker may start before the broker answers
     )
 
     @app.task(name=TASK_NAME)  # type: ignore[untyped-decorator]
-    def run_compare(job_id: str) -> None:
-        from parity.server.jobs.runner import run_compare_job
-
-        run_compare_job(job_id, settings)
+    def run_rank(task_id: str) -> None:
+        _runner(settings).run(task_id)
 
     return app
 
 
+_runners: dict[int, Any] = {}
+
+
+def _runner(settings: Settings) -> Any:
+    """One ``TaskRunner`` (a database pool, a store) per worker process, built on its first task."""
+    from parity.server.jobs.runner import TaskRunner
+
+    runner = _runners.get(id(settings))
+    if runner is None:
+        runner = _runners[id(settings)] = TaskRunner(settings)
+    return runner
+
+
 class CeleryQueue:
-    """``JobQueue`` over Celery: ``submit`` sends the id; the workers do the rest. A watcher thread sends
-    again the jobs whose worker died mid-job (their lease passed)."""
+    """``JobQueue`` over Celery: ``submit`` sends a task id; the workers do the rest. A watcher thread sends
+    again the tasks whose worker died mid-rank (their lease passed)."""
 
     def __init__(self, settings: Settings, db: Database) -> None:
         self.db = db
@@ -73,20 +84,20 @@ class CeleryQueue:
         self.watch_interval = max(settings.job_lease_seconds / 2, 0.5)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        # job id -> the lapsed lease it was last sent for: one message per lapse, not one per look.
+        # task id -> the lapsed lease it was last sent for: one message per lapse, not one per look.
         self._resent: dict[str, datetime | None] = {}
 
-    def submit(self, job_id: str) -> None:
-        self.app.tasks[TASK_NAME].apply_async(args=[job_id])
+    def submit(self, task_id: str) -> None:
+        self.app.tasks[TASK_NAME].apply_async(args=[task_id])
 
     def start(self) -> None:
-        # Jobs queued while no server could send them (or whose message was lost) are sent again.
+        # Tasks queued while no server could send them (or whose message was lost) are sent again.
         with self.db.read() as session:
-            queued = ComparisonRepository(session).queued_ids(limit=10_000)
-        for job_id in queued:
-            self.submit(job_id)
+            queued = TaskRepository(session).queued(limit=100_000)
+        for task_id in queued:
+            self.submit(task_id)
         if queued:
-            logger.info("sent %d queued comparison(s) to the Celery workers", len(queued))
+            logger.info("sent %d queued rank task(s) to the Celery workers", len(queued))
         self._stopping.clear()
         self._thread = threading.Thread(target=self._watch_leases, name="parity-leases", daemon=True)
         self._thread.start()
@@ -98,15 +109,15 @@ class CeleryQueue:
             self._thread = None
 
     def resend_lapsed(self) -> list[str]:
-        """Send the id of every running job whose lease has passed and was not yet sent for that lapse."""
+        """Send the id of every running task whose lease has passed and was not yet sent for that lapse."""
         with self.db.read() as session:
-            lapsed = ComparisonRepository(session).expired_leases(utcnow(), LEASE_SCAN_LIMIT)
-        sent = [job_id for job_id, lease in lapsed
-                if job_id not in self._resent or self._resent[job_id] != lease]  # fmt: skip
-        for job_id in sent:
-            self.submit(job_id)
-            logger.warning("comparison %s: its worker's lease passed; sent to the workers again", job_id)
-        self._resent = dict(lapsed)  # a job reclaimed (new lease) or finished is forgotten
+            lapsed = TaskRepository(session).expired_leases(utcnow(), LEASE_SCAN_LIMIT)
+        sent = [task_id for task_id, lease in lapsed
+                if task_id not in self._resent or self._resent[task_id] != lease]  # fmt: skip
+        for task_id in sent:
+            self.submit(task_id)
+            logger.warning("task %s: its worker's lease passed; sent to the workers again", task_id)
+        self._resent = dict(lapsed)  # a task reclaimed (new lease) or finished is forgotten
         return sent
 
     def _watch_leases(self) -> None:

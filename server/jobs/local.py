@@ -1,11 +1,15 @@
-"""The default job backend: a pool of spawned worker processes fed from the ``comparisons`` table.
+"""The default job backend: a pool of worker processes in the server, pulling rank tasks from the database.
 
-One dispatcher thread starts a fresh process per job (``spawn``, at most ``workers`` at a time), so a job that
-crashes or leaks memory takes nothing else with it, and the server never imports the compare engine itself.
-Each child dies with the server (``PR_SET_PDEATHSIG``), and the job's ``attempt`` counter stops a stale child
-from writing over a newer attempt in any case. The runner's lease (``PARITY_JOB_LEASE_SECONDS``) is not what
-recovers a job here: the children die with the server, so at start every job still ``running`` is queued again
-at once (its lease cleared) rather than after its lease passes; a child that dies alone fails its job.
+``workers`` processes (``spawn``: the server never imports the compare engine itself) each loop: take the
+oldest queued task, claim it, run it, look again; an idle worker sleeps until ``submit`` wakes it (or a
+second passes). A process is kept across tasks, so a task costs a claim and its own work, not an
+interpreter start and the engine's imports. Each child dies with the server (``PR_SET_PDEATHSIG``), and the
+task's ``attempt`` counter stops a stale child from writing over a newer attempt in any case.
+
+A child that dies (a crash, a kill, out of memory) loses only the task it held: the dispatcher puts that
+rank back in the queue at once, without waiting for its lease, up to :data:`MAX_ATTEMPTS` claims, and starts
+a new child. At start every task still ``running`` is queued again (the children of the previous server
+died with it).
 """
 
 from __future__ import annotations
@@ -18,18 +22,23 @@ import os
 import signal
 import sys
 import threading
+import uuid
 from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event
 from typing import Any
 
 from parity.server.db import Database
-from parity.server.models import Comparison, utcnow
-from parity.server.repositories import ComparisonRepository
+from parity.server.models import ComparisonTask
+from parity.server.repositories import TaskRepository
 from parity.server.settings import Settings
-from sqlalchemy import update
+from sqlalchemy import select
 
 logger = logging.getLogger(__name__)
 
-POLL_SECONDS = 2.0
+POLL_SECONDS = 1.0
+#: Claims of one task before a dying worker fails it instead of queueing it again (a rank that kills its
+#: worker every time, out of memory say, must not loop forever).
+MAX_ATTEMPTS = 3
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -42,113 +51,107 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _child_main(job_id: str, settings_data: dict[str, Any], parent_pid: int) -> None:
+def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake: Event) -> None:
     _die_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from parity.server.jobs.runner import run_compare_job
+    from parity.server.jobs.runner import TaskRunner
 
-    run_compare_job(job_id, Settings(**settings_data))
+    runner = TaskRunner(Settings(**settings_data), worker=name)
+    while True:
+        task = runner.next_queued()
+        if task is None:
+            wake.wait(POLL_SECONDS)
+            wake.clear()
+            continue
+        runner.run(task)  # a lost race for the claim is fine: the next look finds the next task
 
 
 class LocalProcessQueue:
-    """``JobQueue`` over local processes; the database is the queue, ``submit`` only wakes the dispatcher."""
+    """``JobQueue`` over local worker processes; the database is the queue, ``submit`` wakes the workers."""
 
     def __init__(self, settings: Settings, db: Database) -> None:
         self.settings = settings
         self.db = db
         self.workers = max(1, settings.workers)
         self._ctx = multiprocessing.get_context("spawn")
-        self._running: dict[str, BaseProcess] = {}
-        self._wake = threading.Event()
+        self._wake = self._ctx.Event()
+        self._children: dict[str, BaseProcess] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def submit(self, job_id: str) -> None:
+    def submit(self, task_id: str) -> None:
         self._wake.set()
 
     def start(self) -> None:
         # Only one server runs a given database's local pool, so whatever is still "running" was
         # interrupted by the death of the previous server: it runs again, without waiting for its lease.
         with self.db.write() as session:
-            result = session.execute(
-                update(Comparison)
-                .where(Comparison.status == "running")
-                .values(status="queued", progress=0.0, started_at=None, lease_expires_at=None)
-            )
-        requeued = getattr(result, "rowcount", 0)
+            requeued = TaskRepository(session).requeue_running()
         if requeued:
-            logger.warning("%d comparison(s) interrupted by the last shutdown are queued again", requeued)
+            logger.warning("%d rank task(s) interrupted by the last shutdown are queued again", requeued)
         self._stopping.clear()
-        self._thread = threading.Thread(target=self._dispatch, name="parity-jobs", daemon=True)
+        self._thread = threading.Thread(target=self._supervise, name="parity-jobs", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
 
-    # -- the dispatcher thread --------------------------------------------------------------------------
-    def _dispatch(self) -> None:
+    # -- the supervisor thread --------------------------------------------------------------------------
+    def _supervise(self) -> None:
         while not self._stopping.is_set():
             try:
                 self._reap()
-                self._launch()
-            except Exception:  # the dispatcher must outlive a database hiccup
-                logger.exception("job dispatcher error; retrying")
-            self._wake.wait(timeout=0.2 if self._running else POLL_SECONDS)
-            self._wake.clear()
+                self._spawn()
+            except Exception:  # the supervisor must outlive a database hiccup
+                logger.exception("job supervisor error; retrying")
+            self._stopping.wait(0.2)
         self._shutdown_children()
 
-    def _launch(self) -> None:
-        free = self.workers - len(self._running)
-        if free <= 0:
-            return
-        with self.db.read() as session:
-            job_ids = ComparisonRepository(session).queued_ids(free, exclude=list(self._running))
+    def _spawn(self) -> None:
         settings_data = self.settings.model_dump()
-        for job_id in job_ids:
-            proc = self._ctx.Process(
-                target=_child_main,
-                args=(job_id, settings_data, os.getpid()),
-                name=f"parity-job-{job_id[:8]}",
-                daemon=False,
-            )
+        while len(self._children) < self.workers:
+            name = f"local:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+            proc = self._ctx.Process(target=_worker_main, args=(name, settings_data, os.getpid(), self._wake),
+                                     name=f"parity-worker-{name[-8:]}", daemon=False)  # fmt: skip
             proc.start()
-            self._running[job_id] = proc
-            logger.info("comparison %s started in process %s", job_id, proc.pid)
+            self._children[name] = proc
+            logger.info("compare worker %s started in process %s", name, proc.pid)
 
     def _reap(self) -> None:
-        for job_id, proc in list(self._running.items()):
+        for name, proc in list(self._children.items()):
             if proc.is_alive():
                 continue
             proc.join()
-            del self._running[job_id]
-            if proc.exitcode != 0:
-                # The runner records every error itself; a non-zero exit means the process died (a crash,
-                # a kill, out of memory), so the job is failed here, once, if nothing newer claimed it.
-                self._fail(job_id, f"worker process exited with code {proc.exitcode}")
-            self._wake.set()  # a slot is free
+            del self._children[name]
+            self._recover(name, f"worker process exited with code {proc.exitcode}")
 
-    def _fail(self, job_id: str, message: str) -> None:
-        with self.db.write() as session:
-            session.execute(
-                update(Comparison)
-                .where(Comparison.id == job_id, Comparison.status == "running")
-                .values(status="failed", error=message, finished_at=utcnow(), lease_expires_at=None)
-            )
-        logger.error("comparison %s failed: %s", job_id, message)
+    def _recover(self, worker: str, why: str) -> None:
+        """Queue again (or fail, past MAX_ATTEMPTS) the task a dead worker held."""
+        from parity.server.jobs.runner import finish_failed
+
+        with self.db.read() as session:
+            t = ComparisonTask
+            held = session.execute(
+                select(t.comparison_id, t.rank, t.attempt).where(t.status == "running", t.worker == worker)
+            ).all()
+        for comparison_id, rank, attempt in held:
+            if attempt >= MAX_ATTEMPTS:
+                finish_failed(self.db, comparison_id, rank, attempt, f"{why} (attempt {attempt})")
+                continue
+            with self.db.write() as session:
+                TaskRepository(session).requeue_running(worker)
+            logger.warning("comparison %s rank %d: %s; queued again", comparison_id, rank, why)
+            self._wake.set()
 
     def _shutdown_children(self) -> None:
-        for job_id, proc in list(self._running.items()):
+        for name, proc in list(self._children.items()):
             proc.kill()
             proc.join(timeout=10)
             with self.db.write() as session:
-                session.execute(
-                    update(Comparison)
-                    .where(Comparison.id == job_id, Comparison.status == "running")
-                    .values(status="queued", progress=0.0, started_at=None, lease_expires_at=None)
-                )
-            logger.info("comparison %s interrupted by shutdown; queued again", job_id)
-        self._running.clear()
+                requeued = TaskRepository(session).requeue_running(name)
+            if requeued:
+                logger.info("worker %s stopped with the server; its task is queued again", name)
+        self._children.clear()

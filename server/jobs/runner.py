@@ -1,14 +1,18 @@
-"""``run_compare_job(job_id, settings)``: the one entry point every job backend calls.
+"""``TaskRunner.run(task_id)``: one rank of a comparison, the unit every job backend delivers.
 
-It claims the job (queued → running, ``attempt`` + 1) under a lease that a background thread renews while it
-works, stages the two runs' files for the chosen step and
-ranks, runs the shared compare engine, stores each rank's xlsx and advisor in the blob store, and writes the
-rows, the summary and ``succeeded`` in one transaction, guarded by the attempt it claimed: a job interrupted
-at any point simply runs again from the start. Any error is recorded on the job; nothing is raised.
+A comparison fans out into one task per rank pair (``comparison_tasks``). A task is claimed (queued →
+running, ``attempt`` + 1) under a lease that a background thread renews while it works; it lays out that
+rank's files only (hard links into a file store, so nothing is copied; downloads from S3, bounded to one
+rank pair) in a staging folder of its own, runs the shared pipeline's ``compare_rank`` on it, stores the
+rank's xlsx and advisor, then, in one transaction guarded by its attempt, its rows and its summary document.
+The staging folder is removed on success and on failure. The task that finds every other rank finished
+merges the ranks' summaries into the comparison's (``merge_comparison``), under a lock on the comparison
+row, so exactly one of several finishing at once does it.
 
-The lease is what lets a job outlive its worker: a Celery worker killed mid-job leaves the row ``running``
-with nobody renewing it, and once the lease has passed the next delivery of the job id (the broker's, or the
-one the server's lease watcher sends) claims it again as attempt + 1.
+A worker killed mid-rank leaves that task ``running``; once its lease has passed, the next delivery of the
+task id (the broker's, the server's lease watcher's, or the local pool's, which requeues a dead child's task
+at once) claims it again as attempt + 1. The other ranks are untouched, and a failed rank is run again
+alone (``POST /comparisons/{id}/retry``). Any error is recorded on the task; nothing is raised.
 """
 
 from __future__ import annotations
@@ -17,65 +21,167 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from parity.server.db import Database
 from parity.server.errors import ServiceError
-from parity.server.models import Comparison, ComparisonRow, RunFile, utcnow
-from parity.server.repositories import ComparisonRepository, RunRepository
+from parity.server.jobs.limits import Deadline, redact_paths
+from parity.server.models import Comparison, ComparisonRow, ComparisonTask, RunFile, utcnow
+from parity.server.repositories import RunRepository, TaskId, TaskRepository, parse_task_id
 from parity.server.settings import Settings
-from parity.server.store import BlobStore, FileStore, comparison_key, open_store
-from sqlalchemy import delete, insert, update
+from parity.server.store import BlobStore, FileStore, comparison_key, open_store, sidecar_key
+from parity.shared.compare.result import FAILING_STATUSES, json_cells
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.orm import Session
 
 logger = logging.getLogger(__name__)
 
 ROW_BATCH = 5000
 PROGRESS_INTERVAL_S = 0.5
 TOP_SUSPECTS = 10
-FAILING_STATUSES = frozenset({"fail", "unmatched"})
+TERMINAL = frozenset({"succeeded", "failed", "skipped"})
+_FAILING = frozenset(status.value for status in FAILING_STATUSES)
 
 
 class JobError(ServiceError):
-    """A compare job cannot run (its files are missing from the store, the runs disagree)."""
+    """A task cannot run (its files are missing from the store, the runs disagree)."""
 
 
 class LeaseLost(Exception):
-    """This attempt no longer holds its job (its lease passed and another worker claimed it, or the job was
-    deleted): the work stops, and nothing is recorded, since the job's row is no longer this attempt's."""
+    """This attempt no longer holds its task (its lease passed and another worker claimed it, or the
+    comparison was deleted): the work stops, and nothing is recorded."""
 
 
-def run_compare_job(job_id: str, settings: Settings) -> None:
-    """Run comparison ``job_id`` to completion or record why it failed; never raises."""
-    db = Database.connect(settings.resolved_database_url)
-    try:
-        attempt = _claim(db, job_id, settings.job_lease_seconds)
+def worker_name() -> str:
+    """Who holds a task, as shown in the database: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class TaskRunner:
+    """Runs rank tasks in this process; built once per worker process (a database pool, a store)."""
+
+    def __init__(self, settings: Settings, worker: str | None = None) -> None:
+        self.settings = settings
+        self.worker = worker or worker_name()
+        self.db = Database.connect(settings.resolved_database_url)
+        self.store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
+
+    def close(self) -> None:
+        self.db.dispose()
+
+    def next_queued(self) -> TaskId | None:
+        """Claim-free look at the oldest queued task (the local pool's workers pull their work)."""
+        with self.db.read() as session:
+            queued = TaskRepository(session).queued(1)
+        return queued[0] if queued else None
+
+    def run(self, task: TaskId) -> bool:
+        """Run task ``task`` to completion or record why it failed; never raises. False: not claimable."""
+        from parity.process_policy import collector_paused
+
+        comparison_id, rank = parse_task_id(task)
+        lease_s = self.settings.job_lease_seconds
+        with self.db.write() as session:
+            attempt = TaskRepository(session).claim(comparison_id, rank, utcnow(), lease_s, self.worker)
         if attempt is None:
-            logger.info(
-                "comparison %s is not claimable (finished, deleted, or running under a live lease); "
-                "nothing to do", job_id,
-            )  # fmt: skip
-            return
-        logger.info("comparison %s claimed: attempt %d", job_id, attempt)
+            logger.info("task %s is not claimable (finished, deleted, or running under a live lease)", task)
+            return False
+        logger.info("comparison %s rank %d claimed: attempt %d", comparison_id, rank, attempt)
         try:
-            with _Lease(db, job_id, attempt, settings.job_lease_seconds) as lease:
-                store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
-                _run(db, store, settings, job_id, attempt, lease)
+            timeout = self.settings.job_timeout_seconds
+            with _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout) as lease, collector_paused():
+                self._run(comparison_id, rank, attempt, lease)
         except LeaseLost as exc:
-            logger.warning("comparison %s: %s; this attempt stops", job_id, exc)
+            logger.warning("comparison %s rank %d: %s; this attempt stops", comparison_id, rank, exc)
         except Exception as exc:
             expected = isinstance(exc, ServiceError) or _is_parity_error(exc)
             message = str(exc) if expected else f"{type(exc).__name__}: {exc}"
             if not expected:  # a bug, not bad input: keep the traceback in the log
-                logger.exception("comparison %s failed", job_id)
-            _finish_failed(db, job_id, attempt, message or type(exc).__name__)
-    finally:
-        db.dispose()
+                logger.exception("comparison %s rank %d failed", comparison_id, rank)
+            # The log keeps the full text; the task's error is read by every user of the API.
+            message = redact_paths(message or type(exc).__name__, self.settings)
+            finish_failed(self.db, comparison_id, rank, attempt, message)
+        return True
+
+    def _run(self, comparison_id: str, rank: int, attempt: int, lease: _Lease) -> None:
+        with self.db.read() as session:
+            c = session.get(Comparison, comparison_id)
+            if c is None:
+                raise LeaseLost("the comparison was deleted")
+            runs = RunRepository(session)
+            step = c.step if c.step is not None else 0
+            target_files = runs.step_files(c.target_run_id, step, [rank])
+            bench_files = runs.step_files(c.bench_run_id, step, [rank])
+            target_id, bench_id, options = c.target_run_id, c.bench_run_id, dict(c.options or {})
+
+        from parity.shared.compare.job import RankPair, compare_rank
+        from parity.shared.compare.options import CompareOptions
+        from parity.shared.dump.sidecar import read_dump
+
+        engine_options = CompareOptions(
+            fuzzy_match=bool(options.get("fuzzy_match", False)),
+            stack_mode=bool(options.get("stack_mode", False)),
+            workers=1,  # the backend already runs one task per worker slot
+        )
+        staging = Path(tempfile.mkdtemp(prefix=f"task-{comparison_id[:8]}-r{rank}-", dir=self._tmp_root()))
+        try:
+            npu_dir, bench_dir, out_dir = staging / "npu", staging / "bench", staging / "out"
+            _stage(self.store, target_id, target_files, npu_dir, "target")
+            _stage(self.store, bench_id, bench_files, bench_dir, "bench")
+            npu_json, bench_json = (
+                npu_dir / f"rank{rank}" / "dump.json",
+                bench_dir / f"rank{rank}" / "dump.json",
+            )
+            missing = [
+                side for side, path in (("target", npu_json), ("bench", bench_json)) if not path.is_file()
+            ]
+            if missing:
+                finish_skipped(
+                    self.db, comparison_id, rank, attempt, f"no dump.json in the {' and '.join(missing)} run"
+                )
+                return
+            out_dir.mkdir()
+            progress = _Progress(self.db, comparison_id, rank, attempt, lease)
+            try:
+                report = compare_rank(
+                    RankPair(rank, npu_json, bench_json),
+                    engine_options,
+                    xlsx_path=out_dir / "report.xlsx",
+                    advisor_path=out_dir / "advisor.txt",
+                    progress=progress,
+                    read_dump=read_dump,  # the columns parsed at complete, when there are some
+                )
+            except Exception as exc:
+                if not _is_parity_error(exc):
+                    raise
+                # The engine names files by their staged paths; the client knows them by run and dump path.
+                message = str(exc).replace(f"{npu_dir}/", f"target run {target_id}: step{step}/")
+                message = message.replace(f"{bench_dir}/", f"bench run {bench_id}: step{step}/")
+                raise JobError(message.replace(f"{staging}/", "")) from exc
+            lease.check()
+            self.store.put_file(report.xlsx, comparison_key(comparison_id, f"rank{rank}/report.xlsx"))
+            assert report.advisor is not None
+            self.store.put_file(report.advisor, comparison_key(comparison_id, f"rank{rank}/advisor.txt"))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
+                         report.summary, list(report.result.header))  # fmt: skip
+
+    def _tmp_root(self) -> Path:
+        # Beside the blobs on a file store, so the hard links of the staging folder stay on one filesystem.
+        store = self.store
+        root = (
+            store.root / ".tmp" if isinstance(store, FileStore) else self.settings.resolved_data_dir / "tmp"
+        )
+        root.mkdir(parents=True, exist_ok=True)
+        return root
 
 
 def _is_parity_error(exc: BaseException) -> bool:
@@ -84,26 +190,27 @@ def _is_parity_error(exc: BaseException) -> bool:
     return isinstance(exc, ParityError)
 
 
-def _claim(db: Database, job_id: str, lease_seconds: float) -> int | None:
-    with db.write() as session:
-        return ComparisonRepository(session).claim(job_id, utcnow(), lease_seconds)
-
-
 class _Lease:
     """Renews the claimed attempt's lease from a daemon thread every third of its length, for as long as the
-    ``with`` block runs, so a live worker keeps its job however long the engine or the final writes take.
+    ``with`` block runs, so a live worker keeps its task however long the engine or the final writes take.
 
-    A renewal that finds the attempt no longer holding the job sets ``lost``; ``check`` (called with each
+    A renewal that finds the attempt no longer holding the task sets ``lost``; ``check`` (called with each
     progress report) then stops the work. A renewal that fails (the database is briefly unreachable) is only
-    logged: the next one may succeed, and if the lease lapses meanwhile the attempt guard on every write
-    keeps a reclaimed job's newer attempt safe.
+    logged: the next one may succeed, and the attempt guard on every write keeps a newer attempt safe.
     """
 
-    def __init__(self, db: Database, job_id: str, attempt: int, seconds: float) -> None:
-        self.db, self.job_id, self.attempt, self.seconds = db, job_id, attempt, seconds
+    def __init__(
+        self, db: Database, comparison_id: str, rank: int, attempt: int, seconds: float,
+        timeout: float | None = None,
+    ) -> None:  # fmt: skip
+        self.db, self.comparison_id, self.rank, self.attempt = db, comparison_id, rank, attempt
+        self.seconds = seconds
+        self.deadline = Deadline(timeout)
+        self.why_lost = f"attempt {attempt} no longer holds the task"
         self.lost = threading.Event()
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"parity-lease-{job_id[:8]}", daemon=True)
+        self._thread = threading.Thread(target=self._renew, name=f"parity-lease-{comparison_id[:8]}-{rank}",
+                                        daemon=True)  # fmt: skip
 
     def __enter__(self) -> _Lease:
         self._thread.start()
@@ -114,138 +221,251 @@ class _Lease:
         self._thread.join()
 
     def check(self) -> None:
+        """Raise if the work should stop: its task was deleted or reclaimed (``LeaseLost``), or it ran past
+        ``PARITY_JOB_TIMEOUT_SECONDS`` (``JobTimeout``, recorded as the task's error)."""
         if self.lost.is_set():
-            raise LeaseLost(f"attempt {self.attempt} no longer holds the job")
+            raise LeaseLost(self.why_lost)
+        self.deadline.check()
 
     def _renew(self) -> None:
-        while not self._done.wait(self.seconds / 3):
+        # Wakes at the deadline too: the task is failed then, even when the engine is inside one long unit
+        # of work and will not call ``check`` for a while; the attempt guard drops whatever it records later.
+        while not self._done.wait(self.deadline.cap(self.seconds / 3)):
+            if self.deadline.passed():
+                try:
+                    message = self.deadline.message()
+                    finish_failed(self.db, self.comparison_id, self.rank, self.attempt, message)
+                except Exception:
+                    logger.warning("comparison %s rank %d: could not record its timeout; retrying",
+                                   self.comparison_id, self.rank, exc_info=True)  # fmt: skip
+                    continue
+                self.why_lost = "it ran past its time limit"
+                self.lost.set()
+                return
             try:
                 with self.db.write() as session:
-                    held = ComparisonRepository(session).renew_lease(
-                        self.job_id, self.attempt, utcnow() + timedelta(seconds=self.seconds)
+                    held = TaskRepository(session).renew_lease(
+                        self.comparison_id,
+                        self.rank,
+                        self.attempt,
+                        utcnow() + timedelta(seconds=self.seconds),
                     )
             except Exception:
-                logger.warning("comparison %s: lease renewal failed; retrying", self.job_id, exc_info=True)
+                logger.warning("comparison %s rank %d: lease renewal failed; retrying", self.comparison_id,
+                               self.rank, exc_info=True)  # fmt: skip
                 continue
             if not held:
-                logger.warning("comparison %s: attempt %d lost its lease", self.job_id, self.attempt)
+                logger.warning("comparison %s rank %d: attempt %d lost its lease", self.comparison_id,
+                               self.rank, self.attempt)  # fmt: skip
                 self.lost.set()
                 return
 
 
-def _finish_failed(db: Database, job_id: str, attempt: int, message: str) -> None:
-    with db.write() as session:
-        session.execute(
-            update(Comparison)
-            .where(Comparison.id == job_id, Comparison.attempt == attempt, Comparison.status == "running")
-            .values(status="failed", error=message[:4000], finished_at=utcnow(), lease_expires_at=None)
-        )
-    logger.warning("comparison %s failed: %s", job_id, message)
-
-
 class _Progress:
-    """Throttled progress writes: the engine may call back per row, the database hears twice a second."""
+    """Throttled progress writes for one task: the engine may call back per row, the database hears twice
+    a second."""
 
-    def __init__(
-        self, db: Database, job_id: str, attempt: int, low: float, high: float, lease: _Lease | None = None
-    ) -> None:
-        self.db, self.job_id, self.attempt, self.low, self.high = db, job_id, attempt, low, high
-        self.lease = lease
-        self._last = 0.0
+    def __init__(self, db: Database, comparison_id: str, rank: int, attempt: int, lease: _Lease) -> None:
+        self.db, self.comparison_id, self.rank, self.attempt, self.lease = (
+            db,
+            comparison_id,
+            rank,
+            attempt,
+            lease,
+        )
+        self._last = time.monotonic()
 
-    def set(self, fraction: float) -> None:
-        if self.lease is not None:
-            self.lease.check()  # stop early, rather than finish work whose result would be dropped
+    def __call__(self, done: int, total: int) -> None:
+        self.lease.check()  # stop early, rather than finish work whose result would be dropped
         now = time.monotonic()
-        if now - self._last < PROGRESS_INTERVAL_S:
+        if now - self._last < PROGRESS_INTERVAL_S or not total:
             return
         self._last = now
-        value = self.low + (self.high - self.low) * min(max(fraction, 0.0), 1.0)
+        t = ComparisonTask
         with self.db.write() as session:
-            session.execute(
-                update(Comparison)
-                .where(Comparison.id == self.job_id, Comparison.attempt == self.attempt)
-                .values(progress=value)
-            )
-
-    def __call__(self, *args: Any) -> None:
-        # The engine reports either a fraction or (done, total); both are accepted.
-        numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
-        if len(numbers) >= 2 and numbers[1]:
-            self.set(numbers[0] / numbers[1])
-        elif numbers:
-            self.set(float(numbers[0]))
+            result = session.execute(
+                update(t)
+                .where(t.comparison_id == self.comparison_id, t.rank == self.rank, t.attempt == self.attempt,
+                       t.status == "running")
+                .values(progress=min(max(done / total, 0.0), 1.0) * 0.9)  # the last tenth: reports and rows
+            )  # fmt: skip
+        if getattr(result, "rowcount", 1) == 0:
+            # The comparison (or one of its runs) was deleted, or the task was failed or reclaimed: stop now
+            # rather than at the next lease renewal, a third of a lease away.
+            raise LeaseLost("the comparison was deleted or the task is no longer this attempt's")
 
 
 def _stage(store: BlobStore, run_id: str, files: Iterable[RunFile], dest: Path, label: str) -> int:
-    """Lay the files out as ``dest/rank{R}/...``: hard links into a file store (reading in place, without
-    the engine ever seeing a symlink), downloads from a remote one."""
+    """Lay one rank's files out as ``dest/rank{R}/...``: hard links into a file store (read in place, no
+    bytes copied, and the engine never sees a symlink), downloads from a remote one."""
     count = 0
     for f in files:
-        key = f.blob
         rel = f.path.split("/", 1)[1]  # drop "stepN/"
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        local = store.local_path(key)
+        local = store.local_path(f.blob)
         if local is not None:
             if not local.is_file():
                 raise JobError(f"{label} run {run_id}: {f.path} is missing from the store")
-            try:
-                os.link(local, target)
-            except OSError:
-                shutil.copyfile(local, target)
+            _link(local, target)
         else:
-            store.download(key, target)
+            store.download(f.blob, target)
         count += 1
+        if target.name == "dump.json":
+            from parity.shared.dump.sidecar import SIDECAR_NAME
+
+            _stage_sidecar(store, f.blob, target.with_name(SIDECAR_NAME))
     return count
 
 
-def _run(
-    db: Database, store: BlobStore, settings: Settings, job_id: str, attempt: int, lease: _Lease | None = None
-) -> None:
+def _link(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _stage_sidecar(store: BlobStore, blob: str, target: Path) -> None:
+    """The dump's parsed columns, when its run's complete stored them (runs completed before had none)."""
+    key = sidecar_key(blob)
+    local = store.local_path(key)
+    if local is not None:
+        if local.is_file():
+            _link(local, target)
+    elif store.exists(key):
+        store.download(key, target)
+
+
+# -- finishing a task -------------------------------------------------------------------------------------
+
+
+def _held_task(session: Session, comparison_id: str, rank: int, attempt: int) -> ComparisonTask | None:
+    """The task row, locked, if ``attempt`` still holds it; None (logged) when it is stale or gone."""
+    task = session.get(ComparisonTask, (comparison_id, rank), with_for_update=True)
+    if task is None or task.attempt != attempt or task.status != "running":
+        logger.warning("comparison %s rank %d: attempt %d is stale; its result is dropped", comparison_id,
+                       rank, attempt)  # fmt: skip
+        return None
+    return task
+
+
+def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
+                     rows: Sequence[Any], summary: dict[str, Any], header: list[str]) -> None:  # fmt: skip
+    """Store one rank's rows and summary, as that rank finishes; merge if it is the last one."""
+    with db.write() as session:
+        task = _held_task(session, comparison_id, rank, attempt)
+        if task is not None:
+            _insert_rows(session, comparison_id, rank, rows)
+            task.status, task.progress, task.finished_at, task.lease_expires_at = (
+                "succeeded",
+                1.0,
+                utcnow(),
+                None,
+            )
+            task.rows, task.summary, task.header, task.error = len(rows), _plain(summary), header, None
+            merge_comparison(session, comparison_id)
+    if task is None and _comparison_gone(db, comparison_id):
+        # Deleted while it ran: the deleter removed the reports there then, not the ones stored since.
+        logger.info(
+            "comparison %s was deleted while rank %d ran; its reports are removed", comparison_id, rank
+        )
+        store.delete_prefix(comparison_key(comparison_id))
+        return
+    if task is not None:
+        logger.info("comparison %s rank %d succeeded: %d rows", comparison_id, rank, len(rows))
+
+
+def finish_failed(db: Database, comparison_id: str, rank: int, attempt: int, message: str) -> None:
+    _finish(db, comparison_id, rank, attempt, "failed", message)
+    logger.warning("comparison %s rank %d failed: %s", comparison_id, rank, message)
+
+
+def finish_skipped(db: Database, comparison_id: str, rank: int, attempt: int, message: str) -> None:
+    _finish(db, comparison_id, rank, attempt, "skipped", message)
+    logger.warning("comparison %s rank %d skipped: %s", comparison_id, rank, message)
+
+
+def _finish(db: Database, comparison_id: str, rank: int, attempt: int, status: str, message: str) -> None:
+    with db.write() as session:
+        task = _held_task(session, comparison_id, rank, attempt)
+        if task is not None:
+            task.status, task.error, task.finished_at, task.lease_expires_at = (
+                status,
+                message[:4000],
+                utcnow(),
+                None,
+            )
+            merge_comparison(session, comparison_id)
+
+
+def _comparison_gone(db: Database, comparison_id: str) -> bool:
     with db.read() as session:
-        c = session.get(Comparison, job_id)
-        assert c is not None
-        runs = RunRepository(session)
-        step = c.step if c.step is not None else 0
-        target_files = runs.step_files(c.target_run_id, step, c.ranks)
-        bench_files = runs.step_files(c.bench_run_id, step, c.ranks)
-        target_id, bench_id, options = c.target_run_id, c.bench_run_id, dict(c.options or {})
-    if not any(f.path.endswith("/dump.json") for f in target_files):
-        raise JobError(f"target run {target_id}: no dump.json in step {step}")
-    if not any(f.path.endswith("/dump.json") for f in bench_files):
-        raise JobError(f"bench run {bench_id}: no dump.json in step {step}")
+        return session.get(Comparison, comparison_id) is None
 
-    tmp_root = store.root / ".tmp" if isinstance(store, FileStore) else settings.resolved_data_dir / "tmp"
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"job-{job_id[:8]}-", dir=tmp_root) as work:
-        work_dir = Path(work)
-        npu_dir, bench_dir, out_dir = work_dir / "npu" / f"step{step}", work_dir / "bench" / f"step{step}", \
-            work_dir / "out"  # fmt: skip
-        _stage(store, target_id, target_files, npu_dir, "target")
-        _stage(store, bench_id, bench_files, bench_dir, "bench")
-        out_dir.mkdir()
-        progress = _Progress(db, job_id, attempt, 0.05, 0.85, lease)
-        progress.set(0.0)
 
-        from parity.server.jobs.engine import compare_step, write_step_summary
+def merge_comparison(session: Session, comparison_id: str) -> None:
+    """The final step: once every task is finished, the comparison's status, summary and headers.
 
-        try:
-            outputs = compare_step(npu_dir, bench_dir, options, out_dir, progress)
-        except Exception as exc:
-            if not _is_parity_error(exc):
-                raise
-            # The engine names files by their staged paths; the client knows them by run and dump path.
-            message = str(exc).replace(f"{npu_dir}/", f"target run {target_id}: step{step}/")
-            message = message.replace(f"{bench_dir}/", f"bench run {bench_id}: step{step}/")
-            raise JobError(message.replace(f"{work_dir}/", "")) from exc
-        for out in outputs:
-            store.put_file(out.xlsx, comparison_key(job_id, f"rank{out.rank}/report.xlsx"))
-            store.put_file(out.advisor, comparison_key(job_id, f"rank{out.rank}/advisor.txt"))
-        store.put_file(write_step_summary(outputs, out_dir), comparison_key(job_id, "summary.json"))
-    # After the staging folder is gone (the results are in memory, the reports in the store): a job seen
-    # as succeeded has left nothing in the temp folder.
-    _finish_succeeded(db, store, job_id, attempt, outputs)
+    Called inside the transaction that finishes a task. The comparison row is locked first (after the task
+    row, the order a claim takes them in too), so of two tasks finishing at once the second sees the first
+    one's committed state, and exactly one of them merges.
+    """
+    c = session.get(Comparison, comparison_id, with_for_update=True)
+    if c is None:
+        return
+    # Two aggregates first: with R ranks, each of the R finishing tasks looks, and loading every task
+    # (with its summary document) each time would make the merge checks O(R^2).
+    t = ComparisonTask
+    unfinished, progress = session.execute(
+        select(func.count(), func.coalesce(func.sum(t.progress), 0.0))
+        .where(t.comparison_id == comparison_id, t.status.not_in(TERMINAL))
+    ).one()
+    if unfinished:
+        total = session.scalar(select(func.count()).where(t.comparison_id == comparison_id)) or 1
+        c.progress = (total - unfinished + float(progress)) / total
+        return
+    tasks = TaskRepository(session).for_comparison(comparison_id)
+    if not tasks:
+        return
+    failed = [t for t in tasks if t.status == "failed"]
+    done = [t for t in tasks if t.status == "succeeded"]
+    c.progress, c.finished_at, c.lease_expires_at = 1.0, utcnow(), None
+    if failed or not done:
+        c.status, c.summary, c.headers = "failed", None, None
+        why = failed or tasks
+        c.error = "; ".join(f"rank {t.rank}: {t.error}" for t in why)[:4000]
+        logger.warning("comparison %s failed: %s", comparison_id, c.error)
+        return
+    c.status, c.error = "succeeded", None
+    c.headers = {str(t.rank): list(t.header or []) for t in done}
+    c.summary = comparison_summary(
+        [t.summary or {} for t in done], skipped=[t.rank for t in tasks if t.status == "skipped"]
+    )
+    logger.info(
+        "comparison %s succeeded: %d rows over %d rank(s)", comparison_id, c.summary["rows"], len(done)
+    )
+
+
+def comparison_summary(rank_docs: Sequence[dict[str, Any]], *, skipped: Sequence[int] = ()) -> dict[str, Any]:
+    """The comparison body's ``summary``: the shared pipeline's merged summary, and the headline figures the
+    REST body shows (rows, failing rows and APIs, top suspects), read from it."""
+    from parity.shared.report.summary import multi_rank_summary
+
+    doc = multi_rank_summary(rank_docs, skipped_ranks=list(skipped))
+    counts = doc["status_counts"]
+    failing_apis: dict[str, None] = {}
+    suspects: list[dict[str, Any]] = []
+    for rank in doc["ranks"]:
+        for api in rank["failing_apis"]:
+            failing_apis.setdefault(api)
+        suspects += [{**s, "compare_rank": rank["rank"]} for s in rank["suspects"]]
+    suspects.sort(key=lambda s: (s["rank"], s["compare_rank"]))
+    return {
+        "rows": sum(counts.values()), "failing_rows": sum(counts[s] for s in _FAILING),
+        "failing_apis": list(failing_apis), "top_suspects": suspects[:TOP_SUSPECTS],
+        "ranks": doc["compared_ranks"], "mode": doc["mode"] or "none", "status_counts": counts,
+        "skipped_ranks": doc["skipped_ranks"],
+    }  # fmt: skip
 
 
 def _row_name(cells: list[Any]) -> str:
@@ -256,86 +476,29 @@ def _row_name(cells: list[Any]) -> str:
     return ""
 
 
-def _finish_succeeded(db: Database, store: BlobStore, job_id: str, attempt: int, outputs: list[Any]) -> None:
-    summary, headers = build_summary(outputs)
-    with db.write() as session:
-        # Locked (PostgreSQL) from this check to the commit, so that a claim made meanwhile, after a lapsed
-        # lease, either comes first and makes this attempt stale, or waits and finds the job succeeded.
-        c = session.get(Comparison, job_id, with_for_update=True)
-        if c is not None:
-            if c.attempt != attempt or c.status != "running":
-                logger.warning("comparison %s: attempt %d is stale; its result is dropped", job_id, attempt)
-                return
-            _insert_rows(session, job_id, outputs)
-            c.status, c.progress, c.finished_at, c.lease_expires_at = "succeeded", 1.0, utcnow(), None
-            c.summary, c.headers, c.error = summary, headers, None
-    if c is None:
-        # Deleted while it ran (with its run, or on its own): the deleter removed the reports that were there
-        # then, and the ones this job stored since would stay for good.
-        logger.info("comparison %s was deleted while it ran; its reports are removed", job_id)
-        store.delete_prefix(comparison_key(job_id))
-        return
-    logger.info("comparison %s succeeded: %d rows", job_id, summary["rows"])
-
-
-def _insert_rows(session: Any, job_id: str, outputs: list[Any]) -> None:
+def _insert_rows(session: Session, comparison_id: str, rank: int, rows: Sequence[Any]) -> None:
     table = ComparisonRow.__table__
-    session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == job_id))
+    session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == comparison_id,
+                                                ComparisonRow.rank == rank))  # fmt: skip
     batch: list[dict[str, Any]] = []
-    for out in outputs:
-        for index, row in enumerate(out.result.rows):
-            status = getattr(row.status, "value", row.status)
-            highlight = getattr(row.highlight, "value", row.highlight)
-            batch.append({
-                "comparison_id": job_id, "rank": out.rank, "index": index, "api": row.api,
-                "status": status, "highlight": highlight, "name": _row_name(row.cells),
-                "failing": status in FAILING_STATUSES,
-                "cells": json.dumps(_json_safe(row.cells), separators=(",", ":")),
-            })  # fmt: skip
-            if len(batch) >= ROW_BATCH:
-                session.execute(insert(table), batch)
-                batch = []
+    for index, row in enumerate(rows):
+        status = row.status.value
+        batch.append({
+            "comparison_id": comparison_id, "rank": rank, "index": index, "api": row.api, "status": status,
+            "highlight": row.highlight.value if row.highlight is not None else None,
+            "name": _row_name(row.cells), "failing": status in _FAILING,
+            "cells": json.dumps(json_cells(row.cells), separators=(",", ":")),
+        })  # fmt: skip
+        if len(batch) >= ROW_BATCH:
+            session.execute(insert(table), batch)
+            batch = []
     if batch:
         session.execute(insert(table), batch)
 
 
-def _json_safe(cells: list[Any]) -> list[Any]:
-    """JSON has no NaN or infinity: such a float cell is served as msprobe writes it in text."""
-    out: list[Any] = []
-    for v in cells:
-        if isinstance(v, float) and v != v:
-            out.append("Nan")
-        elif isinstance(v, float) and v in (float("inf"), float("-inf")):
-            out.append("inf" if v > 0 else "-inf")
-        else:
-            out.append(v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
-    return out
+def _plain(doc: dict[str, Any]) -> dict[str, Any]:
+    """A summary document as strict JSON values (the database's JSON type refuses NaN on PostgreSQL)."""
+    from parity.shared.report.summary import json_safe
 
-
-def build_summary(outputs: list[Any]) -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """The Comparison body's ``summary`` and the per-rank headers, from the engine's results."""
-    rows = failing_rows = 0
-    failing_apis: dict[str, None] = {}
-    suspects: list[dict[str, Any]] = []
-    headers: dict[str, list[str]] = {}
-    modes: list[str] = []
-    for out in outputs:
-        result = out.result
-        headers[str(out.rank)] = list(result.header)
-        modes.append(getattr(result.mode, "value", str(result.mode)))
-        rows += len(result.rows)
-        failing_rows += sum(
-            1 for r in result.rows if getattr(r.status, "value", r.status) in FAILING_STATUSES
-        )
-        for api in result.failing_apis():
-            failing_apis.setdefault(api)
-        for s in result.suspects:
-            suspects.append({"rank": s.rank, "api": s.api, "direction": s.direction, "row_index": s.row_index,
-                             "reason": s.reason, "stack": s.stack, "compare_rank": out.rank})  # fmt: skip
-    suspects.sort(key=lambda s: (s["rank"], s["compare_rank"]))
-    summary = {
-        "rows": rows, "failing_rows": failing_rows, "failing_apis": list(failing_apis),
-        "top_suspects": suspects[:TOP_SUSPECTS], "ranks": sorted(out.rank for out in outputs),
-        "mode": modes[0] if len(set(modes)) == 1 else "mixed" if modes else "none",
-    }  # fmt: skip
-    return summary, headers
+    result: dict[str, Any] = json_safe(doc)
+    return result

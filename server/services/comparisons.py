@@ -17,14 +17,22 @@ import anyio.to_thread
 from parity.server.db import Database
 from parity.server.errors import BadRequest, Conflict, NotFound, Unprocessable
 from parity.server.jobs.base import JobQueue
-from parity.server.models import Comparison, ComparisonRow, utcnow
-from parity.server.repositories import ComparisonRepository, RunRepository, contains_text, serialize_on
+from parity.server.models import Comparison, ComparisonRow, ComparisonTask, utcnow
+from parity.server.repositories import (
+    ComparisonRepository,
+    RunRepository,
+    TaskRepository,
+    contains_text,
+    serialize_on,
+    task_id,
+)
 from parity.server.schemas import (
     ComparisonCreate,
     ComparisonOptions,
     ComparisonPublic,
     ComparisonsPublic,
     ComparisonSummary,
+    RankTaskPublic,
 )
 from parity.server.services.runs import resolve_run
 from parity.server.store import BlobStore, comparison_key
@@ -39,13 +47,22 @@ INLINE_SCAN_ROWS = 10_000
 REPORT_FILES = {"report.xlsx": "report.xlsx", "advisor.txt": "advisor.txt"}
 
 
-def comparison_public(c: Comparison) -> ComparisonPublic:
+def comparison_public(c: Comparison, tasks: list[ComparisonTask] | None = None) -> ComparisonPublic:
+    tasks = tasks or []
+    progress = c.progress
+    if tasks and c.status in ("queued", "running"):
+        progress = sum(1.0 if t.status in ("succeeded", "failed", "skipped") else t.progress for t in tasks)
+        progress /= len(tasks)
     return ComparisonPublic(
-        id=c.id, status=c.status, error=c.error, progress=c.progress,  # type: ignore[arg-type]
+        id=c.id, status=c.status, error=c.error, progress=progress,  # type: ignore[arg-type]
         target_run=c.target_run_id, bench_run=c.bench_run_id, step=c.step, ranks=c.ranks,
         options=ComparisonOptions(**(c.options or {})), created_at=c.created_at, started_at=c.started_at,
         finished_at=c.finished_at,
         summary=ComparisonSummary(**c.summary) if c.summary else None,
+        tasks=[RankTaskPublic(
+            rank=t.rank, status=t.status, progress=t.progress, attempt=t.attempt,  # type: ignore[arg-type]
+            error=t.error, rows=t.rows, started_at=t.started_at, finished_at=t.finished_at,
+        ) for t in tasks],
     )  # fmt: skip
 
 
@@ -162,32 +179,81 @@ class ComparisonService:
                     f"(it has {sorted(target[step])})"
                 )
         target_id, bench_id = run_ids["target_run"], run_ids["bench_run"]
-        ranks = sorted(set(body.ranks)) if body.ranks is not None else None
+        wanted = set(body.ranks) if body.ranks is not None else target[step]
+        ranks = sorted(wanted & bench[step])
+        if not ranks:
+            raise Unprocessable(
+                f"step {step}: no rank is present in both runs (target has {sorted(wanted)}, "
+                f"bench has {sorted(bench[step])})"
+            )
+        asked_ranks = sorted(set(body.ranks)) if body.ranks is not None else None
         options = body.options.model_dump()
+        now = utcnow()
         with self.db.write() as session:
+            # The same request twice at once makes one comparison: the second waits here, then finds it.
             serialize_on(session, f"comparison\0{target_id}\0{bench_id}\0{step}")
             repo = ComparisonRepository(session)
-            comparison = repo.same_request(target_id, bench_id, step, ranks, options)
-            if comparison is None:
+            existing = repo.same_request(target_id, bench_id, step, asked_ranks, options)
+            if existing is None:
                 comparison = Comparison(
                     id=uuid.uuid4().hex, target_run_id=target_id, bench_run_id=bench_id, step=step,
-                    ranks=ranks, options=options, status="queued", progress=0.0, created_at=utcnow(),
+                    ranks=asked_ranks, options=options, status="queued", progress=0.0, created_at=now,
                     attempt=0,
                 )  # fmt: skip
+                # One task per rank pair: the workers compare ranks side by side, and each rank is stored,
+                # retried and taken over on its own.
+                tasks = [
+                    ComparisonTask(comparison_id=comparison.id, rank=rank, status="queued", attempt=0,
+                                   progress=0.0, queued_at=now)
+                    for rank in ranks
+                ]  # fmt: skip
                 session.add(comparison)
-                action = "queued"
-            elif comparison.status == "failed":
-                repo.requeue(comparison)
-                action = "queued again (retry of a failed comparison)"
-            else:
-                action = ""
-        if not action:
-            logger.info("comparison %s asked for again: it is %s", comparison.id, comparison.status)
-            return comparison_public(comparison)
+                session.flush()
+                session.add_all(tasks)
+        if existing is not None:
+            if existing.status == "failed":
+                logger.info("comparison %s asked for again after it failed: its failed ranks are retried",
+                            existing.id)  # fmt: skip
+                try:
+                    return self.retry(existing.id)
+                except Conflict:  # retried meanwhile by a concurrent ask
+                    return self.get(existing.id)
+            logger.info("comparison %s asked for again: it is %s", existing.id, existing.status)
+            return self.get(existing.id)
         # Enqueued only after the commit, so a worker always finds the row it is given.
-        self.queue.submit(comparison.id)
-        logger.info("comparison %s %s (%s vs %s, step %s)", comparison.id, action, target_id, bench_id, step)
-        return comparison_public(comparison)
+        for rank in ranks:
+            self.queue.submit(task_id(comparison.id, rank))
+        logger.info("comparison %s queued (%s vs %s, step %s, %d rank(s))", comparison.id, target_id,
+                    bench_id, step, len(ranks))  # fmt: skip
+        return comparison_public(comparison, tasks)
+
+    def retry(self, comparison_id: str) -> ComparisonPublic:
+        """Queue the failed ranks of a failed comparison again, and only those: the others keep their rows."""
+        with self.db.write() as session:
+            c = session.get(Comparison, comparison_id, with_for_update=True)
+            if c is None:
+                raise NotFound(f"comparison {comparison_id!r} not found")
+            if c.status != "failed":
+                raise Conflict(
+                    f"comparison {comparison_id} is {c.status}; only a failed comparison is retried"
+                )
+            tasks = TaskRepository(session).for_comparison(comparison_id)
+            again = [t for t in tasks if t.status == "failed"]
+            if not again:
+                raise Conflict(f"comparison {comparison_id} has no failed rank to retry")
+            now = utcnow()
+            for t in again:
+                t.status, t.error, t.progress, t.queued_at, t.finished_at = "queued", None, 0.0, now, None
+                t.lease_expires_at, t.worker = None, None
+            c.status, c.error, c.finished_at, c.summary, c.headers = "running", None, None, None, None
+            ranks = [t.rank for t in again]
+            public = comparison_public(c, tasks)
+        with self._lock:
+            self._finished.pop(comparison_id, None)
+        for rank in ranks:
+            self.queue.submit(task_id(comparison_id, rank))
+        logger.info("comparison %s: rank(s) %s queued again", comparison_id, ranks)
+        return public
 
     def _require(self, session: Any, comparison_id: str) -> Comparison:
         c = ComparisonRepository(session).get(comparison_id)
@@ -197,7 +263,8 @@ class ComparisonService:
 
     def get(self, comparison_id: str) -> ComparisonPublic:
         with self.db.read() as session:
-            return comparison_public(self._require(session, comparison_id))
+            c = self._require(session, comparison_id)
+            return comparison_public(c, TaskRepository(session).for_comparison(comparison_id))
 
     def search(
         self, *, run: str | None, project: str | None, status: str | None, limit: int, offset: int
@@ -208,7 +275,8 @@ class ComparisonService:
                 run = resolve_run(RunRepository(session), run, project=project, field="run").id
             repo = ComparisonRepository(session)
             items, total = repo.page(repo.filtered(run=run, project=project, status=status), limit, offset)
-            return ComparisonsPublic(data=[comparison_public(c) for c in items], count=total)
+            tasks = TaskRepository(session).for_comparisons([c.id for c in items])
+            return ComparisonsPublic(data=[comparison_public(c, tasks.get(c.id)) for c in items], count=total)
 
     def forget(self, comparison_ids: list[str]) -> None:
         """Drop cached state and report blobs of deleted comparisons."""
@@ -346,16 +414,20 @@ class ComparisonService:
 
     # -- reports ----------------------------------------------------------------------------------------
     def summary_file(self, comparison_id: str) -> tuple[str, Iterator[bytes]]:
-        """(download name, bytes) of the comparison's summary.json, the document ``parity compare`` writes."""
+        """(download name, bytes) of the comparison's summary JSON: the document ``parity compare`` writes
+        for a step directory, merged from what each rank's task stored (every rank's status counts, verdict,
+        suspects and files)."""
+        from parity.shared.report.summary import json_safe, multi_rank_summary
+
         with self.db.read() as session:
             c = self._require(session, comparison_id)
             if c.status != "succeeded":
                 raise Conflict(f"comparison {comparison_id} is {c.status}; a summary exists once it succeeds")
-        key = comparison_key(comparison_id, "summary.json")
-        if not self.store.exists(key):
-            raise NotFound(f"comparison {comparison_id} has no summary.json: it finished on a server that "
-                           "did not store summaries; delete it and ask for it again")  # fmt: skip
-        return f"compare_summary_{comparison_id[:8]}.json", self.store.iter_bytes(key)
+            tasks = TaskRepository(session).for_comparison(comparison_id)
+        doc = multi_rank_summary([t.summary or {} for t in tasks if t.status == "succeeded"],
+                                 skipped_ranks=[t.rank for t in tasks if t.status == "skipped"])  # fmt: skip
+        text = json.dumps(json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
+        return f"compare_summary_{comparison_id[:8]}.json", iter([text.encode()])
 
     def delete(self, comparison_id: str) -> None:
         """Delete a comparison, its rows and its reports (its runs stay). A job still running finds it gone

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import anyio.to_thread
 from parity.server.db import Database
+from parity.server.disk import Reserve, is_storage_full
 from parity.server.errors import (
     BadRequest,
     Conflict,
@@ -24,7 +27,7 @@ from parity.server.models import Run, RunFile, RunTag, utcnow
 from parity.server.repositories import RunRepository, RunStats, serialize_on
 from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic
 from parity.server.services.paths import check_sha256, check_upload_path
-from parity.server.store import BlobStore, run_key, upload_key
+from parity.server.store import BlobStore, run_key, sidecar_key, upload_key
 from sqlalchemy.exc import IntegrityError
 
 logger = logging.getLogger(__name__)
@@ -37,7 +40,7 @@ def run_public(run: Run, stats: RunStats) -> RunPublic:
     return RunPublic(
         id=run.id, name=run.name, project=run.project, device=run.device, tags=dict(run.tags or {}),
         metadata=dict(run.meta or {}), status=run.status,  # type: ignore[arg-type]
-        error=run.error, created_at=run.created_at, completed_at=run.completed_at,
+        error=run.error, created_at=run.created_at, completed_at=run.completed_at, keep=bool(run.keep),
         file_count=stats.file_count, total_bytes=stats.total_bytes,
         steps=sorted(stats.steps), ranks=sorted(stats.ranks),
     )  # fmt: skip
@@ -101,16 +104,19 @@ class UploadResult:
 
 
 class RunService:
-    def __init__(self, db: Database, store: BlobStore, max_upload_bytes: int) -> None:
+    def __init__(
+        self, db: Database, store: BlobStore, max_upload_bytes: int, reserve: Reserve | None = None
+    ) -> None:
         self.db = db
         self.store = store
         self.max_upload_bytes = max_upload_bytes
+        self.reserve = reserve
 
     # -- runs -------------------------------------------------------------------------------------------
     def create(self, body: RunCreate) -> RunPublic:
         run = Run(
             id=uuid.uuid4().hex, name=body.name, project=body.project, device=body.device, tags=body.tags,
-            meta=body.metadata, status="uploading", created_at=utcnow(),
+            meta=body.metadata, status="uploading", created_at=utcnow(), keep=body.keep,
         )  # fmt: skip
         with self.db.write() as session:
             serialize_on(session, f"run-name\0{body.project}\0{body.name}")
@@ -149,7 +155,7 @@ class RunService:
         *,
         project: str | None,
         name: str | None,
-        name_contains: str | None,
+        name_contains: str | None = None,
         device: str | None,
         status: str | None,
         tags: Sequence[str],
@@ -167,7 +173,19 @@ class RunService:
     def delete(self, ref: str, *, with_comparisons: bool = False) -> list[str]:
         """Delete the run, its files and, with ``with_comparisons``, every comparison that used it; returns
         those comparisons' ids. Without it, a run that comparisons use is a 409 that lists them: deleting
-        someone's reports must be asked for, not a side effect."""
+        someone's reports must be asked for, not a side effect.
+
+        On a full disk the database may refuse even a delete (SQLite writes its WAL first): the reserve is
+        given up and the delete tried once more, so that space can always be freed through the API.
+        """
+        try:
+            return self._delete(ref, with_comparisons)
+        except Exception as exc:
+            if not is_storage_full(exc) or self.reserve is None or not self.reserve.release():
+                raise
+        return self._delete(ref, with_comparisons)
+
+    def _delete(self, ref: str, with_comparisons: bool) -> list[str]:
         with self.db.write() as session:
             repo = RunRepository(session)
             run = self._require(repo, ref, for_update=True)
@@ -271,6 +289,8 @@ class RunService:
                     pending, pending_bytes = [], 0
             if pending:
                 await anyio.to_thread.run_sync(write, b"".join(pending))
+            # On disk before the upload is acknowledged: a 201 must survive a crash of the host.
+            await anyio.to_thread.run_sync(_sync, fh)
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(fh.close)
@@ -323,10 +343,8 @@ class RunService:
 
     # -- complete ---------------------------------------------------------------------------------------
     def complete(self, ref: str) -> RunPublic:
-        """Validate every dump.json with the shared reader; a broken one is a 422 naming file and problem."""
-        from parity.shared.dump.reader import load_dump
-        from parity.shared.errors import ParityError
-
+        """Validate every dump.json with the shared reader, in a child process (see ``jobs.validation``);
+        a broken one is a 422 naming file and problem."""
         with self.db.read() as session:
             repo = RunRepository(session)
             run = self._require(repo, ref)
@@ -339,18 +357,23 @@ class RunService:
         if not dump_files:
             raise Unprocessable(f"run {run_id}: no dump.json uploaded")
 
-        problem: str | None = None
+        from parity.server.jobs.validation import validate_dumps
+
         with tempfile.TemporaryDirectory(prefix="parity-validate-") as tmp:
+            local_files: list[tuple[str, Path]] = []
             for rel, blob in dump_files.items():
                 local = self.store.local_path(blob)
                 if local is None:
                     local = Path(tmp) / rel.replace("/", "__")
                     self.store.download(blob, local)
-                try:
-                    load_dump(local)
-                except ParityError as exc:
-                    problem = f"{rel}: {_describe(exc)}"
-                    break
+                local_files.append((rel, local))
+            sidecars = Path(tmp) / "sidecars"
+            sidecars.mkdir()
+            problem = validate_dumps(local_files, sidecars)  # parsed in a child process, never in this one
+            if problem is None:
+                # Parsed once: the compare tasks read these instead of parsing the files again.
+                for i, blob in enumerate(dump_files.values()):
+                    self.store.put_file(sidecars / f"{i}.columns", sidecar_key(blob))
         with self.db.write() as session:
             repo = RunRepository(session)
             run = self._require(repo, run_id, for_update=True)
@@ -370,14 +393,10 @@ class RunService:
         return self.get(run_id)
 
 
+def _sync(fh: BinaryIO) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
 def _unlink(path: Path) -> None:
     path.unlink(missing_ok=True)
-
-
-def _describe(exc: Exception) -> str:
-    """The problem without the server-side path the reader names (the client knows the file by ``rel``)."""
-    where = getattr(exc, "where", None)
-    problem = getattr(exc, "problem", None)
-    if problem is None:
-        return str(exc)
-    return f"{where}: {problem}" if where else str(problem)

@@ -8,10 +8,8 @@ advice and suspects, each step one pass over plain lists.
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from parity.shared.compare import md5 as md5_mode
@@ -27,9 +25,8 @@ from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highli
 from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import find_suspects
-from parity.shared.dump.layout import find_rank_dirs, sibling_stack_json
-from parity.shared.dump.pair_reader import load_dump_pair
-from parity.shared.dump.reader import Dump, gc_paused, load_stack
+from parity.shared.dump.layout import sibling_stack_json
+from parity.shared.dump.reader import Dump, load_dump, load_stack
 from parity.shared.errors import CompareInputError
 
 logger = logging.getLogger(__name__)
@@ -39,16 +36,6 @@ NA = "N/A"
 _fc = stats_mode.finite_cell
 _stat_cells = stats_mode.stat_cells
 _STATUS_TEXT = {status: status.value for status in RowStatus}
-
-
-@dataclass(slots=True)
-class RankCompare:
-    """A multi-rank compare: one result per rank present on both sides, ranks paired by their number."""
-
-    results: list[CompareResult] = field(default_factory=list)
-    npu_only_ranks: list[int | None] = field(default_factory=list)
-    bench_only_ranks: list[int | None] = field(default_factory=list)
-    skipped_ranks: list[int | None] = field(default_factory=list)  # a side lacks dump.json (logged)
 
 
 def detect_mode(npu: Dump, bench: Dump) -> CompareMode:
@@ -80,65 +67,29 @@ def compare_dumps(
     *,
     stack_path: Path | None = None,
     progress: Progress | None = None,
+    read_dump: Callable[[Path], Dump] = load_dump,
 ) -> CompareResult:
     """Compare one NPU dump.json against one bench dump.json.
 
     With ``stack_path`` the stack column follows ``options.stack_mode`` (``-s``); without it a stack.json
     next to the NPU dump.json is auto-detected and turns the column on (compare.md §1.1). ``progress`` gets
-    ``(done, total)`` in tensor pairs (tensor mode) or rows (other modes, once at the end).
+    ``(done, total)`` in tensor pairs (tensor mode) or rows (other modes, once at the end). ``read_dump``
+    reads each side (the server's tasks pass ``dump.sidecar.read_dump``, which takes already parsed columns).
     """
-    with gc_paused() as collector_was_on:
-        npu, bench = load_dump_pair(npu_dump_json, bench_dump_json, parallel=options.workers != 1)
-        mode = detect_mode(npu, bench)
-        stacks: dict[str, list[str]] | None
-        if stack_path is not None:
-            stacks = load_stack(stack_path)
-            stack_mode = options.stack_mode
-        else:
-            found = sibling_stack_json(npu_dump_json)
-            stacks = load_stack(found) if found is not None else None
-            stack_mode = found is not None
-        result = _compare(npu, bench, mode, options, stacks, stack_mode, progress, collector_was_on)
+    npu, bench = read_dump(npu_dump_json), read_dump(bench_dump_json)
+    mode = detect_mode(npu, bench)
+    stacks: dict[str, list[str]] | None
+    if stack_path is not None:
+        stacks = load_stack(stack_path)
+        stack_mode = options.stack_mode
+    else:
+        found = sibling_stack_json(npu_dump_json)
+        stacks = load_stack(found) if found is not None else None
+        stack_mode = found is not None
+    result = _compare(npu, bench, mode, options, stacks, stack_mode, progress)
     result.npu_path = str(npu_dump_json)
     result.bench_path = str(bench_dump_json)
     return result
-
-
-def compare_ranks(
-    npu_step_dir: Path,
-    bench_step_dir: Path,
-    options: CompareOptions,
-    progress: Progress | None = None,
-) -> RankCompare:
-    """Compare every rank of two step directories, pairing ``rankN`` with ``rankN`` (not by position).
-
-    Ranks found on one side only are listed in the result; a rank whose dump.json is missing on a side is
-    skipped with a warning (as msprobe). ``progress`` gets ``(ranks done, ranks to compare)``.
-    """
-    npu_ranks = {r.rank: r for r in find_rank_dirs(npu_step_dir)}
-    bench_ranks = {r.rank: r for r in find_rank_dirs(bench_step_dir)}
-    out = RankCompare(
-        npu_only_ranks=[r for r in npu_ranks if r not in bench_ranks],
-        bench_only_ranks=[r for r in bench_ranks if r not in npu_ranks],
-    )
-    for rank in out.npu_only_ranks:
-        logger.warning("rank %s is in %s only", rank, npu_step_dir)
-    for rank in out.bench_only_ranks:
-        logger.warning("rank %s is in %s only", rank, bench_step_dir)
-    common = [r for r in npu_ranks if r in bench_ranks]
-    for done, rank in enumerate(common, start=1):
-        npu_dir, bench_dir = npu_ranks[rank], bench_ranks[rank]
-        missing = [d.dump_json for d in (npu_dir, bench_dir) if not d.dump_json.is_file()]
-        if missing:
-            logger.warning("skipping rank %s: %s not found", rank, ", ".join(map(str, missing)))
-            out.skipped_ranks.append(rank)
-        else:
-            result = compare_dumps(npu_dir.dump_json, bench_dir.dump_json, options)
-            result.rank = rank
-            out.results.append(result)
-        if progress is not None:
-            progress(done, len(common))
-    return out
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -156,8 +107,7 @@ def compare_loaded(
     progress: Progress | None = None,
 ) -> CompareResult:
     """Compare two already-read dumps in ``mode`` (see ``compare_dumps``)."""
-    with gc_paused() as collector_was_on:
-        return _compare(npu, bench, mode, options, stacks, stack_mode, progress, collector_was_on)
+    return _compare(npu, bench, mode, options, stacks, stack_mode, progress)
 
 
 def _compare(
@@ -168,9 +118,8 @@ def _compare(
     stacks: Mapping[str, list[str]] | None,
     stack_mode: bool,
     progress: Progress | None,
-    collector_was_on: bool,
 ) -> CompareResult:
-    """The pipeline, run with the cyclic collector paused (see gc_paused) except around tensor workers."""
+    """The pipeline: rows, pairing, cells, tensor metrics, highlights, statuses, advice and suspects."""
     tensor = mode is CompareMode.TENSOR
     header = full_header(mode, stack=stack_mode)
     npu_rows = side_rows(npu, tensor_mode=tensor)
@@ -190,13 +139,7 @@ def _compare(
     logger.debug("%s mode: %d NPU rows, %d bench rows, %d paired, %d bench-only", mode.value,
                  len(npu_rows), len(bench_rows), paired, len(pairing.bench_only))  # fmt: skip
     if tensor:
-        # Tensor workers can run long and allocate cyclic objects (futures, tracebacks): collector back on.
-        if collector_was_on:
-            gc.enable()
-        try:
-            _run_tensor_metrics(table, header, npu, bench, options, progress)
-        finally:
-            gc.disable()
+        _run_tensor_metrics(table, header, npu, bench, options, progress)
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)

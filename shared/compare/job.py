@@ -1,5 +1,15 @@
-"""One whole compare run, from a checked compare.json to the files on disk: what the CLI and the server's
-workers both call.
+"""One compare, from a checked compare.json to rows, reports and summary: the one pipeline that the CLI and
+the server's workers both call.
+
+It comes in three steps, so that a job backend can spread the middle one over many workers:
+
+1. :func:`plan_compare` (or :func:`plan_ranks` for two step directories) says which rank pairs there are to
+   compare and which ranks are found on one side only;
+2. :func:`compare_rank` compares one rank pair and writes its xlsx and advisor; it returns the result and
+   the rank's summary document (plain JSON values), which is all a later merge needs;
+3. :func:`merge_summary` builds the summary document from the ranks' documents.
+
+:func:`run_compare` runs the three in turn in this process, which is what ``parity compare`` does.
 
 Files, with ``{ts}`` the local start time as ``YYYYmmddHHMMSS`` (msprobe's names, compare.md §8.2):
 
@@ -17,19 +27,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import CompareResult, Suspect
 from parity.shared.compare.spec import CompareSpec
+from parity.shared.dump.layout import find_rank_dirs
 from parity.shared.errors import CompareInputError
 from parity.shared.report.advisor import write_advisor
-from parity.shared.report.summary import multi_rank_summary, single_rank_summary, write_summary
+from parity.shared.report.summary import multi_rank_summary, rank_summary, single_rank_summary, write_summary
 from parity.shared.report.xlsx import write_xlsx
+
+if TYPE_CHECKING:
+    from parity.shared.dump.reader import Dump
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +51,43 @@ logger = logging.getLogger(__name__)
 ProgressCallback = Callable[[int, int], None]
 
 _ROW_LOG_COLUMNS = ("Cosine", "MaxAbsErr", "MaxRelativeErr", "Accuracy Reached or Not", "Err_message")
+
+
+@dataclass(frozen=True, slots=True)
+class RankPair:
+    """One unit of compare work: a dump.json on each side (``rank`` None for a single-rank compare).
+
+    ``stack_path`` is an explicit stack.json (compare.json's ``stack_path``); without it a stack.json next to
+    the NPU dump.json is used when there is one.
+    """
+
+    rank: int | None
+    npu_dump: Path
+    bench_dump: Path
+    stack_path: Path | None = None
+
+
+@dataclass(slots=True)
+class ComparePlan:
+    """What a compare will do: the rank pairs, and the ranks that cannot be compared (for the summary)."""
+
+    multi_rank: bool
+    pairs: list[RankPair]
+    npu_path: str
+    bench_path: str
+    npu_only_ranks: list[int | None] = field(default_factory=list)
+    bench_only_ranks: list[int | None] = field(default_factory=list)
+    skipped_ranks: list[int | None] = field(default_factory=list)  # on both sides, but a dump.json is missing
+
+
+@dataclass(slots=True)
+class RankReport:
+    """One compared rank: its result, the files written for it and its summary document."""
+
+    result: CompareResult
+    xlsx: Path
+    advisor: Path | None
+    summary: dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -51,7 +102,7 @@ class CompareOutputs:
     summary: Path | None = None
     npu_only_ranks: list[int | None] = field(default_factory=list)
     bench_only_ranks: list[int | None] = field(default_factory=list)
-    skipped_ranks: list[int | None] = field(default_factory=list)  # on both sides, but a dump.json is missing
+    skipped_ranks: list[int | None] = field(default_factory=list)
 
     @property
     def files(self) -> list[Path]:
@@ -61,6 +112,98 @@ class CompareOutputs:
     def top_suspects(self, limit: int = 5) -> list[tuple[int | None, Suspect]]:
         """The first ``limit`` suspects of every rank, as ``(rank, suspect)``, ranks in order."""
         return [(result.rank, suspect) for result in self.results for suspect in result.suspects[:limit]]
+
+
+def plan_compare(spec: CompareSpec) -> ComparePlan:
+    """The rank pairs ``spec`` names: one for two dump.json files, one per common rank of step directories."""
+    if spec.multi_rank:
+        return plan_ranks(spec.npu_path, spec.bench_path)
+    pair = RankPair(None, spec.npu_path, spec.bench_path, spec.stack_path)
+    return ComparePlan(False, [pair], str(spec.npu_path), str(spec.bench_path))
+
+
+def plan_ranks(npu_step_dir: Path, bench_step_dir: Path) -> ComparePlan:
+    """Pair ``rankN`` with ``rankN`` of two step directories (by number, not by position).
+
+    Ranks found on one side only are listed in the plan; a rank whose dump.json is missing on a side is
+    skipped with a warning (as msprobe).
+    """
+    npu_ranks = {r.rank: r for r in find_rank_dirs(npu_step_dir)}
+    bench_ranks = {r.rank: r for r in find_rank_dirs(bench_step_dir)}
+    plan = ComparePlan(
+        True, [], str(npu_step_dir), str(bench_step_dir),
+        npu_only_ranks=sorted((r for r in npu_ranks if r not in bench_ranks), key=_rank_order),
+        bench_only_ranks=sorted((r for r in bench_ranks if r not in npu_ranks), key=_rank_order),
+    )  # fmt: skip
+    for rank in plan.npu_only_ranks:
+        logger.warning("rank %s is in %s only", rank, npu_step_dir)
+    for rank in plan.bench_only_ranks:
+        logger.warning("rank %s is in %s only", rank, bench_step_dir)
+    for rank in sorted((r for r in npu_ranks if r in bench_ranks), key=_rank_order):
+        npu_dir, bench_dir = npu_ranks[rank], bench_ranks[rank]
+        missing = [d.dump_json for d in (npu_dir, bench_dir) if not d.dump_json.is_file()]
+        if missing:
+            logger.warning("skipping rank %s: %s not found", rank, ", ".join(map(str, missing)))
+            plan.skipped_ranks.append(rank)
+        else:
+            plan.pairs.append(RankPair(rank, npu_dir.dump_json, bench_dir.dump_json))
+    return plan
+
+
+def compare_rank(
+    pair: RankPair,
+    options: CompareOptions,
+    *,
+    xlsx_path: Path,
+    advisor_path: Path | None,
+    highlight: bool = True,
+    log_rows: bool = False,
+    progress: ProgressCallback | None = None,
+    read_dump: Callable[[Path], Dump] | None = None,
+) -> RankReport:
+    """Compare one rank pair and write its xlsx (and advisor, unless ``advisor_path`` is None).
+
+    The returned ``summary`` names the files by their base names, so a folder of reports can be moved or
+    served as it is. ``read_dump`` replaces ``load_dump`` for both sides (see ``engine.compare_dumps``).
+    Raises ``CompareInputError``/``DumpError`` for bad inputs, ``ReportError`` when a file cannot be written.
+    """
+    from parity.shared.compare import engine  # imported here: the engine pulls in numba, the plan need not
+
+    started = time.perf_counter()
+    extra = {"read_dump": read_dump} if read_dump is not None else {}
+    result = engine.compare_dumps(
+        pair.npu_dump, pair.bench_dump, options, stack_path=pair.stack_path, progress=progress, **extra
+    )
+    result.rank = pair.rank
+    logger.info("rank %s: compared %d rows in %.2f s", "-" if pair.rank is None else pair.rank,
+                len(result.rows), time.perf_counter() - started)  # fmt: skip
+    if log_rows:
+        _log_rows(result)
+    write_xlsx(result, xlsx_path, highlight=highlight)
+    if advisor_path is not None:
+        write_advisor(result, advisor_path)
+    files = {"xlsx": xlsx_path.name, "advisor": advisor_path.name if advisor_path is not None else None}
+    return RankReport(result, xlsx_path, advisor_path, rank_summary(result, files))
+
+
+def merge_summary(plan: ComparePlan, rank_summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The summary document of the whole compare, from its ranks' documents (in plan order)."""
+    if not plan.multi_rank:
+        return single_rank_summary(rank_summaries[0])
+    return multi_rank_summary(
+        rank_summaries,
+        npu_only_ranks=plan.npu_only_ranks,
+        bench_only_ranks=plan.bench_only_ranks,
+        skipped_ranks=plan.skipped_ranks,
+        npu_path=plan.npu_path,
+        bench_path=plan.bench_path,
+    )
+
+
+def report_paths(out_dir: Path, rank: int | None, multi_rank: bool, ts: str) -> tuple[Path, Path]:
+    """msprobe's file names for one rank's xlsx and advisor."""
+    suffix = f"_rank{'' if rank is None else rank}" if multi_rank else ""
+    return out_dir / f"compare_result{suffix}_{ts}.xlsx", out_dir / f"advisor{suffix}_{ts}.txt"
 
 
 def run_compare(
@@ -76,57 +219,32 @@ def run_compare(
     """Compare what ``spec`` names and write the reports into ``out_dir`` (created when missing).
 
     ``advisor=False`` is ``-c`` (no advisor file); ``timestamp`` overrides the ``{ts}`` of the file names.
+    For step directories ``progress`` gets ``(ranks done, ranks to compare)``, for one rank the engine's own.
     Raises ``CompareInputError``/``DumpError`` for bad inputs, ``ReportError`` when a file cannot be written.
     """
-    from parity.shared.compare import engine  # imported here: the engine pulls in numba, the spec need not
-
     out_dir = _prepare_out_dir(Path(out_dir))
     ts = timestamp or time.strftime("%Y%m%d%H%M%S", time.localtime())
-    outputs = CompareOutputs(out_dir=out_dir, timestamp=ts, results=[])
-    started = time.perf_counter()
-    if spec.multi_rank:
-        ranks = engine.compare_ranks(spec.npu_path, spec.bench_path, options, progress=progress)
-        outputs.results = list(ranks.results)
-        # The engine logs the one-sided and skipped ranks; they are kept here for the summary and the CLI.
-        outputs.npu_only_ranks = sorted(ranks.npu_only_ranks, key=_rank_order)
-        outputs.bench_only_ranks = sorted(ranks.bench_only_ranks, key=_rank_order)
-        outputs.skipped_ranks = sorted(getattr(ranks, "skipped_ranks", []), key=_rank_order)
-    else:
-        result = engine.compare_dumps(
-            spec.npu_path, spec.bench_path, options, stack_path=spec.stack_path, progress=progress
-        )
-        outputs.results = [result]
-    logger.info(
-        "compared %d rows in %.2f s", sum(len(r.rows) for r in outputs.results), time.perf_counter() - started
-    )
-
-    per_rank_files: list[dict[str, str | None]] = []
-    for result in outputs.results:
-        if spec.is_print_compare_log:
-            _log_rows(result)
-        suffix = f"_rank{'' if result.rank is None else result.rank}" if spec.multi_rank else ""
-        xlsx_path = out_dir / f"compare_result{suffix}_{ts}.xlsx"
-        write_xlsx(result, xlsx_path, highlight=highlight)
-        outputs.xlsx.append(xlsx_path)
-        files: dict[str, str | None] = {"xlsx": xlsx_path.name, "advisor": None}
-        if advisor:
-            advisor_path = write_advisor(result, out_dir / f"advisor{suffix}_{ts}.txt")
-            outputs.advisors.append(advisor_path)
-            files["advisor"] = advisor_path.name
-        per_rank_files.append(files)
-
-    summary: dict[str, Any]
-    if spec.multi_rank:
-        summary = multi_rank_summary(
-            list(zip(outputs.results, per_rank_files, strict=True)),
-            npu_only_ranks=outputs.npu_only_ranks,
-            bench_only_ranks=outputs.bench_only_ranks,
-            skipped_ranks=outputs.skipped_ranks,
-            npu_path=str(spec.npu_path),
-            bench_path=str(spec.bench_path),
-        )
-    else:
-        summary = single_rank_summary(outputs.results[0], per_rank_files[0])
+    plan = plan_compare(spec)
+    outputs = CompareOutputs(
+        out_dir=out_dir, timestamp=ts, results=[], npu_only_ranks=list(plan.npu_only_ranks),
+        bench_only_ranks=list(plan.bench_only_ranks), skipped_ranks=list(plan.skipped_ranks),
+    )  # fmt: skip
+    summaries: list[dict[str, Any]] = []
+    for done, pair in enumerate(plan.pairs, start=1):
+        xlsx_path, advisor_path = report_paths(out_dir, pair.rank, plan.multi_rank, ts)
+        report = compare_rank(
+            pair, options, xlsx_path=xlsx_path, advisor_path=advisor_path if advisor else None,
+            highlight=highlight, log_rows=spec.is_print_compare_log,
+            progress=None if plan.multi_rank else progress,
+        )  # fmt: skip
+        outputs.results.append(report.result)
+        outputs.xlsx.append(report.xlsx)
+        if report.advisor is not None:
+            outputs.advisors.append(report.advisor)
+        summaries.append(report.summary)
+        if plan.multi_rank and progress is not None:
+            progress(done, len(plan.pairs))
+    summary = merge_summary(plan, summaries)
     summary["timestamp"] = ts
     outputs.summary = write_summary(summary, out_dir / f"compare_summary_{ts}.json")
     return outputs

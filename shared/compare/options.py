@@ -11,8 +11,7 @@ class CompareOptions:
 
     ``fuzzy_match`` pairs rows ignoring call counts (§3.4) in every mode; ``stack_mode`` is ``-s``, honoured
     only when a stack path is given explicitly (otherwise a stack.json next to the NPU dump.json turns the
-    stack column on by itself); ``workers`` is the number of tensor-metric processes (None = automatic), and
-    ``workers=1`` also reads the two dumps one after the other instead of at once (``pair_reader``).
+    stack column on by itself); ``workers`` is the number of tensor-metric processes (None = automatic).
     """
 
     fuzzy_match: bool = False

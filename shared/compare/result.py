@@ -17,6 +17,19 @@ from parity.shared.compare.headers import CompareMode, full_header
 Cell = str | float | int | bool | None
 
 
+def non_finite_text(value: float) -> str:
+    """The one spelling of a NaN or infinite float cell wherever a number cannot hold it (xlsx, JSON):
+    ``nan``, ``inf``, ``-inf``. (msprobe's own ``Nan`` text cells are strings and stay as they are.)"""
+    return "nan" if value != value else ("inf" if value > 0 else "-inf")
+
+
+def json_cells(cells: list[Cell]) -> list[Cell]:
+    """``cells`` with every NaN or infinite float as its text: JSON (the rows API, the summary) has none."""
+    if all(type(c) is not float or c - c == 0.0 for c in cells):  # nan - nan and inf - inf are nan
+        return cells
+    return [non_finite_text(c) if type(c) is float and c - c != 0.0 else c for c in cells]
+
+
 class Highlight(str, Enum):
     """Row fill of msprobe v1's ``-hl`` colouring (compare.md §7.2); red wins over yellow."""
 
@@ -33,6 +46,10 @@ class RowStatus(str, Enum):
     UNMATCHED = "unmatched"  # NPU row with no bench row: never passes
     BENCH_ONLY = "bench-only"  # bench row with no NPU row: reported, not dropped
     UNCOMPARABLE = "uncomparable"  # matched, but no metric could be computed (no file, empty, shape)
+
+
+#: Rows that count as failing (the summary's failing rows and APIs, the server's ``failing=`` filter).
+FAILING_STATUSES = frozenset({RowStatus.FAIL, RowStatus.UNMATCHED})
 
 
 class CompareRow(msgspec.Struct, gc=False):
@@ -92,7 +109,7 @@ class CompareResult:
         """Entries with at least one failing or unmatched row, in table order, each once."""
         seen: dict[str, None] = {}
         for row in self.rows:
-            if row.status in (RowStatus.FAIL, RowStatus.UNMATCHED):
+            if row.status in FAILING_STATUSES:
                 seen.setdefault(row.api)
         return list(seen)
 

@@ -9,12 +9,9 @@ malformed JSON and entry and field for a bad value.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +30,7 @@ except ImportError:  # pragma: no cover - msgspec is a declared dependency
     walk_typed = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(slots=True)
 class Dump:
@@ -59,32 +57,6 @@ class Dump:
     def leaf_count(self) -> int:
         """How many rows this dump yields."""
         return len(self.columns)
-
-
-@contextmanager
-def gc_paused() -> Iterator[bool]:
-    """Pause the cyclic garbage collector while building many small acyclic objects.
-
-    Parsing a dump allocates millions of dicts and floats and none of them form cycles, yet each allocation
-    burst triggers full collections that scan them all: measured, that was 60% of the time of a statistics
-    compare. Reference counting still frees everything; the collector resumes (if it was on) on exit.
-    Yields whether it was on, so a long phase inside (tensor workers) can turn it back on meanwhile.
-
-    On resume, what was built meanwhile (a compare's 60k row lists) would be scanned by the very next young
-    collection, then again as it ages: 25 ms a compare, measured. It is moved straight to the oldest
-    generation instead (``freeze`` then ``unfreeze``), where only a full collection looks at it, as it would
-    at any long-lived data. The few young objects of the caller's move with it; they are still collected,
-    by the next full collection.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield was_enabled
-    finally:
-        if was_enabled:
-            gc.freeze()
-            gc.unfreeze()
-            gc.enable()
 
 
 def read_json(path: str | Path, what: str = "JSON file") -> Any:
@@ -149,11 +121,6 @@ def load_dump(path: str | Path) -> Dump:
     Raises ``DumpError`` naming the file (and line/column, or entry/field) for a missing or malformed file.
     """
     path = Path(path)
-    with gc_paused():
-        return _load_dump(path)
-
-
-def _load_dump(path: Path) -> Dump:
     raw = read_file(path, "dump.json")
     typed = walk_typed(path, raw) if walk_typed is not None else None
     if typed is not None:

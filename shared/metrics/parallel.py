@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from parity.shared.errors import DumpError, UnsafeFileError
+from parity.shared.errors import DumpError, TensorTooLargeError, UnsafeFileError
 from parity.shared.metrics.tensor import (
     MSG_NO_BENCH_FILE,
     MSG_NO_NPU_FILE,
@@ -69,6 +69,9 @@ def _open_side(path: Path, max_bytes: int | None) -> RawTensor | TensorMetrics:
         return open_tensor(path, max_bytes=max_bytes)
     except UnsafeFileError:
         raise
+    except TensorTooLargeError as exc:
+        logger.warning("%s", exc)
+        return TensorMetrics.all_cells(UNSUPPORTED, f"Dump file: {path.name}: {exc.problem}.")
     except DumpError as exc:
         logger.info("%s", exc)
         return TensorMetrics.all_cells(UNSUPPORTED, missing_file_message(path.name))
@@ -126,12 +129,11 @@ def _warm_up() -> None:
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
-    # forkserver: workers fork from a clean server that has already imported numba and the kernel; never plain
-    # fork (the caller may hold threads or locks); spawn where forkserver does not exist.
+    # forkserver: workers fork from a clean server (the entry point may have it preload the kernel: see
+    # parity.process_policy); never plain fork (the caller may hold threads or locks); spawn where
+    # forkserver does not exist.
     if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["parity.shared.metrics.parallel"])
-        return ctx
+        return multiprocessing.get_context("forkserver")
     return multiprocessing.get_context("spawn")
 
 

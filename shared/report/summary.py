@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parity.shared.compare.result import CompareResult, RowStatus
+from parity.shared.compare.result import CompareResult, RowStatus, non_finite_text
 from parity.shared.report import write_text_atomically
 
 #: Bumped when a key changes meaning or disappears; new keys may appear without a bump.
@@ -29,13 +29,13 @@ def rank_summary(result: CompareResult, files: Mapping[str, str | None]) -> dict
     return doc
 
 
-def single_rank_summary(result: CompareResult, files: Mapping[str, str | None]) -> dict[str, Any]:
-    """The summary document of a compare of two dump.json files."""
-    return {"format_version": SUMMARY_FORMAT_VERSION, "kind": "single-rank", **rank_summary(result, files)}
+def single_rank_summary(rank: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary document of a compare of two dump.json files, from its ``rank_summary``."""
+    return {"format_version": SUMMARY_FORMAT_VERSION, "kind": "single-rank", **rank}
 
 
 def multi_rank_summary(
-    ranks: Sequence[tuple[CompareResult, Mapping[str, str | None]]],
+    ranks: Sequence[Mapping[str, Any]],
     *,
     npu_only_ranks: Sequence[int | None] = (),
     bench_only_ranks: Sequence[int | None] = (),
@@ -43,40 +43,44 @@ def multi_rank_summary(
     npu_path: str | None = None,
     bench_path: str | None = None,
 ) -> dict[str, Any]:
-    """The summary document of a compare of two step directories: one entry per paired rank."""
+    """The summary document of a compare of two step directories, from each paired rank's ``rank_summary``.
+
+    It needs the ranks' documents only (plain JSON values), not their results, so the server's merge step
+    builds it from what each rank's task stored.
+    """
     totals: dict[str, int] = {status.value: 0 for status in RowStatus}
-    for result, _ in ranks:
-        for row in result.rows:
-            totals[row.status.value] += 1
+    for rank in ranks:
+        for status, count in rank["status_counts"].items():
+            totals[status] += count
     return {
         "format_version": SUMMARY_FORMAT_VERSION,
         "kind": "multi-rank",
         "npu_path": npu_path,
         "bench_path": bench_path,
-        "mode": ranks[0][0].mode.value if ranks else None,
-        "compared_ranks": [result.rank for result, _ in ranks],
+        "mode": ranks[0]["mode"] if ranks else None,
+        "compared_ranks": [rank["rank"] for rank in ranks],
         "npu_only_ranks": list(npu_only_ranks),
         "bench_only_ranks": list(bench_only_ranks),
         "skipped_ranks": list(skipped_ranks),
         "status_counts": totals,
-        "ranks": [rank_summary(result, files) for result, files in ranks],
+        "ranks": [dict(rank) for rank in ranks],
     }
 
 
-def _json_safe(value: Any) -> Any:
-    # Summaries hold plain values; a stray NaN would make the file invalid JSON for strict readers.
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as its text: strict JSON for files and databases."""
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        return non_finite_text(value)
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
 def write_summary(doc: Mapping[str, Any], path: Path) -> Path:
     """Write ``doc`` as indented, strictly valid JSON at ``path`` (atomically)."""
     write_text_atomically(
-        Path(path), json.dumps(_json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
+        Path(path), json.dumps(json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
     )
     return Path(path)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight
+from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, non_finite_text
 from parity.shared.errors import ReportError
 from parity.shared.report import publish_atomically
 
@@ -75,7 +75,7 @@ def excel_value(value: Cell) -> tuple[XlsxValue, bool]:
         number = float(value)
         if math.isfinite(number):
             return (value if isinstance(value, float) else number), False
-        text = "nan" if math.isnan(number) else ("inf" if number > 0 else "-inf")
+        text = non_finite_text(number)
         return text, text[0] == "-"
     text = value if isinstance(value, str) else str(value)
     if len(text) > EXCEL_CELL_CHAR_LIMIT:

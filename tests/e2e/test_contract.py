@@ -31,8 +31,9 @@ def test_every_body_of_every_route_is_a_contract_model(tmp_path: Path) -> None:
         for path, ops in schema["paths"].items()
         for method, op in ops.items()
     }
-    assert used["POST /api/v1/runs"] == {"RunCreate", "RunPublic"}
-    assert used["GET /api/v1/comparisons/{comparison_id}/rows"] == {"RowsPublic"}
+    # Every API route declares its error answers as the contract's ErrorPublic ({"detail": "one line"}).
+    assert used["POST /api/v1/runs"] == {"RunCreate", "RunPublic", "ErrorPublic"}
+    assert used["GET /api/v1/comparisons/{comparison_id}/rows"] == {"RowsPublic", "ErrorPublic"}
     for route, models in used.items():
         for name in models:
             assert name in contract.__all__, f"{route}: {name} is not a model of parity.shared.contract"

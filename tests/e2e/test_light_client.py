@@ -97,7 +97,7 @@ present = [m for m in heavy if importlib.util.find_spec(m) is not None]
 assert not present, f"the light venv has {present}"
 
 import torch
-from parity.client import PrecisionDebugger
+from parity.client import ParityClient, PrecisionDebugger, upload_dump  # the upload names need no torch
 from parity.cli import main
 
 dump, url, name = sys.argv[2:5]

@@ -6,6 +6,7 @@ worker killed mid-job must leave its job to the next worker (the runner's lease)
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -23,8 +24,8 @@ import pytest
 import redis
 from parity.server.db import Database
 from parity.server.migrate import upgrade
-from parity.server.models import Comparison, Run, utcnow
-from parity.server.repositories import ComparisonRepository
+from parity.server.models import Comparison, ComparisonTask, Run, utcnow
+from parity.server.repositories import TaskRepository
 
 from tests.factories import stats_leaf, write_raw_dump
 from tests.server.conftest import (
@@ -163,15 +164,15 @@ def test_a_job_waits_queued_for_a_worker(
     with srv.client() as api:
         target, bench = upload_pair(api, tmp_path)
         cid = post_comparison(api, target, bench)["id"]
-        # The server sent the id to Redis and nobody took it: the job stays queued.
-        assert broker.llen(QUEUE_KEY) == 1
+        # The server sent one task id per rank to Redis and nobody took them: the job stays queued.
+        assert broker.llen(QUEUE_KEY) == 2
         assert api.get(f"/comparisons/{cid}").json()["status"] == "queued"
     srv.stop()
 
     # The message is lost (a broker restarted without persistence): the next server start sends it again.
     broker.flushdb()
     srv = spawn(ServerProcess(data_dir, env))
-    assert broker.llen(QUEUE_KEY) == 1, srv.log()[-3000:]
+    assert broker.llen(QUEUE_KEY) == 2, srv.log()[-3000:]
 
     worker: WorkerProcess = spawn(WorkerProcess(srv.env, tmp_path / "worker.log"))
     with srv.client() as api:
@@ -218,10 +219,11 @@ def wait_status(api: httpx.Client, cid: str, status: str, timeout: float = 60) -
 
 
 def attempt_of(data_dir: Path, cid: str) -> int:
-    """The job's claim counter, read from the server's SQLite database (the API does not show it)."""
+    """The most claims any rank task of the comparison took, read from the server's SQLite database."""
     conn = sqlite3.connect(f"file:{data_dir / 'parity.db'}?mode=ro", uri=True)
     try:
-        return int(conn.execute("SELECT attempt FROM comparisons WHERE id = ?", (cid,)).fetchone()[0])
+        row = conn.execute("SELECT MAX(attempt) FROM comparison_tasks WHERE comparison_id = ?", (cid,))
+        return int(row.fetchone()[0])
     finally:
         conn.close()
 
@@ -246,7 +248,7 @@ def test_a_job_whose_worker_is_killed_runs_again_on_the_next(
         second: WorkerProcess = spawn(WorkerProcess(srv.env, tmp_path / "worker2.log"))
         done = wait_comparison(api, cid, timeout=60)
         assert done["status"] == "succeeded", (done["error"], second.log()[-3000:])
-        assert f"comparison {cid} claimed: attempt 2" in second.log(), second.log()[-3000:]
+        assert re.search(f"comparison {cid} rank [01] claimed: attempt 2", second.log()), second.log()[-3000:]
         assert attempt_of(data_dir, cid) == 2
         assert "its worker's lease passed" in srv.log(), srv.log()[-3000:]
         recovered = outcome(api, cid)
@@ -270,13 +272,17 @@ def db_with_job(tmp_path: Path) -> Iterator[tuple[Database, str]]:
         session.add(Run(id="r1", name="n", project="p", device="npu", status="complete"))
         session.flush()  # the run first: no ORM relationship orders the two inserts
         session.add(Comparison(id="c1", target_run_id="r1", bench_run_id="r1", options={}, status="queued"))
+        session.flush()
+        session.add(ComparisonTask(comparison_id="c1", rank=0, status="queued", progress=0.0,
+                                   queued_at=utcnow()))  # fmt: skip
     yield db, "c1"
     db.dispose()
 
 
-def claim(db: Database, job_id: str, at: datetime, lease_s: float = 60) -> int | None:
+def claim(db: Database, cid: str, at: datetime, lease_s: float = 60) -> int | None:
+    """Claim rank 0 of comparison ``cid`` (the one task of the fixture's comparison)."""
     with db.write() as session:
-        return ComparisonRepository(session).claim(job_id, at, lease_s)
+        return TaskRepository(session).claim(cid, 0, at, lease_s, worker="test")
 
 
 def test_a_live_lease_keeps_the_job_and_a_lapsed_one_gives_it_up(db_with_job: tuple[Database, str]) -> None:
@@ -285,17 +291,18 @@ def test_a_live_lease_keeps_the_job_and_a_lapsed_one_gives_it_up(db_with_job: tu
     assert claim(db, cid, now) == 1
     assert claim(db, cid, now + timedelta(seconds=59)) is None  # its worker still holds it
     with db.read() as session:
-        repo = ComparisonRepository(session)
+        repo = TaskRepository(session)
         assert repo.expired_leases(now + timedelta(seconds=59), 10) == []
-        assert [job for job, _ in repo.expired_leases(now + timedelta(seconds=61), 10)] == [cid]
+        assert [task for task, _ in repo.expired_leases(now + timedelta(seconds=61), 10)] == [f"{cid}:0"]
+        assert session.get_one(Comparison, cid).status == "running"  # from its first claimed rank on
     assert claim(db, cid, now + timedelta(seconds=61)) == 2  # the lease passed: its worker is gone
     with db.write() as session:
-        repo = ComparisonRepository(session)
-        assert not repo.renew_lease(cid, 1, now + timedelta(seconds=120))  # the first attempt lost it
-        assert repo.renew_lease(cid, 2, now + timedelta(seconds=180))
+        repo = TaskRepository(session)
+        assert not repo.renew_lease(cid, 0, 1, now + timedelta(seconds=120))  # the first attempt lost it
+        assert repo.renew_lease(cid, 0, 2, now + timedelta(seconds=180))
     assert claim(db, cid, now + timedelta(seconds=121)) is None  # renewed: still held
     with db.write() as session:
-        session.get_one(Comparison, cid).status = "succeeded"
+        session.get_one(ComparisonTask, (cid, 0)).status = "succeeded"
     assert claim(db, cid, now + timedelta(seconds=999)) is None  # a finished job is never claimed again
 
 
@@ -330,12 +337,12 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
 
     def lease_expiry() -> datetime:
         with db.read() as session:
-            value = session.get_one(Comparison, cid).lease_expires_at
+            value = session.get_one(ComparisonTask, (cid, 0)).lease_expires_at
         assert value is not None
         return value
 
     first = lease_expiry()
-    with _Lease(db, cid, 1, 0.3) as lease:
+    with _Lease(db, cid, 0, 1, 0.3) as lease:
         deadline = time.monotonic() + 10
         while lease_expiry() <= first and time.monotonic() < deadline:  # renewed every 0.1 s
             time.sleep(0.02)
@@ -344,7 +351,7 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
         # Its lease passes unrenewed (as when the worker stalls) and another worker claims the job.
         assert claim(db, cid, lease_expiry() + timedelta(seconds=1)) == 2
         assert lease.lost.wait(timeout=10)
-        with pytest.raises(LeaseLost, match="attempt 1 no longer holds the job"):
+        with pytest.raises(LeaseLost, match="attempt 1 no longer holds the task"):
             lease.check()
     with db.read() as session:
-        assert session.get_one(Comparison, cid).attempt == 2  # the lost attempt wrote nothing over it
+        assert session.get_one(ComparisonTask, (cid, 0)).attempt == 2  # the lost attempt wrote nothing

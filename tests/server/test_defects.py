@@ -12,9 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from parity.server.db import Database
 from parity.server.errors import StoreError
-from parity.server.jobs import engine
 from parity.server.jobs.base import NullQueue
-from parity.server.jobs.runner import run_compare_job
+from parity.server.jobs.runner import TaskRunner
 from parity.server.main import create_app
 from parity.server.migrate import upgrade
 from parity.server.schemas import ComparisonCreate, RunCreate
@@ -22,6 +21,7 @@ from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService
 from parity.server.settings import Settings
 from parity.server.store import FileStore, open_store
+from parity.shared.compare import job
 
 from tests.server.conftest import build_dump, dump_files, sha
 
@@ -52,18 +52,22 @@ def test_comparison_deleted_while_running_leaves_no_reports(
         target = _upload_run(runs, build_dump(tmp_path / "npu", perturb=0.5), "npu")
         bench = _upload_run(runs, build_dump(tmp_path / "gpu"), "gpu")
         cid = comparisons.create(ComparisonCreate(target_run=target, bench_run=bench)).id
-        real = engine.compare_step
+        real = job.compare_rank
         deleted: list[str] = []
 
-        def compare_then_delete(*args: Any) -> Any:
-            outputs = real(*args)
+        def compare_then_delete(*args: Any, **kwargs: Any) -> Any:
+            outputs = real(*args, **kwargs)
             # The user deletes the target run after the engine finished, before the reports are stored.
             deleted.extend(runs.delete(target, with_comparisons=True))
             comparisons.forget(deleted)
             return outputs
 
-        monkeypatch.setattr(engine, "compare_step", compare_then_delete)
-        run_compare_job(cid, settings)
+        monkeypatch.setattr(job, "compare_rank", compare_then_delete)
+        runner = TaskRunner(settings)
+        try:
+            runner.run(f"{cid}:0")
+        finally:
+            runner.close()
         assert deleted == [cid]
         reports = store.root / "comparisons" / cid
         assert not (reports.exists() and any(p.is_file() for p in reports.rglob("*")))

@@ -220,5 +220,6 @@ def test_the_summary_json_downloads(api: httpx.Client, tmp_path: Path) -> None:
     assert doc["mode"] == done["summary"]["mode"] == "statistics"
     counts = {s: list(EXPECTED.values()).count(s) for s in ("pass", "warning", "fail", "unmatched")}
     assert {k: v for k, v in doc["status_counts"].items() if v} == counts
-    assert doc["ranks"][0]["files"] == {"xlsx": "rank0/report.xlsx", "advisor": "rank0/advisor.txt"}
+    assert doc["ranks"][0]["rank"] == 0 and doc["ranks"][0]["files"] == {"xlsx": "report.xlsx",
+                                                                          "advisor": "advisor.txt"}
     assert api.get(f"/comparisons/{uuid.uuid4().hex}/summary.json").status_code == 404

@@ -71,7 +71,6 @@ def test_s3_store_end_to_end(s3_env: dict[str, str], tmp_path: Path) -> None:
             assert keys(s3_env, f"team/comparisons/{cid}/") == [
                 f"team/comparisons/{cid}/rank0/advisor.txt",
                 f"team/comparisons/{cid}/rank0/report.xlsx",
-                f"team/comparisons/{cid}/summary.json",
             ]
             report = api.get(f"/comparisons/{cid}/report.xlsx")
             assert report.status_code == 200 and report.content[:2] == b"PK"

@@ -1,8 +1,8 @@
 """``DumpColumns``' wire form: ``from_wire(marshal.loads(marshal.dumps(to_wire())))`` gives the same columns.
 
-The wire form is how a child process hands a dump back (``pair_reader``), so it must keep every column as it
-was: odd statistics with their types (int, big int, bool, None, str), NaN and infinities bit for bit, p2p
-dicts, entries without leaves, and the array and bytearray types the rest of the code reads.
+The wire form is what a sidecar holds (``dump.sidecar``: the columns parsed at complete), so it must keep
+every column as it was: odd statistics with their types (int, big int, bool, None, str), NaN and infinities
+bit for bit, p2p dicts, entries without leaves, and the array and bytearray types the rest of the code reads.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from parity.shared.dump.columns import ColumnsBuilder, DumpColumns
@@ -186,3 +187,19 @@ def test_nan_payloads_and_signed_zeros_survive_bit_for_bit() -> None:
     assert back.stats.tobytes() == cols.stats.tobytes()
     assert _typed(back.stats_of(0)) == _typed(tuple(odd_nans[:2]) + (-0.0, odd_nans[2]))
     assert _typed(back.odd) == _typed({1: (odd_nans[1], None, -0.0, 1)})
+
+
+def test_a_sidecar_gives_the_dump_load_dump_gives(tmp_path: Path) -> None:
+    from parity.shared.dump.sidecar import SIDECAR_NAME, decode_sidecar, encode_sidecar, read_dump
+    from parity.shared.errors import DumpError
+
+    path = _odd_dump(tmp_path)
+    parsed = load_dump(path)
+    (path.parent / SIDECAR_NAME).write_bytes(encode_sidecar(parsed))
+    path.write_text("no longer JSON")  # read_dump must take the sidecar
+    again = read_dump(path)
+    assert (again.path, again.task, again.level, again.framework, again.has_md5) == (
+        parsed.path, parsed.task, parsed.level, parsed.framework, parsed.has_md5)  # fmt: skip
+    assert_same_columns(again.columns, parsed.columns)
+    with pytest.raises(DumpError, match="unreadable dump.columns"):
+        decode_sidecar(b"garbage", path)

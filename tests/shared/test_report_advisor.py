@@ -8,7 +8,7 @@ import logging
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.result import Advice, CompareResult, CompareRow, RowStatus, Suspect
 from parity.shared.report.advisor import advisor_lines, advisor_text, write_advisor
-from parity.shared.report.summary import multi_rank_summary, single_rank_summary, write_summary
+from parity.shared.report.summary import multi_rank_summary, rank_summary, single_rank_summary, write_summary
 
 ALL_PASS = Advice(
     line=None, suspect_node=None, text="All data in comparison result meets the accuracy requirements."
@@ -96,7 +96,8 @@ def test_single_rank_summary_counts_and_files(tmp_path):
     rows = [row(api, status) for api, status in zip("abbc", statuses, strict=True)]
     rows = [row(f"Torch.{r.api}.0.forward", r.status) for r in rows]
     suspect = Suspect(1, "Torch.b.0.forward", "forward", 1, "output differs")
-    doc = single_rank_summary(result_with(ALL_PASS, [suspect], rows), {"xlsx": "r.xlsx", "advisor": None})
+    result = result_with(ALL_PASS, [suspect], rows)
+    doc = single_rank_summary(rank_summary(result, {"xlsx": "r.xlsx", "advisor": None}))
     path = write_summary(doc, tmp_path / "compare_summary.json")
     back = json.loads(path.read_text())
     assert back["kind"] == "single-rank" and back["mode"] == "tensor" and back["rows"] == 4
@@ -110,7 +111,8 @@ def test_multi_rank_summary_lists_one_sided_ranks(tmp_path):
     r0 = result_with(ALL_PASS, [], [row("Torch.a.0.forward", RowStatus.PASS)], rank=0)
     r1 = result_with(ALL_PASS, [], [row("Torch.a.0.forward", RowStatus.FAIL)], rank=1)
     doc = multi_rank_summary(
-        [(r0, {"xlsx": "a"}), (r1, {"xlsx": "b"})], npu_only_ranks=[2], bench_only_ranks=[5]
+        [rank_summary(r0, {"xlsx": "a"}), rank_summary(r1, {"xlsx": "b"})], npu_only_ranks=[2],
+        bench_only_ranks=[5],
     )
     back = json.loads(write_summary(doc, tmp_path / "s.json").read_text())
     assert back["compared_ranks"] == [0, 1]

@@ -5,13 +5,11 @@ included, and the header) or exactly the same ``DumpError`` message whichever pa
 taken for the ordinary documents msprobe writes (compact or ``indent=1``, bare NaN/Infinity tokens, md5 and
 tensor dumps, ``parameters_grad`` entries, nested lists, every non-tensor encoding of dump-format.md §4.3) and
 refused for what it does not describe (P2POp records, nested dicts, numbers out of range, lone surrogates,
-byte-order marks, NaN/Infinity tokens it cannot restore); it parses floats exactly like ``json``; and
-``gc_paused`` leaves the columns in the oldest collector generation.
+byte-order marks, NaN/Infinity tokens it cannot restore); it parses floats exactly like ``json``.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import random
@@ -716,57 +714,3 @@ def test_floats_parse_exactly(tmp_path: Path) -> None:
     expected = [json.loads(t) for t in texts]
     got = [v for i in range(len(fast.columns)) for v in fast.columns.stats_of(i)]
     assert _canon(got) == _canon(expected)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# 6. the collector
-
-
-def _big_dump(directory: Path, n: int = 3000) -> Path:
-    data = {f"Torch.op{i}.0.forward": {"input_args": [_leaf(i * 0.5), scalar_leaf(i)], "output": [_leaf(NAN)]}
-            for i in range(n // 3)}  # fmt: skip
-    return _write(directory, dumps_indent1(_doc(data)))
-
-
-def _column_lists(dump: Dump) -> list[list[Any]]:
-    c = dump.columns
-    return [c.entry_names, c.names, c.apis, c.states, c.dtypes, c.shapes, c.requires_grads, c.md5s,
-            c.data_names]  # fmt: skip
-
-
-@pytest.fixture
-def gc_enabled() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.enable()
-    try:
-        yield
-    finally:
-        if not was:
-            gc.disable()
-
-
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "classic"])
-def test_columns_leave_the_young_generation(tmp_path: Path, gc_enabled: None, fast: bool) -> None:
-    path = _big_dump(tmp_path)
-    assert _fast_accepts(path)
-    dump = load_dump(path) if fast else _load_classic(path)
-    assert gc.isenabled()
-    assert len(dump.columns) >= 3000
-    young = {id(o) for o in gc.get_objects(generation=0)}
-    oldest = {id(o) for o in gc.get_objects(generation=2)}
-    lists = _column_lists(dump)
-    assert not [i for i, col in enumerate(lists) if id(col) in young]
-    assert all(id(col) in oldest for col in lists)
-
-
-def test_collector_disabled_by_the_caller_stays_disabled(tmp_path: Path, gc_enabled: None) -> None:
-    path = _big_dump(tmp_path, 300)
-    gc.disable()
-    try:
-        load_dump(path)
-        assert not gc.isenabled()
-        with pytest.raises(DumpError):
-            load_dump(_write(tmp_path / "bad", "[1]"))
-        assert not gc.isenabled()
-    finally:
-        gc.enable()

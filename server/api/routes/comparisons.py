@@ -7,8 +7,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import StreamingResponse
-from parity.server.api.deps import JSON_BODY_LIMIT, ComparisonServiceDep
-from parity.server.schemas import ComparisonCreate, ComparisonPublic, ComparisonsPublic, JobStatus, RowsPublic
+from parity.server.api.deps import JSON_BODY_LIMIT, MAX_OFFSET, ComparisonServiceDep
+from parity.server.schemas import (
+    MAX_INDEX,
+    ComparisonCreate,
+    ComparisonPublic,
+    ComparisonsPublic,
+    JobStatus,
+    RowsPublic,
+)
 from parity.server.services.comparisons import RowFilter
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"])
@@ -42,12 +49,21 @@ def list_comparisons(
     project: str | None = None,
     job_status: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> ComparisonsPublic:
     return comparisons.search(run=run, project=project, status=job_status, limit=limit, offset=offset)
 
 
-@router.get("/{comparison_id}", summary="Read a comparison: status, progress, summary")
+@router.post(
+    "/{comparison_id}/retry",
+    summary="Run the failed ranks of a failed comparison again (the others keep their results)",
+    responses={409: {"description": "The comparison has not failed, or no rank of it failed"}},
+)
+def retry_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> ComparisonPublic:
+    return comparisons.retry(comparison_id)
+
+
+@router.get("/{comparison_id}", summary="Read a comparison: status, progress and state of each rank, summary")
 def get_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> ComparisonPublic:
     return comparisons.get(comparison_id)
 
@@ -78,9 +94,9 @@ async def get_rows(
         list[str], Query(alias="status", description="row statuses, comma-separated or repeated")
     ] = [],  # noqa: B006
     name: Annotated[str | None, Query(description="substring of the NPU (or bench) name, any case")] = None,
-    rank: int | None = None,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Response:
     rows = RowFilter.parse(failing=failing, status=row_status, name=name)
     # Assembled from stored JSON text (no model validation): this is the hot endpoint.
@@ -107,7 +123,8 @@ def _attachment(download: tuple[str, Iterator[bytes]], media_type: str) -> Strea
     responses={200: {"content": {XLSX: {}}}},
 )
 def get_report(
-    comparison_id: str, comparisons: ComparisonServiceDep, rank: int | None = None
+    comparison_id: str, comparisons: ComparisonServiceDep,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
 ) -> StreamingResponse:
     return _download(comparisons, comparison_id, "report.xlsx", rank, XLSX)
 
@@ -119,7 +136,8 @@ def get_report(
     responses={200: {"content": {"text/plain": {}}}},
 )
 def get_advisor(
-    comparison_id: str, comparisons: ComparisonServiceDep, rank: int | None = None
+    comparison_id: str, comparisons: ComparisonServiceDep,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
 ) -> StreamingResponse:
     return _download(comparisons, comparison_id, "advisor.txt", rank, "text/plain; charset=utf-8")
 

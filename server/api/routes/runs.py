@@ -11,9 +11,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
-from parity.server.api.deps import JSON_BODY_LIMIT, ComparisonServiceDep, RunServiceDep
+from parity.server.api.deps import JSON_BODY_LIMIT, MAX_OFFSET, ComparisonServiceDep, RunServiceDep
 from parity.server.errors import BadRequest
 from parity.server.schemas import Device, FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic, RunStatus
+from parity.server.services.paths import SHA256_PATTERN
 from starlette.requests import ClientDisconnect
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -31,7 +32,6 @@ _RAW_BODY = {
     status_code=status.HTTP_201_CREATED,
     summary="Create a run (names are unique in a project)",
     max_body_size=JSON_BODY_LIMIT,
-    responses={409: {"description": "The project already has a run of that name"}},
 )
 def create_run(body: RunCreate, runs: RunServiceDep) -> RunPublic:
     return runs.create(body)
@@ -47,7 +47,7 @@ def list_runs(
     tag: Annotated[list[str], Query(description="KEY=VALUE; repeat to require several")] = [],  # noqa: B006
     run_status: Annotated[RunStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> RunsPublic:
     return runs.search(project=project, name=name, name_contains=name_contains, device=device,
                        status=run_status, tags=tag, limit=limit, offset=offset)  # fmt: skip
@@ -62,7 +62,6 @@ def get_run(run_id: str, runs: RunServiceDep) -> RunPublic:
     "/{run_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Delete a run and its files (and its comparisons, when asked)",
-    responses={409: {"description": "Comparisons use the run and with_comparisons was not given"}},
 )
 def delete_run(
     run_id: str,
@@ -93,8 +92,11 @@ async def put_file(
     path: str,
     request: Request,
     runs: RunServiceDep,
-    x_content_sha256: Annotated[str, Header(alias="X-Content-SHA256", description="sha256 of the body, hex")],
-    content_length: Annotated[str | None, Header(alias="Content-Length")] = None,
+    x_content_sha256: Annotated[
+        str, Header(alias="X-Content-SHA256", description="sha256 of the body, hex", pattern=SHA256_PATTERN)
+    ],
+    # Read to refuse an oversized upload before its body; not a parameter a client sets by hand.
+    content_length: Annotated[str | None, Header(alias="Content-Length", include_in_schema=False)] = None,
 ) -> FilePublic:
     result = await runs.upload(run_id, path, x_content_sha256, content_length, _body(request, path))
     if not result.created:

@@ -1,0 +1,51 @@
+"""A parsed dump.json kept beside it (the *sidecar*), so a dump is parsed once and read many times.
+
+The server parses every dump.json once, when its run is completed, and stores the columns next to it; the
+compare tasks read those instead of parsing the file again. The sidecar is ``marshal`` of the header and
+``DumpColumns.to_wire()``: the fastest round trip the standard library has, and exact (NaN bits, big
+integers, p2p dicts). ``marshal`` is not safe against crafted input, so a sidecar is only ever read from the
+server's own store, under a key derived from the blob it was made from, never from an upload.
+"""
+
+from __future__ import annotations
+
+import marshal
+from pathlib import Path
+
+from parity.shared.dump.columns import DumpColumns
+from parity.shared.dump.reader import Dump, load_dump
+from parity.shared.errors import DumpError
+
+#: The file name of a dump.json's sidecar in a rank folder.
+SIDECAR_NAME = "dump.columns"
+_MAGIC = "parity-dump-columns"
+_VERSION = 1
+
+
+def encode_sidecar(dump: Dump) -> bytes:
+    header = (_MAGIC, _VERSION, dump.task, dump.level, dump.framework, dump.dump_data_dir, dump.has_md5)
+    return marshal.dumps((header, dump.columns.to_wire()))
+
+
+def decode_sidecar(raw: bytes, dump_json: Path) -> Dump:
+    """The ``Dump`` a sidecar holds, as ``load_dump(dump_json)`` would give it; ``DumpError`` if it is not
+    a sidecar of this version."""
+    try:
+        header, wire = marshal.loads(raw)
+        magic, version, task, level, framework, dump_data_dir, has_md5 = header
+    except (EOFError, ValueError, TypeError) as exc:
+        raise DumpError(dump_json, f"unreadable {SIDECAR_NAME}: {exc}") from None
+    if magic != _MAGIC or version != _VERSION:
+        raise DumpError(dump_json, f"{SIDECAR_NAME} of another format ({magic!r} {version!r})")
+    return Dump(path=dump_json, task=task, level=level, framework=framework, dump_data_dir=dump_data_dir,
+                columns=DumpColumns.from_wire(wire), has_md5=has_md5)  # fmt: skip
+
+
+def read_dump(dump_json: Path) -> Dump:
+    """The dump from its sidecar when one lies beside it (``dump.columns``), else parsed from the file."""
+    sidecar = Path(dump_json).with_name(SIDECAR_NAME)
+    try:
+        raw = sidecar.read_bytes()
+    except FileNotFoundError:
+        return load_dump(dump_json)
+    return decode_sidecar(raw, Path(dump_json))

@@ -1,0 +1,264 @@
+"""A comparison as one task per rank, run in this process by ``TaskRunner`` (what the local pool's workers and
+the Celery workers run): the same rows and summary whatever the order and parallelism of the ranks, and the
+same as ``parity compare`` on the step directories; a failed rank is retried alone; staging folders are
+removed after a failure as after a success."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from parity.server.db import Database
+from parity.server.jobs.base import NullQueue
+from parity.server.jobs.runner import TaskRunner
+from parity.server.migrate import upgrade
+from parity.server.models import ComparisonRow, ComparisonTask, RunFile
+from parity.server.schemas import ComparisonCreate, RunCreate
+from parity.server.services.comparisons import ComparisonService
+from parity.server.services.runs import RunService
+from parity.server.settings import Settings
+from parity.server.store import FileStore, open_store
+from parity.shared.compare.job import run_compare
+from parity.shared.compare.options import CompareOptions
+from parity.shared.compare.result import json_cells
+from parity.shared.compare.spec import CompareSpec
+from sqlalchemy import select
+
+from tests.server.conftest import build_dump, dump_files, sha
+
+RANKS = (0, 1, 2)
+
+
+async def _body(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+@dataclass
+class Server:
+    settings: Settings
+    db: Database
+    store: FileStore
+    runs: RunService
+    comparisons: ComparisonService
+
+    def upload(self, root: Path, device: str) -> str:
+        run = self.runs.create(RunCreate(name=f"run-{device}", device=device))  # type: ignore[arg-type]
+        for path, data in dump_files(root):
+            anyio.run(self.runs.upload, run.id, path, sha(data), str(len(data)), _body(data))
+        self.runs.complete(run.id)
+        return run.id
+
+    def rows(self, cid: str) -> list[tuple[int, int, str, str, Any]]:
+        with self.db.read() as session:
+            t = ComparisonRow
+            found = session.execute(
+                select(t.rank, t.idx, t.api, t.status, t.cells).where(t.comparison_id == cid)
+                .order_by(t.rank, t.idx)
+            ).all()  # fmt: skip
+        return [(r, i, api, status, json.loads(cells)) for r, i, api, status, cells in found]
+
+    def tasks(self, cid: str) -> dict[int, tuple[str, int]]:
+        with self.db.read() as session:
+            found = session.scalars(select(ComparisonTask).where(ComparisonTask.comparison_id == cid)).all()
+            return {t.rank: (t.status, t.attempt) for t in found}
+
+    def staging_left(self) -> list[Path]:
+        return list((self.store.root / ".tmp").glob("task-*"))
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    settings = Settings(data_dir=tmp_path / "data", workers=0)
+    upgrade(settings.resolved_database_url)
+    db = Database.connect(settings.resolved_database_url)
+    store = open_store(settings.resolved_store_url, tmp_path / "tmp")
+    assert isinstance(store, FileStore)
+    runs, comparisons = RunService(db, store, 1 << 30), ComparisonService(db, store, NullQueue())
+    yield Server(settings, db, store, runs, comparisons)
+    db.dispose()
+
+
+@pytest.fixture
+def pair(tmp_path: Path, server: Server) -> tuple[str, str, Path, Path]:
+    npu = build_dump(tmp_path / "npu", perturb=0.5, ranks=RANKS)
+    gpu = build_dump(tmp_path / "gpu", ranks=RANKS)
+    return server.upload(npu, "npu"), server.upload(gpu, "gpu"), npu, gpu
+
+
+def _run_all(server: Server, cid: str, order: list[int], workers: int = 1) -> None:
+    """Run the comparison's tasks in ``order`` on ``workers`` runners side by side (threads of this process,
+    each with its own runner, as separate worker processes would be)."""
+    todo = list(order)
+    lock = threading.Lock()
+
+    def work() -> None:
+        runner = TaskRunner(server.settings)
+        try:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    rank = todo.pop(0)
+                runner.run(f"{cid}:{rank}")
+        finally:
+            runner.close()
+
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _create(server: Server, target: str, bench: str) -> str:
+    return server.comparisons.create(ComparisonCreate(target_run=target, bench_run=bench)).id
+
+
+def test_the_same_rows_whatever_the_order_and_parallelism(
+    server: Server, pair: tuple[str, str, Path, Path], tmp_path: Path
+) -> None:
+    target, bench, npu, gpu = pair
+    outcomes = []
+    for order, workers in (([0, 1, 2], 1), ([2, 0, 1], 1), ([0, 1, 2], 2), ([1, 2, 0], 3)):
+        cid = _create(server, target, bench)
+        _run_all(server, cid, order, workers)
+        public = server.comparisons.get(cid)
+        assert public.status == "succeeded", public.error
+        assert [t.status for t in public.tasks] == ["succeeded"] * 3 and public.progress == 1.0
+        assert public.summary is not None
+        outcomes.append((server.rows(cid), public.summary.model_dump()))
+    assert all(outcome == outcomes[0] for outcome in outcomes[1:])
+    rows, summary = outcomes[0]
+    assert summary["ranks"] == [0, 1, 2] and "Torch.relu.0.forward" in summary["failing_apis"]
+
+    # The CLI's pipeline on the same step directories gives the very same rows (NaN spelled alike).
+    outputs = run_compare(CompareSpec(npu_path=npu / "step0", bench_path=gpu / "step0"), tmp_path / "cli",
+                          CompareOptions(workers=1))  # fmt: skip
+    cli_rows = [(result.rank, i, row.api, row.status.value, json_cells(row.cells))
+                for result in outputs.results for i, row in enumerate(result.rows)]  # fmt: skip
+    assert rows == cli_rows
+    cli_summary = json.loads(outputs.summary.read_text()) if outputs.summary else {}
+    assert summary["rows"] == sum(cli_summary["status_counts"].values())
+    assert server.staging_left() == []
+
+
+def test_a_failed_rank_is_retried_alone_and_its_staging_is_removed(
+    server: Server, pair: tuple[str, str, Path, Path], tmp_path: Path
+) -> None:
+    target, bench, _, _ = pair
+    cid = _create(server, target, bench)
+    # The store loses rank 1's bench dump.json behind the server's back.
+    with server.db.read() as session:
+        where = (RunFile.run_id == bench, RunFile.path == "step0/rank1/dump.json")
+        blob = session.scalars(select(RunFile.blob).where(*where)).one()
+    lost = server.store.root / blob
+    kept = tmp_path / "kept.json"
+    shutil.move(lost, kept)
+    _run_all(server, cid, [0, 1, 2])
+
+    failed = server.comparisons.get(cid)
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error.startswith("rank 1: ") and "missing from the store" in failed.error
+    assert server.tasks(cid) == {0: ("succeeded", 1), 1: ("failed", 1), 2: ("succeeded", 1)}
+    assert server.staging_left() == []  # removed after the failure as after the successes
+    done_before = [row for row in server.rows(cid) if row[0] != 1]
+    assert {row[0] for row in done_before} == {0, 2}  # stored as each rank finished
+
+    shutil.move(kept, lost)
+    retried = server.comparisons.retry(cid)
+    assert retried.status == "running"
+    assert [(t.rank, t.status) for t in retried.tasks] == [(0, "succeeded"), (1, "queued"), (2, "succeeded")]
+    _run_all(server, cid, [0, 1, 2])  # the finished ranks are not claimable: only rank 1 runs
+
+    done = server.comparisons.get(cid)
+    assert done.status == "succeeded", done.error
+    assert server.tasks(cid) == {0: ("succeeded", 1), 1: ("succeeded", 2), 2: ("succeeded", 1)}
+    assert [row for row in server.rows(cid) if row[0] != 1] == done_before
+    assert {row[0] for row in server.rows(cid)} == {0, 1, 2}
+    assert server.staging_left() == []
+
+
+def test_retry_refuses_a_comparison_that_did_not_fail(
+    server: Server, pair: tuple[str, str, Path, Path]
+) -> None:
+    from parity.server.errors import Conflict
+
+    cid = _create(server, pair[0], pair[1])
+    with pytest.raises(Conflict, match="only a failed comparison is retried"):
+        server.comparisons.retry(cid)
+
+
+def test_tasks_read_the_columns_parsed_at_complete(server: Server, pair: tuple[str, str, Path, Path]) -> None:
+    target, bench, _, _ = pair
+    reference = _create(server, target, bench)
+    _run_all(server, reference, list(RANKS))
+    with server.db.read() as session:
+        blobs = session.scalars(select(RunFile.blob).where(RunFile.path.endswith("/dump.json"))).all()
+    assert len(blobs) == 2 * len(RANKS)
+    for blob in blobs:
+        assert (server.store.root / f"{blob}.columns").is_file()  # written by complete, beside the dump
+        # The dump.json itself is now unreadable: only its sidecar can give the rows.
+        (server.store.root / blob).unlink()
+        (server.store.root / blob).write_text("not json")
+    again = _create(server, target, bench)
+    _run_all(server, again, list(RANKS))
+    assert server.comparisons.get(again).status == "succeeded"
+    assert server.rows(again) == server.rows(reference)
+
+
+@pytest.mark.slow
+def test_a_local_worker_killed_mid_rank_loses_only_that_rank(tmp_path: Path) -> None:
+    """The local pool's child dies (SIGKILL) while it compares a rank: that rank is queued again at once and
+    finished by the next child (attempt 2); the comparison succeeds with the rows of an undisturbed run."""
+    import psutil
+
+    from tests.server.conftest import ServerProcess, upload_run, wait_comparison
+    from tests.server.test_celery_backend import build_large_dump, wait_status
+
+    srv = ServerProcess(tmp_path / "data", {"PARITY_WORKERS": "1"}).start()
+    try:
+        with srv.client() as api:
+            target = upload_run(api, build_large_dump(tmp_path / "npu", perturb=0.5))["id"]
+            bench = upload_run(api, build_large_dump(tmp_path / "gpu", perturb=0.0), device="gpu")["id"]
+            body = {"target_run": target, "bench_run": bench}
+            cid = api.post("/comparisons", json=body).json()["id"]
+            running = wait_status(api, cid, "running")
+            held = next(t["rank"] for t in running["tasks"] if t["status"] == "running")
+            assert srv.proc is not None
+            (child,) = [p for p in psutil.Process(srv.proc.pid).children()
+                        if "spawn_main" in " ".join(p.cmdline())]  # fmt: skip
+            child.kill()
+            done = wait_comparison(api, cid, timeout=120)
+            assert done["status"] == "succeeded", done["error"]
+            attempts = {t["rank"]: t["attempt"] for t in done["tasks"]}
+            assert attempts[held] == 2 and all(a == 1 for r, a in attempts.items() if r != held), attempts
+            assert "queued again" in srv.log()
+            normal = wait_comparison(api, api.post("/comparisons", json=body).json()["id"], timeout=120)
+            assert done["summary"] == normal["summary"]
+            rows = [
+                api.get(f"/comparisons/{c}/rows", params={"limit": 100}).json() for c in (cid, normal["id"])
+            ]
+            assert rows[0] == rows[1]
+        assert not list((tmp_path / "data" / "blobs" / ".tmp").glob("task-*"))
+    finally:
+        srv.stop()
+
+
+def test_a_rank_without_a_dump_json_on_one_side_is_skipped(server: Server, tmp_path: Path) -> None:
+    npu = build_dump(tmp_path / "npu", perturb=0.5, ranks=RANKS)
+    gpu = build_dump(tmp_path / "gpu", ranks=RANKS)
+    (gpu / "step0" / "rank2" / "dump.json").unlink()  # its tensors are there, its dump.json is not
+    cid = _create(server, server.upload(npu, "npu"), server.upload(gpu, "gpu"))
+    _run_all(server, cid, list(RANKS))
+    done = server.comparisons.get(cid)
+    assert done.status == "succeeded" and done.summary is not None
+    assert done.summary.ranks == [0, 1] and done.summary.skipped_ranks == [2]
+    assert [(t.rank, t.status) for t in done.tasks] == [(0, "succeeded"), (1, "succeeded"), (2, "skipped")]
+    assert done.tasks[2].error == "no dump.json in the bench run"
