@@ -6,8 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TORCH := torch==2.13.0
+# msprobe itself, for the interoperability tests (tests/interop): a venv of its own (it pins numpy<2, pandas<2.1)
+MSPROBE_VENV := .venv-msprobe
+MSPROBE_STAMP := $(MSPROBE_VENV)/.installed-$(shell cat scripts/msprobe_venv.sh | sha1sum | cut -c1-12)
 
-.PHONY: venv demo test test-fast lint typecheck bench clean services
+.PHONY: venv msprobe-venv demo test test-fast lint typecheck bench clean services
 
 venv: $(STAMP)
 
@@ -19,10 +22,17 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
+msprobe-venv: $(MSPROBE_STAMP)
+
+# Rebuilt only when the script changes; a failure stops make, so CI never skips the interop tests quietly.
+$(MSPROBE_STAMP): scripts/msprobe_venv.sh
+	PY=$(PY) bash scripts/msprobe_venv.sh $(MSPROBE_VENV)
+	@touch $@
+
 demo: venv
 	$(BIN)/python -m parity.demo
 
-test: venv
+test: venv msprobe-venv
 	bash scripts/test.sh
 
 # The inner loop: everything but the slow end-to-end tests and the PostgreSQL/Celery ones (no services).
@@ -39,4 +49,4 @@ bench: venv
 	$(BIN)/python benchmarks/bench_server.py
 
 clean:
-	rm -rf $(VENV) demo-output parity-data .pytest_cache
+	rm -rf $(VENV) $(MSPROBE_VENV) $(MSPROBE_VENV)-wheels demo-output parity-data .pytest_cache

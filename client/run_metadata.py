@@ -7,14 +7,16 @@ each probe falls back to ``None`` (or ``"cpu"``) instead of raising.
 from __future__ import annotations
 
 import logging
+import os
 import platform
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["capture_metadata", "detect_device", "git_commit"]
+__all__ = ["capture_metadata", "detect_device", "git_commit", "installed_packages", "selected_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -91,4 +93,72 @@ def capture_metadata(device: str | None = None, *, cwd: Path | None = None) -> d
     }
     if torch is not None and device == "gpu":
         meta["cuda_version"] = getattr(torch.version, "cuda", None)
+        try:
+            meta["cudnn_version"] = torch.backends.cudnn.version()
+        except Exception:
+            log.debug("cudnn version probe failed", exc_info=True)
+    if device == "npu":
+        meta["torch_npu_version"] = _version_of("torch_npu")
+    meta["driver_version"] = driver_version(device)
+    meta["packages"] = installed_packages()
+    meta["env"] = selected_environment()
     return meta
+
+
+#: Environment variables that change numerics or communication; recorded so two runs can be told apart.
+ENV_PREFIXES = (
+    "CUDA_", "CUBLAS", "CUDNN_", "NCCL_", "HCCL_", "ASCEND_", "TORCH_", "PYTORCH_", "NVIDIA_TF32", "OMP_",
+    "MKL_", "OPENBLAS_", "XLA_", "HIP_", "ROCM_", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+)  # fmt: skip
+#: Never recorded, whatever the prefix: the run's metadata is shared with the whole team.
+SECRET_WORDS = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+def selected_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The numerics-relevant environment variables (``ENV_PREFIXES``), never one that looks like a secret."""
+    environ = dict(os.environ if environ is None else environ)
+    return {
+        name: value[:512]
+        for name, value in sorted(environ.items())
+        if name.startswith(ENV_PREFIXES) and not SECRET_WORDS.search(name)
+    }
+
+
+def installed_packages() -> dict[str, str]:
+    """``name -> version`` of every installed distribution (what ``pip freeze`` would list)."""
+    from importlib import metadata
+
+    packages: dict[str, str] = {}
+    try:
+        for dist in metadata.distributions():
+            name = dist.metadata["Name"]
+            if name:
+                packages[name.lower()] = dist.version
+    except Exception:
+        log.debug("package listing failed", exc_info=True)
+    return dict(sorted(packages.items()))
+
+
+def _version_of(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def driver_version(device: str) -> str | None:
+    """The accelerator driver's version: NVIDIA's kernel module, or Ascend's ``version.info``."""
+    sources = {
+        "gpu": ("/proc/driver/nvidia/version", r"Kernel Module\s+([\w.\-]+)"),
+        "npu": ("/usr/local/Ascend/driver/version.info", r"Version=([\w.\-]+)"),
+    }
+    if device not in sources:
+        return None
+    path, pattern = sources[device]
+    try:
+        match = re.search(pattern, Path(path).read_text(errors="replace"))
+    except OSError:
+        return None
+    return match.group(1) if match else None

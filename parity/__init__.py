@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
+#: the msprobe release whose dump layout and compare report Parity matches (README, "Where Parity differs")
+MSPROBE_COMPAT = "8.3.3"
 
 # When Parity runs from a source checkout without being installed (``python -m parity`` in the repo root),
 # the subpackages live beside this folder rather than inside it.

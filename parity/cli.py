@@ -30,6 +30,16 @@ EXIT_USAGE = 2
 def _build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(prog="parity", description="Precision comparison for PyTorch training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--version", action="version", version=_version_text())
+    # msprobe's habit: ``msprobe -f pytorch compare ...``. Parity reads PyTorch dumps only, so the flag is
+    # accepted for pytorch and refused, with the reason, for mindspore.
+    parser.add_argument(
+        "-f",
+        "--framework",
+        choices=("pytorch", "mindspore"),
+        default=None,
+        help="msprobe's framework switch: Parity reads PyTorch dumps (pytorch is the only value it accepts)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     chosen = next((a for a in argv if a in COMMANDS), None)
@@ -40,6 +50,12 @@ def _build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argpars
             module.add_arguments(cmd_parser)
             cmd_parser.set_defaults(_run=module.run)
     return parser, parser.parse_args(argv)
+
+
+def _version_text() -> str:
+    from parity import MSPROBE_COMPAT, __version__
+
+    return f"parity {__version__} (dumps and compare reports in msprobe {MSPROBE_COMPAT}'s layout)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,6 +86,9 @@ def _main(args_list: list[str]) -> int:
         logging.getLogger("httpx").setLevel(logging.WARNING)
     from parity.errors import user_error_types
 
+    if args.framework == "mindspore":
+        sys.stderr.write("parity: error: -f mindspore: Parity reads PyTorch dumps only (use -f pytorch)\n")
+        return EXIT_USAGE
     try:
         return int(args._run(args) or 0)
     except user_error_types() as exc:

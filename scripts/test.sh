@@ -15,6 +15,15 @@ if ! services_start; then
   fi
   echo "test.sh: a service could not start; the tests needing it will be skipped" >&2
 fi
+# Debian's chromium for the browser tests (tests/web), driven by Playwright; no browser is downloaded.
+source scripts/chromium.sh
+if ! chromium_ensure; then
+  if [ "${CI:-}" = "true" ]; then
+    echo "test.sh: chromium could not be installed; the browser tests need it in CI" >&2
+    exit 1
+  fi
+  echo "test.sh: chromium could not be installed; the browser tests will be skipped" >&2
+fi
 set +e
 $BIN/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 
@@ -13,21 +14,25 @@ import anyio.to_thread
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from parity.server import web
 from parity.server.api.deps import authorize
-from parity.server.api.routes import comparisons, runs
+from parity.server.api.routes import baselines, comparisons, runs
 from parity.server.db import Database
 from parity.server.disk import STORAGE_FULL_HINT, Reserve, is_storage_full
 from parity.server.errors import ServiceError
 from parity.server.jobs.base import JobQueue, NullQueue
 from parity.server.schemas import ErrorPublic, Health
+from parity.server.services.baselines import BaselineService
+from parity.server.services.calls import CallService
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.retention import RetentionService
 from parity.server.services.runs import RunService
 from parity.server.settings import Settings
 from parity.server.store import open_store
+from parity.server.web.auth import SessionSigner
 from parity.shared.contract import API_PREFIX
 from sqlalchemy.exc import DBAPIError
 
@@ -133,6 +138,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.token_roles = settings.token_roles()
         app.state.run_service = RunService(db, store, settings.max_upload_bytes, reserve)
         app.state.comparison_service = ComparisonService(db, store, queue)
+        app.state.baseline_service = BaselineService(db, app.state.run_service, app.state.comparison_service)
+        app.state.call_service = CallService(db)
+        app.state.session_signer = SessionSigner(
+            settings.session_secret.encode() if settings.session_secret else secrets.token_bytes(32),
+            settings.session_hours * 3600,
+        )
         retention = RetentionService(
             db, store, app.state.run_service, app.state.comparison_service,
             retention_days=settings.retention_days, grace_seconds=settings.temp_grace_seconds,
@@ -168,9 +179,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _mount_docs(app)
 
     @app.exception_handler(ServiceError)
-    async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+    async def _service_error(request: Request, exc: ServiceError) -> Response:
         # Messages quoting a library's error (boto3, a JSON parser) can span lines; the client shows one.
-        return JSONResponse({"detail": " ".join(exc.message.split("\n"))}, status_code=exc.status_code)
+        message = " ".join(exc.message.split("\n"))
+        if _is_page(request):
+            return web.error_page(request, exc.status_code, message)
+        return JSONResponse({"detail": message}, status_code=exc.status_code)
 
     # OSError and database errors are handled here rather than by the catch-all below, which Starlette
     # re-raises after answering (a second traceback in the log per request).
@@ -187,11 +201,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _error_response(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ()))
         status_code = 400 if first.get("loc", ("",))[0] == "header" else 422
+        if _is_page(request):
+            return web.error_page(request, status_code, f"{loc}: {first.get('msg', 'invalid')}")
         return JSONResponse({"detail": f"{loc}: {first.get('msg', 'invalid')}"}, status_code=status_code)
 
     @app.get("/healthz", tags=["health"])
@@ -201,5 +217,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(authorize)], responses=ERROR_RESPONSES)
     api.include_router(runs.router)
     api.include_router(comparisons.router)
+    api.include_router(baselines.router)
     app.include_router(api)
+    web.mount(app)
     return app
+
+
+def _is_page(request: Request) -> bool:
+    """A request for a web page (not REST, not the pages' own JSON): its errors are shown as a page."""
+    path = request.url.path
+    return not path.startswith((API_PREFIX, "/healthz", "/static")) and not path.endswith(".json")

@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     false,
+    true,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -73,8 +74,14 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Revision 0007: the project's known-good run (at most one per project, kept so by the service), and
+    # whether completing this run queues a comparison against that baseline.
+    baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    auto_compare: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     # Never deleted by the retention sweep (revision 0006).
     keep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+    __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 
 
 class RunTag(Base):
@@ -134,6 +141,9 @@ class Comparison(Base):
     # While ``running``: until when the claiming worker holds the job (revision 0004). Its worker renews it
     # every few seconds; once it has passed, the worker is presumed dead and another may claim the job.
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Revision 0007: the bench run was its project's baseline when the comparison was queued; such
+    # comparisons are the ones whose failing APIs are judged new or known.
+    against_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class ComparisonRow(Base):
@@ -184,3 +194,54 @@ class ComparisonTask(Base):
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class ComparisonCall(Base):
+    """One API call of a finished comparison (revision 0007): the error of its outputs, in execution order.
+
+    Built once from the rows (``services/calls.py``), so the chart, the rank x API heatmap and an API's
+    history across comparisons read a few thousand small rows instead of re-parsing a million cells.
+    """
+
+    __tablename__ = "comparison_calls"
+
+    comparison_id: Mapped[str] = mapped_column(
+        ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
+    )
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)  # execution order within the rank
+    api: Mapped[str] = mapped_column(Text)
+    backward: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String(16))  # the worst of its rows
+    max_rel_err: Mapped[float | None] = mapped_column(Float, nullable=True)
+    one_minus_cos: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_row: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (
+        Index("ix_comparison_calls_api", "api", "comparison_id"),
+        # The heatmap reads only the failing and warning calls of a comparison.
+        Index("ix_comparison_calls_status", "comparison_id", "status"),
+    )
+
+
+class ComparisonCounts(Base):
+    """Row counts per status of a finished comparison, written with its calls (revision 0007)."""
+
+    __tablename__ = "comparison_counts"
+
+    comparison_id: Mapped[str] = mapped_column(
+        ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
+    )
+    counts: Mapped[dict[str, int]] = mapped_column(JSON)
+
+
+class ApiAcceptance(Base):
+    """A failing API accepted in a project with a note: it counts as known from then on (revision 0007)."""
+
+    __tablename__ = "api_acceptances"
+
+    project: Mapped[str] = mapped_column(String(255), primary_key=True)
+    api: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    note: Mapped[str] = mapped_column(Text)
+    accepted_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

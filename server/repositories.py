@@ -9,7 +9,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from parity.server.models import Comparison, ComparisonRow, ComparisonTask, Run, RunFile, RunTag
+from parity.server.models import (
+    Comparison,
+    ComparisonCall,
+    ComparisonCounts,
+    ComparisonRow,
+    ComparisonTask,
+    Run,
+    RunFile,
+    RunTag,
+)
 from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session, aliased
 
@@ -143,6 +152,8 @@ class RunRepository:
             or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id)
         )
         self.session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id.in_(cids)))
+        self.session.execute(delete(ComparisonCall).where(ComparisonCall.comparison_id.in_(cids)))
+        self.session.execute(delete(ComparisonCounts).where(ComparisonCounts.comparison_id.in_(cids)))
         self.session.execute(delete(ComparisonTask).where(ComparisonTask.comparison_id.in_(cids)))
         self.session.execute(
             delete(Comparison).where(

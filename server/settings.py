@@ -74,6 +74,13 @@ class Settings(BaseSettings):
         parse_tokens(value)
         return value
 
+    session_secret: str | None = Field(
+        default=None, min_length=32,
+        description="key that signs the web pages' sign-in cookies; unset: a random key per server start "
+        "(everyone signs in again after a restart)",
+    )  # fmt: skip
+    session_hours: float = Field(default=12.0, gt=0, le=24 * 30, description="how long a web sign-in lasts")
+
     @field_validator("database_url")
     @classmethod
     def _psycopg_driver(cls, value: str | None) -> str | None:

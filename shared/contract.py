@@ -24,6 +24,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "API_PREFIX",
+    "AcceptanceCreate",
+    "AcceptancePublic",
+    "AcceptancesPublic",
+    "ApiHistoryPoint",
+    "ApiHistoryPublic",
+    "ApiVerdict",
+    "CallPublic",
+    "CallsPublic",
+    "EnvironmentChange",
+    "EnvironmentDiff",
+    "RegressionsPublic",
+    "RunUpdate",
     "ComparisonCreate",
     "ComparisonOptions",
     "ComparisonPublic",
@@ -119,6 +131,17 @@ class RunCreate(_Request):
         if _nesting(value, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
             raise ValueError(f"nests deeper than {MAX_METADATA_DEPTH} levels")
         return value
+    auto_compare: bool = Field(
+        default=True, description="compare against the project's baseline on complete (if it has one)"
+    )
+
+
+class RunUpdate(_Request):
+    """``PATCH /runs/{id}``: only the fields given change; ``tags`` replaces the whole set."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=255)
+    tags: dict[str, str] | None = None
+    baseline: bool | None = Field(default=None, description="true: the project's baseline from now on")
 
     @field_validator("tags")
     @classmethod
@@ -149,6 +172,8 @@ class RunPublic(_Response):
     total_bytes: int
     steps: list[int]
     ranks: list[int]
+    baseline: bool = False
+    auto_compare: bool = True
 
 
 class RunsPublic(_Response):
@@ -251,6 +276,7 @@ class ComparisonPublic(_Response):
     finished_at: datetime | None
     summary: ComparisonSummary | None
     tasks: list[RankTaskPublic] = Field(default_factory=list)  # one per rank, in rank order
+    against_baseline: bool = False
 
 
 class ComparisonsPublic(_Response):
@@ -279,6 +305,106 @@ class RowsPublic(_Response):
     count: int
 
 
+# -- baselines and regressions ------------------------------------------------------------------------------
+
+
+class ApiVerdict(_Response):
+    """A failing API of a comparison against a baseline: ``new``, or ``known`` (it failed in the project's
+    previous comparison against the same baseline too, or someone accepted it with a note)."""
+
+    api: str
+    verdict: Literal["new", "known"]
+    failed_before: bool
+    note: str | None = None
+    accepted_by: str | None = None
+
+
+class RegressionsPublic(_Response):
+    """``GET /comparisons/{id}/regressions``."""
+
+    against_baseline: bool
+    previous_comparison: str | None
+    data: list[ApiVerdict]
+    new: int
+    known: int
+
+
+class AcceptanceCreate(_Request):
+    """``POST /projects/{project}/acceptances``: accept a failing API with a note (again: replaces it)."""
+
+    api: str = Field(min_length=1, max_length=1024)
+    note: str = Field(min_length=1, max_length=4000)
+    author: str | None = Field(default=None, max_length=255)
+
+
+class AcceptancePublic(_Response):
+    project: str
+    api: str
+    note: str
+    accepted_by: str
+    created_at: datetime
+
+
+class AcceptancesPublic(_Response):
+    data: list[AcceptancePublic]
+    count: int
+
+
+class ApiHistoryPoint(_Response):
+    """One API's error in one comparison (one rank of it)."""
+
+    comparison_id: str
+    created_at: datetime
+    target_run: str
+    target_name: str
+    bench_run: str
+    rank: int
+    status: str
+    max_rel_err: float | None
+    one_minus_cos: float | None
+
+
+class ApiHistoryPublic(_Response):
+    """``GET /projects/{project}/api-history?api=``, oldest first."""
+
+    project: str
+    api: str
+    data: list[ApiHistoryPoint]
+
+
+class CallPublic(_Response):
+    """One API call of a comparison, in execution order, with the error of its outputs."""
+
+    seq: int
+    api: str
+    backward: bool
+    status: str
+    max_rel_err: float | None
+    one_minus_cos: float | None
+    first_row: int
+
+
+class CallsPublic(_Response):
+    """``GET /comparisons/{id}/calls?rank=``: the calls, row counts per status, the first divergence."""
+
+    rank: int
+    data: list[CallPublic]
+    counts: dict[str, int]
+    first_divergence: str | None
+
+
+class EnvironmentChange(_Response):
+    key: str
+    target: Any
+    bench: Any
+
+
+class EnvironmentDiff(_Response):
+    """What differs between the two runs' recorded environments; packages are listed apart."""
+
+    changed: list[EnvironmentChange]
+    packages_changed: list[EnvironmentChange]
+    same: int
 class ErrorPublic(_Response):
     """Every error answer (4xx, 5xx): one line naming the run, file, field or comparison it is about."""
 

@@ -103,6 +103,14 @@ class DumpBuilder:
             }
         return self
 
+    def parameters_grad(self, entry: str, grads: Mapping[str, Any]) -> DumpBuilder:
+        """A parameter-gradient entry as msprobe writes it: ``{param: [leaf]}``, files ``{entry}.{param}.pt``.
+
+        ``entry`` is ``Module.fc.Linear.parameters_grad`` (msprobe 8.3.3) or ``...parameters_grad.0`` (older).
+        """
+        self.data[entry] = {name: [self._leaf(value, f"{entry}.{name}")] for name, value in grads.items()}
+        return self
+
     def write(self, rank_dir: Path) -> Path:
         """Write dump.json (and tensors, stack.json, construct.json when set); returns dump.json's path."""
         rank_dir.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,8 @@
-"""``parity compare -i compare.json -o OUT [-s] [-c] [-f]``: msprobe v1's compare, run locally.
+"""``parity compare -i compare.json -o OUT [-s] [-c] [-f] [-hl] [-da] ...``: msprobe 8.3.3's compare, locally.
+
+Every flag of msprobe 8.3.3's ``compare`` is accepted: ``-s -c -f`` act as in msprobe; ``-hl`` and ``-da`` are
+always on in Parity and ``-cm -am -lm`` (MindSpore mappings) do not apply to PyTorch dumps, so each prints one
+note line and changes nothing; ``-dm`` is refused with a one-line error rather than silently ignored.
 
 Exit codes: 0 whenever the compare ran, whatever it found (the findings are in the reports and printed at
 the end); 2 for a bad input, as one ``parity compare: error: ...`` line (``parity.cli`` turns every
@@ -37,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output-path",
         dest="output_path",
         type=Path,
+        nargs="?",
+        const=Path("./output"),
         default=Path("./output"),
         metavar="DIR",
         help="directory for the reports (created; same-named files replaced; default ./output)",
@@ -67,6 +73,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pair APIs ignoring their call counts",
     )
     parser.add_argument(
+        "-hl",
+        "--highlight",
+        dest="msprobe_highlight",
+        action="store_true",
+        help="msprobe's switch for red/yellow row fills: always on in Parity (see --no-highlight)",
+    )
+    parser.add_argument(
+        "-da",
+        "--diff_analyze",
+        "--diff-analyze",
+        dest="diff_analyze",
+        action="store_true",
+        help="msprobe's first-divergence analysis: always on in Parity (the suspects in the summary, the "
+        "advisor file and the output)",
+    )
+    parser.add_argument(
+        "-dm",
+        "--data_mapping",
+        "--data-mapping",
+        dest="data_mapping",
+        type=Path,
+        default=None,
+        metavar="YAML",
+        help="msprobe's NPU-name to bench-name map: not supported by Parity (refused, so no row is "
+        "silently paired another way)",
+    )
+    for short, long_name, what in (
+        ("-cm", "cell_mapping", "cell"),
+        ("-am", "api_mapping", "api"),
+        ("-lm", "layer_mapping", "layer"),
+    ):
+        parser.add_argument(
+            short,
+            f"--{long_name}",
+            f"--{long_name.replace('_', '-')}",
+            dest=long_name,
+            nargs="?",
+            const=True,
+            default=None,
+            metavar="YAML",
+            help=f"msprobe's MindSpore {what} mapping: not applicable to PyTorch dumps (accepted, ignored)",
+        )
+    parser.add_argument(
         "-j",
         "--workers",
         type=int,
@@ -85,6 +134,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def msprobe_flag_notes(args: argparse.Namespace) -> list[str]:
+    """One line per msprobe 8.3.3 flag that Parity accepts but has no switch for: why it changes nothing."""
+    notes: list[str] = []
+    if args.msprobe_highlight:
+        notes.append(
+            "-hl: row highlighting is always on in Parity"
+            + ("; --no-highlight wins" if not args.highlight else "")
+        )
+    if args.diff_analyze:
+        notes.append("-da: first-divergence analysis is always on in Parity (the suspects printed below)")
+    for flag, dest in (("-cm", "cell_mapping"), ("-am", "api_mapping"), ("-lm", "layer_mapping")):
+        if getattr(args, dest) is not None:
+            notes.append(f"{flag}: a MindSpore mapping, not applicable to PyTorch dumps; ignored")
+    return notes
+
+
 def run(args: argparse.Namespace) -> int:
     """Parse compare.json, run the compare, print the top suspects and the report paths."""
     from parity.shared.compare.spec import load_compare_spec
@@ -92,6 +157,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise CompareInputError(f"--workers must be at least 1, got {args.workers}")
+    if args.data_mapping is not None:
+        raise CompareInputError(
+            f"-dm {args.data_mapping}: data mapping is not supported by Parity; rows pair by name "
+            "(with -f, ignoring call counts)"
+        )
+    for note in msprobe_flag_notes(args):
+        sys.stderr.write(f"parity compare: note: {note}\n")
     spec = load_compare_spec(args.input_path)
 
     from parity.process_policy import collector_paused, preload_metric_workers
@@ -144,4 +216,12 @@ def run(args: argparse.Namespace) -> int:
     out.write("reports:\n")
     for path in outputs.files:
         out.write(f"  {path}\n")
+    missing = [path for result in outputs.results for path in result.missing_tensor_files]
+    if missing:
+        out.flush()
+        files = "tensor file" + ("s" if len(missing) > 1 else "")
+        sys.stderr.write(
+            f"parity compare: warning: {len(missing)} {files} missing or unreadable "
+            f"(their rows say so in Err_message), the first: {missing[0]}\n"
+        )
     return 0

@@ -8,6 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from parity.server.errors import Forbidden, Unauthorized
+from parity.server.services.baselines import BaselineService
+from parity.server.services.calls import CallService
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService
 
@@ -27,6 +29,16 @@ async def get_run_service(request: Request) -> RunService:
 
 async def get_comparison_service(request: Request) -> ComparisonService:
     service: ComparisonService = request.app.state.comparison_service
+    return service
+
+
+async def get_baseline_service(request: Request) -> BaselineService:
+    service: BaselineService = request.app.state.baseline_service
+    return service
+
+
+async def get_call_service(request: Request) -> CallService:
+    service: CallService = request.app.state.call_service
     return service
 
 
@@ -64,3 +76,5 @@ async def authorize(
 
 RunServiceDep = Annotated[RunService, Depends(get_run_service)]
 ComparisonServiceDep = Annotated[ComparisonService, Depends(get_comparison_service)]
+BaselineServiceDep = Annotated[BaselineService, Depends(get_baseline_service)]
+CallServiceDep = Annotated[CallService, Depends(get_call_service)]

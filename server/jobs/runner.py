@@ -98,6 +98,9 @@ class TaskRunner:
             timeout = self.settings.job_timeout_seconds
             with _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout) as lease, collector_paused():
                 self._run(comparison_id, rank, attempt, lease)
+            # The last rank to finish made the comparison succeeded: it indexes the calls (others find it
+            # still running, and index nothing).
+            _index_calls(self.db, comparison_id)
         except LeaseLost as exc:
             logger.warning("comparison %s rank %d: %s; this attempt stops", comparison_id, rank, exc)
         except Exception as exc:
@@ -182,6 +185,17 @@ class TaskRunner:
         )
         root.mkdir(parents=True, exist_ok=True)
         return root
+
+
+def _index_calls(db: Database, job_id: str) -> None:
+    """The comparison's calls for the web pages and API history (``services/calls.py``); a failure only
+    leaves them to be built on the first page view."""
+    from parity.server.services.calls import index_comparison
+
+    try:
+        index_comparison(db, job_id)
+    except Exception:
+        logger.warning("comparison %s: calls not indexed; the first view builds them", job_id, exc_info=True)
 
 
 def _is_parity_error(exc: BaseException) -> bool:

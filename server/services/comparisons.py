@@ -63,6 +63,7 @@ def comparison_public(c: Comparison, tasks: list[ComparisonTask] | None = None) 
             rank=t.rank, status=t.status, progress=t.progress, attempt=t.attempt,  # type: ignore[arg-type]
             error=t.error, rows=t.rows, started_at=t.started_at, finished_at=t.finished_at,
         ) for t in tasks],
+        against_baseline=bool(c.against_baseline),
     )  # fmt: skip
 
 
@@ -153,12 +154,17 @@ class ComparisonService:
             runs = RunRepository(session)
             step_ranks = {}
             run_ids = {}
+            found = {}
             for field, ref in (("target_run", body.target_run), ("bench_run", body.bench_run)):
                 run = resolve_run(runs, ref, project=body.project, field=field)
                 if run.status != "complete":
                     raise Conflict(f"{field}: run {run.id} ({run.name}) is {run.status}, not complete")
                 step_ranks[field] = runs.step_ranks(run.id)
                 run_ids[field] = run.id
+                found[field] = run
+            # Judged once, when queued: the project may name another baseline later.
+            against_baseline = bool(found["bench_run"].baseline) and \
+                found["bench_run"].project == found["target_run"].project  # fmt: skip
         target, bench = step_ranks["target_run"], step_ranks["bench_run"]
         common = sorted(set(target) & set(bench))
         if body.step is None:
@@ -198,7 +204,7 @@ class ComparisonService:
                 comparison = Comparison(
                     id=uuid.uuid4().hex, target_run_id=target_id, bench_run_id=bench_id, step=step,
                     ranks=asked_ranks, options=options, status="queued", progress=0.0, created_at=now,
-                    attempt=0,
+                    attempt=0, against_baseline=against_baseline,
                 )  # fmt: skip
                 # One task per rank pair: the workers compare ranks side by side, and each rank is stored,
                 # retried and taken over on its own.

@@ -89,7 +89,12 @@ class RetentionService:
             return []
         cutoff = now - timedelta(days=self.retention_days)
         with self.db.read() as session:
-            stmt = select(Run.id).where(Run.created_at < cutoff, Run.keep.is_(False)).order_by(Run.created_at)
+            # A project's baseline is kept as if marked: the comparisons queued against it need it.
+            stmt = (
+                select(Run.id)
+                .where(Run.created_at < cutoff, Run.keep.is_(False), Run.baseline.is_(False))
+                .order_by(Run.created_at)
+            )
             return list(session.scalars(stmt))
 
     def _delete_run(self, run_id: str) -> None:

@@ -42,7 +42,8 @@ def run_public(run: Run, stats: RunStats) -> RunPublic:
         metadata=dict(run.meta or {}), status=run.status,  # type: ignore[arg-type]
         error=run.error, created_at=run.created_at, completed_at=run.completed_at, keep=bool(run.keep),
         file_count=stats.file_count, total_bytes=stats.total_bytes,
-        steps=sorted(stats.steps), ranks=sorted(stats.ranks),
+        steps=sorted(stats.steps), ranks=sorted(stats.ranks), baseline=bool(run.baseline),
+        auto_compare=bool(run.auto_compare),
     )  # fmt: skip
 
 
@@ -117,6 +118,7 @@ class RunService:
         run = Run(
             id=uuid.uuid4().hex, name=body.name, project=body.project, device=body.device, tags=body.tags,
             meta=body.metadata, status="uploading", created_at=utcnow(), keep=body.keep,
+            auto_compare=body.auto_compare, baseline=False,
         )  # fmt: skip
         with self.db.write() as session:
             serialize_on(session, f"run-name\0{body.project}\0{body.name}")
@@ -155,12 +157,12 @@ class RunService:
         *,
         project: str | None,
         name: str | None,
-        name_contains: str | None = None,
         device: str | None,
         status: str | None,
         tags: Sequence[str],
         limit: int,
         offset: int,
+        name_contains: str | None = None,
     ) -> RunsPublic:
         with self.db.read() as session:
             repo = RunRepository(session)

@@ -18,7 +18,19 @@ from parity.shared.compare.statistics import stat_cells
 from parity.shared.dump.columns import STATE_INPUT, Leaf
 
 NA = "N/A"
+#: msprobe's text for a missing dtype, shape or statistic (a ``null`` leaf, an empty tensor's statistics)
+NONE_TEXT = "None"
 _NA4: list[Cell] = [NA] * 4
+
+
+def text_or_none(value: str | None) -> str:
+    """A dtype or shape cell: ``None`` spelled out, as msprobe writes it."""
+    return NONE_TEXT if value is None else value
+
+
+def requires_grad_cell(value: str | None) -> str:
+    """A Requires_grad cell: ``True``/``False`` as dumped, ``N/A`` where the leaf has none (as msprobe)."""
+    return NA if value is None else value
 
 
 def _same_scalar(a: Any, b: Any) -> bool:
@@ -34,10 +46,14 @@ class PairFacts:
         self.messages: list[str] = []
         self.status = RowStatus.PASS
         nd = n.dtype
+        n_rg = requires_grad_cell(n.requires_grad)
         if b is None:
-            self.prefix: list[Cell] = [name, NA, nd, NA, n.shape, NA, n.requires_grad, NA]
+            self.prefix: list[Cell] = [name, NA, text_or_none(nd), NA, text_or_none(n.shape), NA, n_rg, NA]
             self.stats = [*stat_cells(n.max, n.min, n.mean, n.norm), *_NA4]
-            self.rg_consistent = False  # msprobe compares "True" with "N/A" [checked]
+            # msprobe compares the NPU's "True"/"False" with the bench's "N/A": only an NPU "N/A" agrees
+            self.rg_consistent = n_rg == NA
+            if not self.rg_consistent:
+                self.messages.append(v.MSG_REQUIRES_GRAD)
             self.compatible = False
             self.status = RowStatus.UNMATCHED
             return
@@ -56,7 +72,8 @@ class PairFacts:
                 and nd.startswith("<class") and not _same_scalar(n.max, b.max)):  # fmt: skip
             msgs.append(v.MSG_SCALAR_MISMATCH)  # v2's "Parameters" rule: a changed scalar argument
             self.status = RowStatus.FAIL
-        self.prefix = [name, b_name, nd, bd, n.shape, b.shape, n.requires_grad, b.requires_grad]
+        self.prefix = [name, b_name, text_or_none(nd), text_or_none(bd), text_or_none(n.shape),
+                       text_or_none(b.shape), n_rg, requires_grad_cell(b.requires_grad)]  # fmt: skip
         self.stats = [*stat_cells(n.max, n.min, n.mean, n.norm), *stat_cells(b.max, b.min, b.mean, b.norm)]
 
 

@@ -18,6 +18,7 @@ from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
+from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
 from parity.shared.compare.highlight import apply_highlights
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.pairing import pair_rows
@@ -122,6 +123,7 @@ def _compare(
     """The pipeline: rows, pairing, cells, tensor metrics, highlights, statuses, advice and suspects."""
     tensor = mode is CompareMode.TENSOR
     header = full_header(mode, stack=stack_mode)
+    missing: list[Path] = []
     npu_rows = side_rows(npu, tensor_mode=tensor)
     bench_rows = side_rows(bench, tensor_mode=tensor)
     pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
@@ -139,7 +141,7 @@ def _compare(
     logger.debug("%s mode: %d NPU rows, %d bench rows, %d paired, %d bench-only", mode.value,
                  len(npu_rows), len(bench_rows), paired, len(pairing.bench_only))  # fmt: skip
     if tensor:
-        _run_tensor_metrics(table, header, npu, bench, options, progress)
+        missing = _run_tensor_metrics(table, header, npu, bench, options, progress)
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
@@ -151,7 +153,8 @@ def _compare(
         return _reason(table.rows[i], pos, mode)
 
     suspects = find_suspects(table.rows, table.states, disagree, reason_of, stacks)
-    return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects)
+    return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects,
+                         missing_tensor_files=[str(f) for f in missing])  # fmt: skip
 
 
 def _build_rows(
@@ -168,6 +171,11 @@ def _build_rows(
     rows, states, messages, jobs = table.rows, table.states, table.messages, table.jobs
     b_names, b_leaf = bench_rows.names, bench_rows.columns.leaf
     tensor = mode is CompareMode.TENSOR
+    no_npu_file = ""
+    if tensor:  # imported here: the metrics module pulls in numba, which md5 compares never need
+        from parity.shared.metrics.tensor import MSG_NO_NPU_FILE
+
+        no_npu_file = MSG_NO_NPU_FILE
     for i, (name, n, api) in enumerate(zip(npu_rows.names, npu_rows.leaves, npu_rows.apis, strict=True)):
         j = bench_index[i]
         b = b_leaf(j) if j >= 0 else None
@@ -175,8 +183,12 @@ def _build_rows(
         msgs, status = facts.messages, facts.status
         if tensor:
             if b is None:
-                accuracy = NA
-                msgs.append(v.MSG_BENCH_UNMATCHED)
+                accuracy = v.NONE  # msprobe 8.3.3's cell for an unmatched row (never Yes)
+                # msprobe's words, in its order: "No bench data matched." unless requires_grad disagreed
+                # (that message replaces it), then why no metric could be computed.
+                if not msgs:
+                    msgs.append(stats_mode.NO_BENCH)
+                msgs.append(v.MSG_BENCH_UNMATCHED if n.data_name else no_npu_file)
             elif not facts.compatible:
                 accuracy = v.NO
             else:
@@ -187,7 +199,8 @@ def _build_rows(
             md5_result = md5_mode.md5_result(n.md5, b.md5 if b is not None else None, matched=b is not None)
             if md5_result == md5_mode.DIFFERENT:
                 status = v.escalate(status, RowStatus.FAIL)
-            cells = [*facts.prefix, n.md5, b.md5 if b is not None else NA, facts.rg_consistent, md5_result]
+            cells = [*facts.prefix, n.md5 or NA, (b.md5 or NA) if b is not None else NA, facts.rg_consistent,
+                     md5_result]  # fmt: skip
         if stack is not None:
             cells.append(stack[i])
         if tensor:
@@ -239,13 +252,19 @@ def _with_tail(ranges: list[tuple[int, int]], npu_apis: list[str], total: int) -
 
 
 def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump, options: CompareOptions,
-                        progress: Progress | None) -> None:  # fmt: skip
-    """Tensor mode: hand every compatible matched pair to the metric workers, then judge each row."""
+                        progress: Progress | None) -> list[Path]:  # fmt: skip
+    """Tensor mode: hand every compatible matched pair to the metric workers, then judge each row.
+
+    Returns the tensor files that were missing or unreadable, in row order (each row also says so).
+    """
+    missing: list[tuple[int, Path]] = []
     if table.jobs:
         # Imported here: statistics and md5 compares never pay for numba and torch.
         from parity.shared.metrics.parallel import TensorPairJob, compare_tensor_files
 
         npu_dir, bench_dir = npu.tensor_dir, bench.tensor_dir
+        _check_tensor_dir(npu, "NPU")
+        _check_tensor_dir(bench, "bench")
         jobs = [
             TensorPairJob(
                 index=i,
@@ -263,6 +282,8 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
                 _fc(metrics.max_relative_err), _fc(metrics.one_thousandth), _fc(metrics.five_thousandths),
             ]  # fmt: skip
             table.messages[i].extend(metrics.messages)
+            if metrics.unread_file is not None:  # results come in any order: sorted by row below
+                missing.append((i, Path(metrics.unread_file)))
             if progress is not None:
                 progress(done, total)
     cos_col, err_col = header.index("Cosine"), header.index("MaxAbsErr")
@@ -275,6 +296,18 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
     for row in table.rows:
         if row.status is RowStatus.FAIL and row.cells[acc_col] not in (v.NO, NA):
             row.cells[acc_col] = v.NO  # a failure found outside the metrics (a changed scalar argument)
+    return [f for _, f in sorted(missing, key=lambda item: item[0])]
+
+
+def _check_tensor_dir(dump: Dump, side: str) -> None:
+    """A tensor dump whose ``dump_tensor_data`` is missing or not a directory has no file to read: one error
+    naming it, rather than one "not found" row per tensor (msprobe logs each and exits 0)."""
+    where = dump.tensor_dir
+    if not where.is_dir():
+        problem = "is not a directory" if where.exists() else "does not exist"
+        raise CompareInputError(
+            f"{where} {problem}: the {side} dump {dump.path} is a tensor dump, its tensor files belong there"
+        )
 
 
 def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[bool]:
@@ -289,6 +322,7 @@ def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[boo
     shape_col = pos.get("Cosine", -1)
     red, yellow, fail, warning = Highlight.RED, Highlight.YELLOW, RowStatus.FAIL, RowStatus.WARNING
     escalate, join, status_text = v.escalate, v.join_messages, _STATUS_TEXT
+    reasons = HIGHLIGHT_REASONS
     rows, messages = table.rows, table.messages
     spans = table.highlight_ranges if table.highlight_ranges is not None else [(0, len(rows))]
     for start, stop in spans:
@@ -302,7 +336,7 @@ def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[boo
             cells = row.cells
             if msg_col >= 0:
                 msgs = messages[i]
-                cells[msg_col] = join(msgs) if msgs else ""
+                cells[msg_col] = join(msgs, reasons) if msgs else ""
             cells[status_col] = status_text[row.status]
     if shape_col < 0:
         return [row.status is fail for row in rows]

@@ -28,6 +28,9 @@ YELLOW_MAX_REL = "The output's maximum relative error exceeds 0.1, while the inp
 YELLOW_MAGNITUDE = ("maximum absolute error of both input/parameters and output exceed 1, "
                     "with the output larger by an order of magnitude")  # fmt: skip
 YELLOW_REQUIRES_GRAD = "requires_grad is inconsistent"
+#: every reason a rule can give: Err_message puts each on a line of its own, after the compare's own words
+REASONS = frozenset({RED_NAN_INF, RED_HUGE_ERR, RED_ONE_THOUSANDTH, YELLOW_ONE_THOUSANDTH, YELLOW_COSINE,
+                     RED_MAX_REL, YELLOW_MAX_REL, YELLOW_MAGNITUDE, YELLOW_REQUIRES_GRAD})  # fmt: skip
 
 HUGE_ERR = 1e10
 _NON_FINITE_WORDS = frozenset({"nan", "inf", "-inf", "+inf"})
@@ -89,7 +92,9 @@ def apply_highlights(
 ) -> None:
     """Set ``row.highlight`` and append each reason to ``messages[i]`` (once), on every row or, with
     ``ranges``, on the rows of those ``(start, stop)`` ranges only (each starting on an entry's first row):
-    the caller vouches that no rule can fire elsewhere."""
+    the caller vouches that no rule can fire elsewhere. md5 mode has no highlighting, as in msprobe."""
+    if mode is CompareMode.MD5:
+        return
     cols = _Columns(header, mode)
     for first, last in ranges if ranges is not None else [(0, len(rows))]:
         start = first
@@ -121,10 +126,9 @@ def _highlight_api(rows: Sequence[CompareRow], states: Sequence[str], messages: 
         row = rows[i]
         cells = row.cells
         status = row.status
-        one_sided = status is unmatched or status is bench_only
-        if one_sided:
-            row.highlight = yellow
-        elif cells[cols.rg] is False:
+        if status is bench_only:
+            row.highlight = yellow  # Parity's own row (msprobe drops it): flagged, with no rule's reason
+        elif cells[cols.rg] is False:  # an unmatched row too, unless neither side has a requires_grad
             _mark(rows, messages, i, yellow, YELLOW_REQUIRES_GRAD)
         if cols.npu_max >= 0 and status is not bench_only:
             mx, mn = cells[cols.npu_max], cells[cols.npu_min]
@@ -138,7 +142,7 @@ def _highlight_api(rows: Sequence[CompareRow], states: Sequence[str], messages: 
                 value = err if type(err) is float else number(err)
                 if value is not None and abs(value) > HUGE_ERR:
                     _mark(rows, messages, i, red, RED_HUGE_ERR)
-        if one_sided:
+        if status is unmatched or status is bench_only:
             continue
         state = states[i]
         if state in _IN_STATES:

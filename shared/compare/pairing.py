@@ -112,10 +112,21 @@ def _unique_entries(apis: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(apis))
 
 
+def parameters_grad_keys(entry_names: Iterable[str]) -> dict[str, str]:
+    """The older layout's first parameter-gradient entry under msprobe 8.3.3's name, for pairing only.
+
+    msprobe 8.3.3 names the entry ``Module.fc.Linear.parameters_grad``; older msprobe and Parity's own older
+    dumps name it ``Module.fc.Linear.parameters_grad.0``. Keyed the same way, a dump of either generation
+    pairs with one of the other; each row still shows the name its own dump gives it.
+    """
+    return {name: name[:-2] for name in entry_names if name.endswith(".parameters_grad.0")}
+
+
 def pair_exact(npu: SideRows, bench: SideRows) -> Pairing:
     """Join on the row name after backward renumbering on each side; the first bench row of a key wins."""
-    npu_keys = row_keys(npu, renumber_backward(_unique_entries(npu.apis)))
-    bench_keys = row_keys(bench, renumber_backward(_unique_entries(bench.apis)))
+    npu_entries, bench_entries = _unique_entries(npu.apis), _unique_entries(bench.apis)
+    npu_keys = row_keys(npu, renumber_backward(npu_entries) | parameters_grad_keys(npu_entries))
+    bench_keys = row_keys(bench, renumber_backward(bench_entries) | parameters_grad_keys(bench_entries))
     # Built back to front, so the first bench row of a key is the one that stays.
     bench_pos = dict(zip(reversed(bench_keys), range(len(bench_keys) - 1, -1, -1), strict=True))
     index = list(map(bench_pos.get, npu_keys, repeat(-1)))

@@ -99,6 +99,8 @@ class CompareResult:
     rank: int | None = None  # set in multi-rank compares
     npu_path: str | None = None
     bench_path: str | None = None
+    #: tensor files a row needed but that were missing or unreadable (each row says so), in row order
+    missing_tensor_files: list[str] = field(default_factory=list)
 
     @property
     def header(self) -> list[str]:
@@ -126,6 +128,10 @@ class CompareResult:
             "rows": len(self.rows),
             "status_counts": counts,
             "failing_apis": self.failing_apis(),
+            "missing_tensor_files": {
+                "count": len(self.missing_tensor_files),
+                "first": self.missing_tensor_files[0] if self.missing_tensor_files else None,
+            },
             "advice": {
                 "line": self.advice.line,
                 "suspect_node": self.advice.suspect_node,

@@ -17,7 +17,7 @@ NA = "N/A"
 NAN = "Nan"
 WARNING = "Warning"
 #: Err_message of a v1 ``Warning`` row
-NEED_DOUBLE_CHECK = "Need double check api accuracy."
+NEED_DOUBLE_CHECK = "Need double check api accuracy. "  # msprobe's spelling, trailing space included
 NO_BENCH = "No bench data matched."
 
 _INF = float("inf")
@@ -37,7 +37,12 @@ def stat_cells(a: Any, b: Any, c: Any, d: Any) -> list[Cell]:
     if type(a) is float and type(b) is float and type(c) is float and type(d) is float:
         if (a + b + c + d) * 0.0 == 0.0:
             return [a, b, c, d]
-    return [finite_cell(a), finite_cell(b), finite_cell(c), finite_cell(d)]
+    return [_stat_cell(a), _stat_cell(b), _stat_cell(c), _stat_cell(d)]
+
+
+def _stat_cell(value: Any) -> Cell:
+    # msprobe writes a missing statistic (a null leaf, an empty tensor) as the text None, not an empty cell
+    return "None" if value is None else finite_cell(value)
 
 
 def stat_diff(npu: Any, bench: Any) -> tuple[Cell, Cell, bool]:

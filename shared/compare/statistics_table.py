@@ -63,7 +63,7 @@ def statistics_row(name: str, n: Leaf, b_name: str | None, b: Leaf | None, fuzzy
     if b is None:
         metric: list[Cell] = [NA] * 8
         result: Cell = NA
-        msgs.append(stats_mode.NO_BENCH)
+        msgs.insert(0, stats_mode.NO_BENCH)  # msprobe: "No bench data matched." then "Requires_grad ..."
     else:
         metric, warn = stats_mode.statistics_cells(
             (n.max, n.min, n.mean, n.norm), (b.max, b.min, b.mean, b.norm)
@@ -137,7 +137,8 @@ def build_statistics_rows(npu: SideRows, bench: SideRows, bench_index: Sequence[
         messages[i] = [stats_mode.NEED_DOUBLE_CHECK]
         err_message[i] = _DOUBLE_CHECK_TEXT
     columns: list[list[Cell]] = [
-        npu.names, b_names, nc.dtypes, b_dtypes, nc.shapes, b_shapes, nc.requires_grads, b_rgs,  # type: ignore[list-item]
+        npu.names, b_names, nc.dtypes, b_dtypes, nc.shapes, b_shapes,  # type: ignore[list-item]
+        [NA if rg is None else rg for rg in nc.requires_grads], [NA if rg is None else rg for rg in b_rgs],
         *d.T.tolist(), *(percents[k * n_rows : (k + 1) * n_rows] for k in range(4)),
         *a.T.tolist(), *b.T.tolist(), [True] * n_rows, results, err_message,
     ]  # fmt: skip

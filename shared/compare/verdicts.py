@@ -1,8 +1,8 @@
 """Row verdicts (compare.md §7.1) and Parity's typed status, without msprobe's verdict bugs.
 
 Fixed on purpose: a ``Nan`` Cosine or MaxAbsErr is ``No`` (msprobe's ``float("Nan")`` made it ``Yes``), an
-unmatched row is never ``Yes``/``pass`` (it is ``N/A`` with status UNMATCHED), and a 0-d tensor whose
-MaxAbsErr alone already exceeds the hard limit of 1 is ``No`` rather than ``None``.
+unmatched row is never ``Yes``/``pass`` (it is ``None``, as msprobe 8.3.3 writes it, status UNMATCHED), and a
+0-d tensor whose MaxAbsErr alone already exceeds the hard limit of 1 is ``No`` rather than ``None``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ MAX_ABS_ERR_MAX_THRESHOLD = 1.0
 #: Err_message fragments the engine adds itself (the tensor-metric ones come from parity.shared.metrics)
 MSG_BENCH_UNMATCHED = "Bench api/module unmatched."
 MSG_NPU_UNMATCHED = "NPU api/module unmatched: this row exists in the bench dump only."
-MSG_DTYPE_MISMATCH = "Dtype of NPU and bench do not match."
-MSG_FUZZY = "Fuzzy matching data, the comparison accuracy may be affected."
-MSG_REQUIRES_GRAD = "Requires_grad inconsistent."
-MSG_SCALAR_MISMATCH = "The scalar parameters of NPU and Bench are inconsistent."
+# msprobe appends its fragments to one another as they are spelled, so the ones that end in a space keep it.
+MSG_DTYPE_MISMATCH = "Dtype of NPU and bench do not match. "
+MSG_FUZZY = " Fuzzy matching data, the comparison accuracy may be affected."
+MSG_REQUIRES_GRAD = "Requires_grad inconsistent. "
+MSG_SCALAR_MISMATCH = "The scalar parameters of NPU and Bench are inconsistent. "
 
 
 def _as_float(cell: Cell) -> float | None:
@@ -94,13 +95,14 @@ _ORDER = {RowStatus.PASS: 0, RowStatus.WARNING: 1, RowStatus.UNCOMPARABLE: 2, Ro
           RowStatus.UNMATCHED: 4, RowStatus.BENCH_ONLY: 4}  # fmt: skip
 
 
-def join_messages(fragments: list[str]) -> str:
-    """Err_message: every fragment once, in order, without msprobe's trailing spaces, joined by a space."""
+def join_messages(fragments: list[str], highlight_reasons: frozenset[str] = frozenset()) -> str:
+    """Err_message as msprobe 8.3.3 writes it: the compare's fragments appended to one another as spelled
+    (``"No bench data matched.Requires_grad inconsistent. "``), then each highlight reason on a line of its
+    own (``"\n"``). Unlike msprobe, a fragment or reason repeated for one row is written once (msprobe
+    repeats the 0-d message 16 times and a reason once per input row compared)."""
     if len(fragments) == 1:
-        return fragments[0].strip()
-    seen: dict[str, None] = {}
-    for fragment in fragments:
-        text = fragment.strip()
-        if text:
-            seen.setdefault(text)
-    return " ".join(seen)
+        return fragments[0]
+    unique = dict.fromkeys(fragments)
+    body = "".join(f for f in unique if f not in highlight_reasons)
+    reasons = [f for f in unique if f in highlight_reasons]
+    return "\n".join([body, *reasons] if body else reasons)

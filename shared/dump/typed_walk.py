@@ -158,8 +158,9 @@ class TypedWalker(LeafWalker):
                 if not node:  # absent, null, ``[]`` or ``{}``: no row
                     continue
                 path = name + suffix
+                no_index = state == STATE_PARAMETERS_GRAD and type(node) is list  # as LeafWalker.walk
                 for key, rec in enumerate(node) if type(node) is list else node.items():
-                    sub = f"{path}.{key}"
+                    sub = path if no_index else f"{path}.{key}"
                     if rec.__class__ is not leaf_record:
                         if rec is None:
                             cols.add(sub, state, None, None, None, NONE4, None, None, False)

@@ -84,8 +84,11 @@ class LeafWalker:
             raise self.error(path, f"nested deeper than {MAX_DEPTH} levels")
         kind = type(node)
         if kind is list:
+            # msprobe (8.3.3 and before) names a parameter gradient's leaf after its parameter alone: the
+            # one-element list around it adds no index (``...parameters_grad.weight``, not ``.weight.0``).
+            grad = state == STATE_PARAMETERS_GRAD
             for i, item in enumerate(node):
-                sub = f"{path}.{i}"
+                sub = path if grad else f"{path}.{i}"
                 if type(item) is dict and type(item.get("type")) is str:
                     self.leaf(item, sub, state)  # the common case, without a recursive call
                 else:

@@ -19,6 +19,7 @@ here: fork, imports, loading the compiled kernel from numba's cache) while the f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -73,8 +74,9 @@ def _open_side(path: Path, max_bytes: int | None) -> RawTensor | TensorMetrics:
         logger.warning("%s", exc)
         return TensorMetrics.all_cells(UNSUPPORTED, f"Dump file: {path.name}: {exc.problem}.")
     except DumpError as exc:
-        logger.info("%s", exc)
-        return TensorMetrics.all_cells(UNSUPPORTED, missing_file_message(path.name))
+        logger.debug("%s", exc)  # the row says so; the compare names the count and the first file at the end
+        cells = TensorMetrics.all_cells(UNSUPPORTED, missing_file_message(path.name))
+        return dataclasses.replace(cells, unread_file=str(path))
 
 
 def compare_pair_files(

@@ -37,9 +37,9 @@ MSG_NO_BENCH_FILE = "Bench does not have data file."
 MSG_UNREADABLE = "Data is unreadable."
 MSG_EMPTY = "This is empty data, can not compare."
 MSG_SHAPE = "Shape of NPU and bench tensor do not match. Skipped."
-MSG_ZERO_D = (
+MSG_ZERO_D = (  # msprobe's spelling, trailing space included: its messages are appended to one another
     "This is type of 0-d tensor, can not calculate 'Cosine', 'EucDist', 'One Thousandth Err Ratio' and "
-    "'Five Thousandths Err Ratio'."
+    "'Five Thousandths Err Ratio'. "
 )
 MSG_NAN_INF_POSITION = "The position of inf or nan in NPU and bench Tensor do not match."
 MSG_DTYPE = "Dtype of NPU and bench tensor do not match."
@@ -85,6 +85,8 @@ class TensorMetrics:
     five_thousandths: Metric
     messages: tuple[str, ...] = ()
     max_abs_err_index: int | None = None
+    #: the tensor file that was missing or could not be read (its path as the job gave it), if any
+    unread_file: str | None = None
 
     @classmethod
     def all_cells(cls, value: str, *messages: str) -> TensorMetrics:

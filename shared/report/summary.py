@@ -52,6 +52,9 @@ def multi_rank_summary(
     for rank in ranks:
         for status, count in rank["status_counts"].items():
             totals[status] += count
+    missing = [rank["missing_tensor_files"] for rank in ranks if "missing_tensor_files" in rank]
+    firsts = [m["first"] for m in missing if m["first"] is not None]
+    missing_total = {"count": sum(m["count"] for m in missing), "first": firsts[0] if firsts else None}
     return {
         "format_version": SUMMARY_FORMAT_VERSION,
         "kind": "multi-rank",
@@ -63,6 +66,7 @@ def multi_rank_summary(
         "bench_only_ranks": list(bench_only_ranks),
         "skipped_ranks": list(skipped_ranks),
         "status_counts": totals,
+        "missing_tensor_files": missing_total,
         "ranks": [dict(rank) for rank in ranks],
     }
 

@@ -4,14 +4,17 @@ What the sheet guarantees:
 
 * the header is ``result.header`` (msprobe v1's exact order, then Parity's extra columns);
 * a highlighted row is filled over its whole width, red ``FFFF0000`` or yellow ``FFFF00`` (§7.2);
+* cells are typed as msprobe 8.3.3 types them: with highlighting on (Parity's default, msprobe's ``-hl``)
+  every cell that is not a number is text, booleans included (``True``/``False``), and NaN/±Inf are
+  ``nan\t``/``inf\t``/``-inf\t`` as msprobe's highlighted workbook writes them, on one sheet named ``Sheet``;
+  without highlighting (msprobe without ``-hl``) booleans stay booleans, NaN/±Inf are ``nan``/``inf``/``-inf``
+  and the sheet is ``Sheet1``;
 * no cell is ever a formula: strings are written as text cells whatever they start with, and a string that
   a spreadsheet would read as a formula when retyped (``= + - @``, tab, CR, and the full-width ``＝＋－＠``)
   also carries Excel's quote prefix, so editing the cell keeps it text (msprobe aborts on such values; Parity
   escapes them instead, compare.md §14.7);
-* numbers stay numbers; NaN and ±Inf, which a workbook cannot hold as numbers, become the text ``nan``,
-  ``inf``, ``-inf`` (the spelling msprobe's sheets use);
-* past ``row_limit`` data rows the table is split over sheets ``part_0, part_1, ...``, each with the header;
-  otherwise there is one sheet, ``Sheet1``.
+* numbers stay numbers (a workbook cannot hold NaN and ±Inf as numbers: see above for their text);
+* past ``row_limit`` data rows the table is split over sheets ``part_0, part_1, ...``, each with the header.
 
 Two engines write the same workbook. ``rust`` (rustpy-xlsxwriter, a binding of rust_xlsxwriter) is the
 default because it measured about four times faster than the next best on the 60,000-row statistics table
@@ -63,20 +66,23 @@ def is_formula_like(text: str) -> bool:
     return bool(text) and text[0] in FORMULA_PREFIXES
 
 
-def excel_value(value: Cell) -> tuple[XlsxValue, bool]:
+def excel_value(value: Cell, msprobe_hl: bool = False) -> tuple[XlsxValue, bool]:
     """The value to store for one table cell, and whether it is text that needs the quote prefix.
 
-    Booleans stay booleans, finite numbers stay numbers, NaN/±Inf become ``nan``/``inf``/``-inf`` text,
-    anything else is its ``str``. Over-long text is cut to Excel's cell limit.
+    Finite numbers stay numbers, NaN/±Inf become ``nan``/``inf``/``-inf`` text, anything else is its
+    ``str``; booleans stay booleans unless ``msprobe_hl``, which writes what msprobe's highlighted workbook
+    holds (``True``/``False`` text, ``nan\t``). Over-long text is cut to Excel's cell limit.
     """
-    if value is None or isinstance(value, bool):
+    if value is None:
         return value, False
+    if isinstance(value, bool):
+        return (str(value) if msprobe_hl else value), False
     if isinstance(value, (int, float)):
         number = float(value)
         if math.isfinite(number):
             return (value if isinstance(value, float) else number), False
         text = non_finite_text(number)
-        return text, text[0] == "-"
+        return (text + "\t" if msprobe_hl else text), text[0] == "-"
     text = value if isinstance(value, str) else str(value)
     if len(text) > EXCEL_CELL_CHAR_LIMIT:
         logger.warning("cell text of %d characters cut to Excel's %d", len(text), EXCEL_CELL_CHAR_LIMIT)
@@ -95,12 +101,12 @@ def _needs_quote(cells: Sequence[Cell]) -> bool:
     return False
 
 
-def plan_sheets(n_rows: int, row_limit: int = EXCEL_DATA_ROW_LIMIT) -> list[_Sheet]:
-    """How ``n_rows`` data rows spread over sheets: ``Sheet1`` when they fit, else ``part_0, part_1, ...``."""
+def plan_sheets(n_rows: int, row_limit: int = EXCEL_DATA_ROW_LIMIT, name: str = "Sheet1") -> list[_Sheet]:
+    """How ``n_rows`` data rows spread over sheets: ``name`` when they fit, else ``part_0, part_1, ...``."""
     if row_limit < 1:
         raise ValueError(f"row_limit must be at least 1, got {row_limit}")
     if n_rows <= row_limit:
-        return [_Sheet("Sheet1", 0, n_rows)]
+        return [_Sheet(name, 0, n_rows)]
     return [
         _Sheet(f"part_{i}", start, min(start + row_limit, n_rows))
         for i, start in enumerate(range(0, n_rows, row_limit))
@@ -127,11 +133,12 @@ def write_xlsx(
 ) -> list[str]:
     """Write ``result`` as an xlsx workbook at ``path`` (atomically); returns the sheet names in order.
 
-    ``highlight=False`` writes no fills (the rows keep their status in the ``Parity Status`` column).
-    ``row_limit`` is the number of data rows per sheet before splitting (msprobe's 1,048,500 by default).
+    ``highlight=False`` writes no fills (the rows keep their status in the ``Parity Status`` column) and
+    the cells as msprobe writes them without ``-hl`` (see the module docstring). ``row_limit`` is the number
+    of data rows per sheet before splitting (msprobe's 1,048,500 by default).
     """
     header = _check_rows(result)
-    sheets = plan_sheets(len(result.rows), row_limit)
+    sheets = plan_sheets(len(result.rows), row_limit, "Sheet" if highlight else "Sheet1")
     chosen = _choose_engine(engine, header, len(result.rows))
     writer = _write_rust if chosen == "rust" else _write_xlsxwriter
     with publish_atomically(Path(path)) as tmp:
@@ -185,14 +192,15 @@ def _write_rust(
         # The common cells (short text, finite floats, None, bools) are stored as they are, tested inline:
         # a function call per cell was most of the writer's Python time. The rest goes through excel_value.
         limit = EXCEL_CELL_CHAR_LIMIT
+        keep_bool = not highlight  # highlighted, msprobe writes booleans as text
         for row in rows[sheet.start : sheet.stop]:
             yield {
                 name: cell
                 if (type(cell) is str and len(cell) <= limit)  # type: ignore[arg-type]
                 or (type(cell) is float and cell - cell == 0.0)  # type: ignore[operator]
                 or cell is None
-                or type(cell) is bool
-                else excel_value(cell)[0]
+                or (keep_bool and type(cell) is bool)
+                else excel_value(cell, highlight)[0]
                 for name, cell in zip(header, row.cells, strict=True)
             }
 
@@ -245,7 +253,7 @@ def _write_xlsxwriter(
                 if fill is not None:
                     worksheet.set_row(r, None, plain)  # the fill spans the row past the last column too
                 for col, cell in enumerate(row.cells):
-                    value, quote = excel_value(cell)
+                    value, quote = excel_value(cell, highlight)
                     fmt = cell_format(fill, True) if quote else plain
                     if value is None:
                         if fmt is not None:

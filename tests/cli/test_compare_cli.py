@@ -73,7 +73,7 @@ def only(out: Path, pattern: str) -> Path:
 
 
 def sheet_rows(path: Path) -> list[list[object]]:
-    sheet = openpyxl.load_workbook(path, read_only=True)["Sheet1"]
+    sheet = openpyxl.load_workbook(path, read_only=True)["Sheet"]  # msprobe -hl's sheet
     return [list(row) for row in sheet.iter_rows(values_only=True)]
 
 

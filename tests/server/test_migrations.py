@@ -49,10 +49,10 @@ def test_upgrade_empty_database(backend: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "parity", "db", "upgrade"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert revision(url) == head_revision() == "0006"
+    assert revision(url) == head_revision() == "0007"
     assert_matches_models(url)
     upgrade(url)  # a second upgrade is a no-op
-    assert revision(url) == "0006"
+    assert revision(url) == "0007"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -77,7 +77,7 @@ def test_upgrade_from_first_revision_keeps_data(backend: str, tmp_path: Path) ->
         ), {"sha": "0" * 64})  # fmt: skip
     engine.dispose()
     upgrade(url)
-    assert revision(url) == "0006"
+    assert revision(url) == "0007"
     assert_matches_models(url)
     engine = create_engine(url)
     with engine.connect() as conn:
@@ -85,10 +85,14 @@ def test_upgrade_from_first_revision_keeps_data(backend: str, tmp_path: Path) ->
             text("SELECT status, attempt, lease_expires_at FROM comparisons WHERE id = 'c1'")
         ).one()
         blob = conn.execute(text("SELECT blob FROM run_files WHERE run_id = 'r1'")).scalar_one()
+        flags = conn.execute(text("SELECT baseline, auto_compare FROM runs WHERE id = 'r1'")).one()
+        against = conn.execute(text("SELECT against_baseline FROM comparisons WHERE id = 'c1'")).scalar_one()
         tasks = conn.execute(text("SELECT rank, status FROM comparison_tasks WHERE comparison_id = 'c1'"))
         tasks = tasks.all()
         keep = conn.execute(text("SELECT keep FROM runs WHERE id = 'r1'")).scalar_one()
     assert not keep  # 0006: existing runs are not marked to keep
+    # 0007: an existing run is no baseline and compares on complete; an existing comparison was not.
+    assert (bool(flags[0]), bool(flags[1]), bool(against)) == (False, True, False)
     assert tuple(row) == ("queued", 0, None)  # no lease until a worker claims it
     assert [tuple(t) for t in tasks] == [(0, "queued")]  # queued before 0005: fanned out into rank tasks
     engine.dispose()

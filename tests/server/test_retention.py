@@ -114,16 +114,18 @@ def test_runs_past_retention_go_unless_kept(tmp_path: Path) -> None:
     try:
         old = world.runs.create(RunCreate(name="old", device="npu"))
         kept = world.runs.create(RunCreate(name="kept", device="npu", keep=True))
+        baseline = world.runs.create(RunCreate(name="baseline", device="npu"))  # kept as the baseline
         recent = world.runs.create(RunCreate(name="recent", device="npu"))
         with world.db.write() as session:
-            session.execute(update(Run).where(Run.id.in_([old.id, kept.id]))
+            session.execute(update(Run).where(Run.id.in_([old.id, kept.id, baseline.id]))
                             .values(created_at=utcnow() - timedelta(days=31)))  # fmt: skip
+            session.execute(update(Run).where(Run.id == baseline.id).values(baseline=True))
         world.blob(f"runs/{old.id}/blobs/a", mtime=time.time())
         report = world.retention.sweep()
         assert report.expired_runs == [old.id]
         remaining = {r.id for r in world.runs.search(project=None, name=None, device=None, status=None,
                                                      tags=[], limit=10, offset=0).data}  # fmt: skip
-        assert remaining == {kept.id, recent.id}
+        assert remaining == {kept.id, baseline.id, recent.id}
         assert not (world.store.root / "runs" / old.id).exists()
     finally:
         world.db.dispose()

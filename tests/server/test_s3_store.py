@@ -59,9 +59,10 @@ def test_s3_store_end_to_end(s3_env: dict[str, str], tmp_path: Path) -> None:
 
             target = upload_run(api, build_dump(tmp_path / "npu", perturb=0.5))
             bench = upload_run(api, build_dump(tmp_path / "gpu"))
-            assert len(keys(s3_env, f"team/runs/{target['id']}/")) == api.get(
-                f"/runs/{target['id']}/files"
-            ).json()["count"]
+            stored = keys(s3_env, f"team/runs/{target['id']}/")
+            sidecars = [k for k in stored if k.endswith(".columns")]  # the parsed dump.json, from complete
+            assert len(stored) - len(sidecars) == api.get(f"/runs/{target['id']}/files").json()["count"]
+            assert len(sidecars) == 1
             cid = api.post(
                 "/comparisons", json={"target_run": target["id"], "bench_run": bench["id"]}
             ).json()["id"]

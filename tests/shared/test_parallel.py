@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -63,12 +64,15 @@ def test_no_data_file_and_missing_file_cases(tmp_path: Path) -> None:
         "unsupported", "NPU does not have data file.")  # fmt: skip
     assert compare_pair_files(tmp_path / "ok.pt", None) == TensorMetrics.all_cells(
         "unsupported", "Bench does not have data file.")  # fmt: skip
-    missing = compare_pair_files(tmp_path / "ok.pt", tmp_path / "Torch.mul.0.forward.output.0.pt")
-    assert missing == TensorMetrics.all_cells(
-        "unsupported", "Dump file: Torch.mul.0.forward.output.0.pt not found or read failed.")  # fmt: skip
+    gone = tmp_path / "Torch.mul.0.forward.output.0.pt"
+    missing = compare_pair_files(tmp_path / "ok.pt", gone)
+    assert missing == dataclasses.replace(TensorMetrics.all_cells(
+        "unsupported", "Dump file: Torch.mul.0.forward.output.0.pt not found or read failed."),
+        unread_file=str(gone))  # fmt: skip
     (tmp_path / "broken.pt").write_bytes(b"garbage")
     broken = compare_pair_files(tmp_path / "broken.pt", tmp_path / "ok.pt")
     assert broken.messages == ("Dump file: broken.pt not found or read failed.",)
+    assert broken.unread_file == str(tmp_path / "broken.pt")  # the side that failed, though names are alike
 
 
 class _Payload:

@@ -97,7 +97,7 @@ def test_empty_containers_and_positional_dtype_yield_no_row(tmp_path: Path) -> N
 def test_parameters_grad_entry(tmp_path: Path) -> None:
     name = "Module.fc.Linear.parameters_grad.0"
     leaves = _leaves(tmp_path, {"weight": [stats_leaf(1.0, 0.0, 0.5, 1.0)]}, name)
-    leaf = leaves[f"{name}.weight.0"]
+    leaf = leaves[f"{name}.weight"]  # no list index: msprobe names the leaf after the parameter
     assert leaf.state == "parameters_grad"
 
 

@@ -60,8 +60,8 @@ def read_sheet(path: Path, name: str) -> list[list[openpyxl.cell.cell.Cell]]:
 def test_header_is_msprobe_v1_order_then_parity_columns(tmp_path, engine, mode, stack):
     result = make_result([make_row(mode, "Torch.add.0.forward.input.0", stack=stack)], mode, stack)
     sheets = write_xlsx(result, tmp_path / "r.xlsx", engine=engine)
-    assert sheets == ["Sheet1"]
-    header = [c.value for c in read_sheet(tmp_path / "r.xlsx", "Sheet1")[0]]
+    assert sheets == ["Sheet"]  # msprobe -hl's sheet (openpyxl's default)
+    header = [c.value for c in read_sheet(tmp_path / "r.xlsx", "Sheet")[0]]
     assert header == result.header
     n = len(msprobe_header(mode, stack=stack))
     assert header[:n] == msprobe_header(mode, stack=stack)
@@ -84,17 +84,19 @@ def test_rows_keep_order_and_value_types(tmp_path, engine):
         )  # fmt: skip
         for i, name in enumerate(names)
     ]
-    write_xlsx(make_result(rows), tmp_path / "r.xlsx", engine=engine)
-    table = read_sheet(tmp_path / "r.xlsx", "Sheet1")
-    header = [c.value for c in table[0]]
-    col = {name: header.index(name) for name in header}
-    assert [r[col["NPU Name"]].value for r in table[1:]] == names
-    for i, row in enumerate(table[1:]):
-        assert row[col["Max diff"]].data_type == "n" and row[col["Max diff"]].value == i * 0.5 - 1
-        assert row[col["NPU max"]].value == i
-        assert row[col["MaxRelativeErr"]].value == f"{i}.5%"
-        assert row[col["Requires_grad Consistent"]].value is (i % 2 == 0)
-        assert row[col["Err_message"]].value is None
+    for highlight, sheet, booleans in ((True, "Sheet", ("True", "False")), (False, "Sheet1", (True, False))):
+        # msprobe -hl writes every non-number as text, booleans included; without -hl they stay booleans
+        write_xlsx(make_result(rows), tmp_path / "r.xlsx", engine=engine, highlight=highlight)
+        table = read_sheet(tmp_path / "r.xlsx", sheet)
+        header = [c.value for c in table[0]]
+        col = {name: header.index(name) for name in header}
+        assert [r[col["NPU Name"]].value for r in table[1:]] == names
+        for i, row in enumerate(table[1:]):
+            assert row[col["Max diff"]].data_type == "n" and row[col["Max diff"]].value == i * 0.5 - 1
+            assert row[col["NPU max"]].value == i
+            assert row[col["MaxRelativeErr"]].value == f"{i}.5%"
+            assert row[col["Requires_grad Consistent"]].value == booleans[i % 2]
+            assert row[col["Err_message"]].value is None
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -112,7 +114,7 @@ def test_highlight_fills_whole_row_red_or_yellow(tmp_path, engine):
         ),  # fmt: skip
     ]
     write_xlsx(make_result(rows, CompareMode.TENSOR), tmp_path / "r.xlsx", engine=engine)
-    sheet = openpyxl.load_workbook(tmp_path / "r.xlsx")["Sheet1"]
+    sheet = openpyxl.load_workbook(tmp_path / "r.xlsx")["Sheet"]
     table = [list(r) for r in sheet.iter_rows()]
     assert all(c.fill.fill_type is None for c in table[0] + table[1])
     assert sheet.row_dimensions[2].fill.fill_type is None
@@ -147,7 +149,7 @@ def test_formula_like_strings_are_text_never_formulas(tmp_path, engine):
     ]
     rows.append(make_row(CompareMode.STATISTICS, "=evil.0.forward.input.0"))
     write_xlsx(make_result(rows), tmp_path / "r.xlsx", engine=engine)
-    table = read_sheet(tmp_path / "r.xlsx", "Sheet1")
+    table = read_sheet(tmp_path / "r.xlsx", "Sheet")
     col = [c.value for c in table[0]].index("Err_message")
     for text, row in zip(INJECTIONS, table[1:], strict=False):
         cell = row[col]
@@ -167,18 +169,20 @@ def test_formula_like_strings_are_text_never_formulas(tmp_path, engine):
 def test_special_floats_are_text_and_numbers_stay_numbers(tmp_path, engine):
     values: dict[str, Cell] = {"Max diff": math.nan, "Min diff": math.inf, "Mean diff": -math.inf,
                                "L2norm diff": 0.25, "NPU max": 3, "NPU min": "Nan"}  # fmt: skip
-    write_xlsx(make_result([make_row(CompareMode.STATISTICS, "Torch.x.0.forward.input.0", values)]),
-               tmp_path / "r.xlsx", engine=engine)  # fmt: skip
-    table = read_sheet(tmp_path / "r.xlsx", "Sheet1")
-    header = [c.value for c in table[0]]
-    got = {name: table[1][header.index(name)] for name in values}
-    assert (got["Max diff"].value, got["Max diff"].data_type) == ("nan", "s")
-    assert (got["Min diff"].value, got["Min diff"].data_type) == ("inf", "s")
-    assert (got["Mean diff"].value, got["Mean diff"].data_type) == ("-inf", "s")
-    assert got["Mean diff"].quotePrefix
-    assert (got["L2norm diff"].value, got["L2norm diff"].data_type) == (0.25, "n")
-    assert (got["NPU max"].value, got["NPU max"].data_type) == (3, "n")
-    assert got["NPU min"].value == "Nan"
+    # msprobe's highlighted workbook writes "nan\t", "inf\t", "-inf\t"; without -hl Parity writes the words
+    for highlight, sheet, tail in ((True, "Sheet", "\t"), (False, "Sheet1", "")):
+        write_xlsx(make_result([make_row(CompareMode.STATISTICS, "Torch.x.0.forward.input.0", values)]),
+                   tmp_path / "r.xlsx", engine=engine, highlight=highlight)  # fmt: skip
+        table = read_sheet(tmp_path / "r.xlsx", sheet)
+        header = [c.value for c in table[0]]
+        got = {name: table[1][header.index(name)] for name in values}
+        assert (got["Max diff"].value, got["Max diff"].data_type) == ("nan" + tail, "s")
+        assert (got["Min diff"].value, got["Min diff"].data_type) == ("inf" + tail, "s")
+        assert (got["Mean diff"].value, got["Mean diff"].data_type) == ("-inf" + tail, "s")
+        assert got["Mean diff"].quotePrefix
+        assert (got["L2norm diff"].value, got["L2norm diff"].data_type) == (0.25, "n")
+        assert (got["NPU max"].value, got["NPU max"].data_type) == (3, "n")
+        assert got["NPU min"].value == "Nan"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -209,8 +213,8 @@ def test_exactly_the_limit_stays_one_sheet():
 
 def test_empty_table_writes_the_header(tmp_path):
     result = make_result([], CompareMode.TENSOR)
-    assert write_xlsx(result, tmp_path / "r.xlsx") == ["Sheet1"]
-    table = read_sheet(tmp_path / "r.xlsx", "Sheet1")
+    assert write_xlsx(result, tmp_path / "r.xlsx") == ["Sheet"]
+    table = read_sheet(tmp_path / "r.xlsx", "Sheet")
     assert len(table) == 1 and [c.value for c in table[0]] == result.header
 
 
@@ -218,7 +222,7 @@ def test_replaces_an_existing_file_and_leaves_no_temporary(tmp_path):
     target = tmp_path / "r.xlsx"
     target.write_text("old")
     write_xlsx(make_result([make_row(CompareMode.MD5, "Torch.a.0.forward.input.0")], CompareMode.MD5), target)
-    assert openpyxl.load_workbook(target).sheetnames == ["Sheet1"]
+    assert openpyxl.load_workbook(target).sheetnames == ["Sheet"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.xlsx"]
 
 

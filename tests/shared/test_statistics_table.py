@@ -566,7 +566,7 @@ def test_engine_highlights_and_messages_equal_a_pass_over_every_row(tmp_path: Pa
     assert len(result.rows) == n + len(pairing.bench_only) and pairing.bench_only
     assert [r.highlight for r in result.rows[:n]] == [r.highlight for r in full.rows]
     assert [r.cells[MSG_COL] for r in result.rows[:n]] == [
-        v.join_messages(m) if m else "" for m in full.messages
+        v.join_messages(m, hl.REASONS) if m else "" for m in full.messages
     ]
     for row in result.rows[n:]:
         assert row.highlight is Highlight.YELLOW

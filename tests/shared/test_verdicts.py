@@ -46,8 +46,14 @@ def test_unmatched_and_bench_only_never_change_status() -> None:
     assert escalate(RowStatus.FAIL, RowStatus.WARNING) is RowStatus.FAIL
 
 
-def test_join_messages_keeps_order_and_drops_duplicates() -> None:
-    assert join_messages(["b. ", "a.", "b.", "", "c. "]) == "b. a. c."
+def test_join_messages_appends_as_msprobe_reasons_on_lines_of_their_own() -> None:
+    # msprobe 8.3.3: the compare's fragments appended as spelled, each highlight reason after a newline
+    assert join_messages(["No bench data matched.", "Requires_grad inconsistent. "]) == (
+        "No bench data matched.Requires_grad inconsistent. ")
+    reasons = frozenset({"r1", "r2"})
+    assert join_messages(["b. ", "r1", "a.", "b. ", "", "r2", "r1"], reasons) == "b. a.\nr1\nr2"
+    assert join_messages(["r1", "r2"], reasons) == "r1\nr2"  # no leading newline without a fragment
+    assert join_messages(["Need double check api accuracy. "]) == "Need double check api accuracy. "
 
 
 # ------------------------------------------------------------------------------------------------ highlight
@@ -151,11 +157,21 @@ def test_yellow_requires_grad_inconsistent() -> None:
     assert rows[0].highlight is Highlight.YELLOW and messages[0] == [hl.YELLOW_REQUIRES_GRAD]
 
 
-def test_unmatched_rows_are_yellow_without_a_requires_grad_reason() -> None:
+def test_unmatched_rows_are_yellow_only_with_a_requires_grad_reason() -> None:
+    # msprobe compares the NPU's requires_grad with the bench's N/A: yellow, with the reason, when they differ
     rows, messages = _highlight(
         CompareMode.TENSOR, ("output", {"Requires_grad Consistent": False}), status=RowStatus.UNMATCHED
     )
-    assert rows[0].highlight is Highlight.YELLOW and messages[0] == []
+    assert rows[0].highlight is Highlight.YELLOW and messages[0] == [hl.YELLOW_REQUIRES_GRAD]
+    rows, messages = _highlight(
+        CompareMode.TENSOR, ("output", {"Requires_grad Consistent": True}), status=RowStatus.UNMATCHED
+    )
+    assert rows[0].highlight is None and messages[0] == []
+
+
+def test_md5_mode_is_never_highlighted() -> None:
+    rows, messages = _highlight(CompareMode.MD5, ("output", {"Requires_grad Consistent": False}))
+    assert rows[0].highlight is None and messages[0] == []
 
 
 def test_red_wins_over_yellow_and_reasons_appear_once() -> None:

@@ -11,7 +11,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
-from parity.server.api.deps import JSON_BODY_LIMIT, MAX_OFFSET, ComparisonServiceDep, RunServiceDep
+from parity.server.api.deps import (
+    JSON_BODY_LIMIT,
+    MAX_OFFSET,
+    BaselineServiceDep,
+    ComparisonServiceDep,
+    RunServiceDep,
+)
 from parity.server.errors import BadRequest
 from parity.server.schemas import Device, FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic, RunStatus
 from parity.server.services.paths import SHA256_PATTERN
@@ -114,5 +120,9 @@ async def _body(request: Request, path: str) -> AsyncIterator[bytes]:
 
 
 @router.post("/{run_id}/complete", summary="Validate every dump.json and mark the run complete")
-def complete_run(run_id: str, runs: RunServiceDep) -> RunPublic:
-    return runs.complete(run_id)
+def complete_run(run_id: str, runs: RunServiceDep, baselines: BaselineServiceDep) -> RunPublic:
+    was_complete = runs.get(run_id).status == "complete"
+    run = runs.complete(run_id)
+    if not was_complete:  # a repeated complete queues nothing more
+        baselines.compare_with_baseline(run_id)
+    return run

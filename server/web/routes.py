@@ -1,0 +1,382 @@
+"""The pages: ``/`` (runs), ``/runs/{id}``, ``/comparisons/{id}``, ``/apis/history``, sign-in, and the few
+JSON and download endpoints the pages' own script and links use (cookie-authenticated, unlike ``/api/v1``).
+
+Every page is rendered on the server from the same services the REST routes call; filters and paging live in
+the query string, so a view can be shared by its URL. Writes are plain HTML form posts (CSRF-checked) that
+redirect back to the page (post/redirect/get).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, get_args
+from urllib.parse import parse_qsl, urlencode
+
+import orjson
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import RedirectResponse, StreamingResponse
+from parity.server.api.deps import (
+    BaselineServiceDep,
+    CallServiceDep,
+    ComparisonServiceDep,
+    RunServiceDep,
+)
+from parity.server.errors import BadRequest, PayloadTooLarge, ServiceError
+from parity.server.schemas import (
+    AcceptanceCreate,
+    ComparisonCreate,
+    ComparisonPublic,
+    Device,
+    RunStatus,
+    RunUpdate,
+)
+from parity.server.services.comparisons import RowFilter
+from parity.server.web.auth import (
+    SESSION_COOKIE,
+    WebUser,
+    check_form,
+    current_user,
+    require_writer,
+    token_digest,
+    token_role,
+)
+from parity.server.web.render import render
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+router = APIRouter(include_in_schema=False)
+
+UserDep = Annotated[WebUser, Depends(current_user)]
+RUNS_PER_PAGE = 50
+ROWS_PER_PAGE = 100
+#: Calls drawn at most: about four per horizontal pixel of the chart (``calls.decimate`` keeps the spikes).
+CHART_POINTS = 4000
+FORM_LIMIT = 64 * 1024
+ROW_STATUSES = ("pass", "warning", "fail", "unmatched", "bench-only", "uncomparable")
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """A urlencoded form body (no multipart: the pages post only short text), CSRF-checked. The handlers
+    that post are ``async`` to read it; the service calls after it go to the threadpool (they block)."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > FORM_LIMIT:
+            raise PayloadTooLarge(f"form body over {FORM_LIMIT} bytes")
+    form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    check_form(request, form)
+    return form
+
+
+def back(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+def query_url(path: str, params: dict[str, Any], **changes: Any) -> str:
+    """``path`` with ``params`` updated by ``changes``; empty values are dropped, so URLs stay short."""
+    merged = {**params, **changes}
+    items = [(k, v) for k, v in merged.items() if v not in (None, "", False)]
+    return f"{path}?{urlencode(items)}" if items else path
+
+
+# -- sign-in --------------------------------------------------------------------------------------------
+@router.get("/login")
+def login_page(request: Request, next: str = "/") -> Response:  # noqa: A002 - the usual name
+    return render(request, "login.html", {"next": _safe_next(next), "error": None, "user": None})
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = await read_form(request)
+    token = form.get("token", "").strip()
+    target = _safe_next(form.get("next", "/"))
+    if not request.app.state.token_roles:
+        return back(target)
+    if not token or token_role(request, token) is None:
+        return render(request, "login.html", {"next": target, "error": "Unknown token.", "user": None},
+                      status_code=401)  # fmt: skip
+    response = back(target)
+    signer = request.app.state.session_signer
+    response.set_cookie(
+        SESSION_COOKIE, signer.sign(token_digest(token)), max_age=int(signer.lifetime_s), httponly=True,
+        samesite="strict", path="/", secure=request.url.scheme == "https",
+    )  # fmt: skip
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    await read_form(request)
+    response = back("/login")
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+def _safe_next(target: str) -> str:
+    """Only a path on this site: ``//evil.example`` or ``https://...`` would make sign-in an open redirect."""
+    return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
+
+
+# -- runs -----------------------------------------------------------------------------------------------
+@router.get("/")
+def runs_page(
+    request: Request,
+    user: UserDep,
+    runs: RunServiceDep,
+    project: str = "",
+    name: str = "",
+    device: str = "",
+    tag: str = "",
+    status: str = "",
+    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+) -> Response:
+    # Plain strings, not enums: a filter form submits its empty fields too ("any").
+    _one_of("device", device, get_args(Device))
+    _one_of("status", status, get_args(RunStatus))
+    params = {"project": project, "name": name, "device": device, "tag": tag, "status": status}
+    result = runs.search(
+        project=project or None, name=None, name_contains=name or None, device=device or None,
+        status=status or None,
+        tags=[t.strip() for t in tag.split(",") if t.strip()], limit=RUNS_PER_PAGE,
+        offset=(page - 1) * RUNS_PER_PAGE,
+    )  # fmt: skip
+    pages = max(1, math.ceil(result.count / RUNS_PER_PAGE))
+    return render(request, "runs.html", {
+        "user": user, "runs": result.data, "count": result.count, "params": params, "page": page,
+        "pages": pages, "url": lambda **kw: query_url("/", params, **kw),
+    })  # fmt: skip
+
+
+def _one_of(field: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value and value not in allowed:
+        raise BadRequest(f"{field}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def _int_or_none(field: str, value: str) -> int | None:
+    try:
+        return int(value) if value.strip() else None
+    except ValueError:
+        raise BadRequest(f"{field}: {value!r} is not a number") from None
+
+
+@router.get("/runs/{run_id}")
+def run_page(
+    request: Request, run_id: str, user: UserDep, runs: RunServiceDep, comparisons: ComparisonServiceDep,
+    baselines: BaselineServiceDep,
+) -> Response:  # fmt: skip
+    run = runs.get(run_id)
+    files = runs.files(run_id)
+    related = comparisons.search(run=run_id, project=None, status=None, limit=100, offset=0)
+    names = _run_names(runs, {r for c in related.data for r in (c.target_run, c.bench_run)})
+    baseline = baselines.baseline_of(run.project)
+    return render(request, "run.html", {
+        "user": user, "run": run, "files": files.data[:200], "file_count": files.count,
+        "comparisons": related.data, "comparison_count": related.count, "names": names,
+        "baseline": baseline,
+    })  # fmt: skip
+
+
+def _run_names(runs: Any, ids: set[str]) -> dict[str, str]:
+    out = {}
+    for run_id in ids:
+        try:
+            out[run_id] = runs.get(run_id).name
+        except ServiceError:
+            out[run_id] = run_id
+    return out
+
+
+@router.post("/runs/{run_id}/edit")
+async def edit_run(request: Request, run_id: str, user: UserDep, baselines: BaselineServiceDep) -> Response:
+    form = await read_form(request)
+    require_writer(user, "edit a run")
+    changes: dict[str, Any] = {}
+    if "name" in form:
+        changes["name"] = form["name"].strip()
+    if "tags" in form:
+        changes["tags"] = _parse_tags(form["tags"])
+    if "baseline" in form:
+        changes["baseline"] = form["baseline"] == "1"
+    try:
+        body = RunUpdate(**changes)
+    except ValidationError as exc:
+        raise BadRequest(f"run {run_id}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+    await run_in_threadpool(baselines.update_run, run_id, body)
+    return back(f"/runs/{run_id}")
+
+
+def _parse_tags(text: str) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise BadRequest(f"tags: {item!r} is not KEY:VALUE")
+        tags[key.strip()] = value.strip()
+    return tags
+
+
+@router.post("/runs/{run_id}/compare")
+async def compare_run(
+    request: Request, run_id: str, user: UserDep, comparisons: ComparisonServiceDep
+) -> Response:
+    form = await read_form(request)
+    require_writer(user, "queue a comparison")
+    bench = form.get("bench_run", "").strip()
+    if not bench:
+        raise BadRequest("bench_run: give the id of the run to compare with")
+    body = ComparisonCreate(target_run=run_id, bench_run=bench)
+    created = await run_in_threadpool(comparisons.create, body)
+    return back(f"/comparisons/{created.id}")
+
+
+# -- comparisons ----------------------------------------------------------------------------------------
+@router.get("/comparisons/{comparison_id}")
+def comparison_page(
+    request: Request,
+    comparison_id: str,
+    user: UserDep,
+    runs: RunServiceDep,
+    comparisons: ComparisonServiceDep,
+    calls: CallServiceDep,
+    baselines: BaselineServiceDep,
+    status: str = "",
+    name: str = "",
+    rank_text: Annotated[str, Query(alias="rank")] = "",
+    diff_text: Annotated[str, Query(alias="diff")] = "",
+    page: Annotated[int, Query(ge=1, le=10_000_000)] = 1,
+) -> Response:
+    rank = _int_or_none("rank", rank_text)
+    diff = diff_text.lower() in ("1", "true", "on", "yes")
+    c = comparisons.get(comparison_id)
+    params = {"status": status, "name": name, "rank": rank, "diff": diff}
+    context: dict[str, Any] = {
+        "user": user, "c": c, "params": params, "page": page, "pages": 1, "rows": [], "header": [],
+        "row_count": 0, "counts": None, "heatmap": None, "regressions": None, "environment": None,
+        "statuses": ROW_STATUSES,
+        "url": lambda **kw: query_url(f"/comparisons/{comparison_id}", params, **kw),
+        "target": _run_or_none(runs, c.target_run), "bench": _run_or_none(runs, c.bench_run),
+        "rank_progress": _rank_progress(c),
+    }  # fmt: skip
+    _one_of("status", status, ROW_STATUSES)
+    context["environment"] = baselines.environment(comparison_id)
+    if c.status == "succeeded" and c.summary is not None:
+        ranks = c.summary.ranks
+        if rank is not None and rank not in ranks:
+            raise BadRequest(f"rank: {rank} is not in comparison {comparison_id} (ranks: {ranks})")
+        # A plain (threadpool) handler: every read below blocks, and none may hold up the event loop.
+        row_filter = RowFilter.parse(failing=True if diff else None, status=[status] if status else [],
+                                     name=name or None)  # fmt: skip
+        body = comparisons.rows_json(
+            comparison_id, row_filter, rank=rank, limit=ROWS_PER_PAGE, offset=(page - 1) * ROWS_PER_PAGE
+        )
+        rows = orjson.loads(body)
+        context.update(
+            rows=rows["data"], header=rows["header"], row_count=rows["count"],
+            pages=max(1, math.ceil(rows["count"] / ROWS_PER_PAGE)), counts=calls.counts(comparison_id),
+            heatmap=calls.heatmap(comparison_id), regressions=baselines.regressions(comparison_id),
+            chart_rank=rank if rank is not None else (ranks[0] if ranks else 0), ranks=ranks,
+        )  # fmt: skip
+    return render(request, "comparison.html", context)
+
+
+def _run_or_none(runs: Any, run_id: str) -> Any:
+    try:
+        return runs.get(run_id)
+    except ServiceError:
+        return None
+
+
+def _rank_progress(c: ComparisonPublic) -> dict[str, float]:
+    """Per-rank progress where the comparison reports it (one task per rank, each with its ``progress``),
+    else none: the page then shows the comparison's overall progress only."""
+    tasks = getattr(c, "tasks", None) or []
+    return {str(t.rank): float(t.progress) for t in tasks if hasattr(t, "rank") and hasattr(t, "progress")}
+
+
+@router.get("/comparisons/{comparison_id}/status.json")
+def comparison_status(comparison_id: str, user: UserDep, comparisons: ComparisonServiceDep) -> Response:
+    c = comparisons.get(comparison_id)
+    body = {"status": c.status, "progress": c.progress, "error": c.error, "rank_progress": _rank_progress(c)}
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+@router.get("/comparisons/{comparison_id}/calls.json")
+def comparison_calls(
+    comparison_id: str, user: UserDep, comparisons: ComparisonServiceDep, calls: CallServiceDep, rank: int = 0
+) -> Response:
+    from parity.server.services.calls import first_divergence
+
+    c = comparisons.get(comparison_id)
+    first = first_divergence(c.summary.model_dump() if c.summary else None, rank)
+    if c.status != "succeeded":
+        return Response(b'{"total":0,"api":[]}', media_type="application/json")
+    key = ("chart", comparison_id, rank)
+    body = calls.cached(key, lambda: _chart_json(calls, comparison_id, rank, first))
+    return Response(body, media_type="application/json")
+
+
+def _chart_json(calls: Any, comparison_id: str, rank: int, first: str | None) -> bytes:
+    from parity.server.services.calls import decimate
+
+    every = calls.calls(comparison_id, rank)
+    data = decimate(every, CHART_POINTS, first)
+    # Columns, not objects: smaller, and faster to parse.
+    body = {
+        "total": len(every), "seq": [d["seq"] for d in data],
+        "api": [d["api"] for d in data], "backward": [d["backward"] for d in data],
+        "status": [d["status"] for d in data], "rel": [d["max_rel_err"] for d in data],
+        "cos": [d["one_minus_cos"] for d in data], "row": [d["first_row"] for d in data],
+        "first_divergence": first,
+    }  # fmt: skip
+    return orjson.dumps(body)
+
+
+@router.get("/comparisons/{comparison_id}/download/{file_name}")
+def download(
+    comparison_id: str, file_name: str, user: UserDep, comparisons: ComparisonServiceDep,
+    rank: int | None = None,
+) -> Response:  # fmt: skip
+    if file_name == "summary.json":
+        c = comparisons.get(comparison_id)
+        return Response(c.model_dump_json(indent=2), media_type="application/json", headers={
+            "Content-Disposition": f'attachment; filename="summary_{comparison_id[:8]}.json"'})  # fmt: skip
+    media = {"report.xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+             "advisor.txt": "text/plain; charset=utf-8"}  # fmt: skip
+    if file_name not in media:
+        raise BadRequest(f"{file_name}: downloads are report.xlsx, advisor.txt and summary.json")
+    name, chunks = comparisons.report(comparison_id, file_name, rank)
+    return StreamingResponse(chunks, media_type=media[file_name],
+                             headers={"Content-Disposition": f'attachment; filename="{name}"'})  # fmt: skip
+
+
+@router.post("/comparisons/{comparison_id}/accept")
+async def accept_api(
+    request: Request, comparison_id: str, user: UserDep, comparisons: ComparisonServiceDep,
+    runs: RunServiceDep, baselines: BaselineServiceDep,
+) -> Response:  # fmt: skip
+    form = await read_form(request)
+    require_writer(user, "accept an API")
+    try:
+        body = AcceptanceCreate(api=form.get("api", ""), note=form.get("note", "").strip(),
+                                author=form.get("author") or None)  # fmt: skip
+    except ValidationError as exc:
+        raise BadRequest(f"accept: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+
+    def accept() -> None:
+        project = runs.get(comparisons.get(comparison_id).target_run).project
+        baselines.accept(project, body, user.who)
+
+    await run_in_threadpool(accept)
+    return back(f"/comparisons/{comparison_id}#regressions")
+
+
+@router.get("/apis/history")
+def api_history_page(
+    request: Request, user: UserDep, baselines: BaselineServiceDep,
+    project: Annotated[str, Query(min_length=1)], api: Annotated[str, Query(min_length=1)],
+) -> Response:  # fmt: skip
+    history = baselines.api_history(project, api)
+    return render(request, "history.html", {"user": user, "history": history})

@@ -1,0 +1,116 @@
+"""The pure parts behind the pages: metric cells to numbers, rows to calls, signed sessions, the
+environment difference, safe redirects and shareable URLs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from parity.server.errors import BadRequest
+from parity.server.services.baselines import environment_diff
+from parity.server.services.calls import first_divergence, parse_error, summarize_rows
+from parity.server.web.auth import SessionSigner
+from parity.server.web.routes import _parse_tags, _safe_next, query_url
+
+HEADER = ["NPU Name", "Bench Name", "Cosine", "MaxRelativeErr", "Parity Status"]
+
+
+@pytest.mark.parametrize(
+    ("cell", "value"),
+    [(0.5, 0.5), (-2.0, 2.0), ("12.5%", 0.125), ("3e-3", 0.003), ("N/A", None), ("Nan", None),
+     ("unsupported", None), (float("inf"), None), (None, None), (True, None)],
+)  # fmt: skip
+def test_parse_error(cell: object, value: float | None) -> None:
+    assert parse_error(cell) == value
+
+
+Row = tuple[int, str, str, str, str]
+
+
+def row(index: int, api: str, suffix: str, status: str, cos: object, rel: object) -> Row:
+    name = f"{api}.{suffix}"
+    return index, api, status, name, json.dumps([name, name, cos, rel, status])
+
+
+def test_calls_take_the_error_of_their_outputs_and_the_worst_status() -> None:
+    rows = [
+        row(0, "Torch.add.0.forward", "input.0", "fail", 0.5, 9.0),  # a bad input does not make a bad call
+        row(1, "Torch.add.0.forward", "output.0", "pass", 0.999, 1e-4),
+        row(2, "Torch.add.0.forward", "output.1", "warning", 0.99, 2e-3),
+        row(3, "Torch.mul.0.backward", "input.0", "pass", "N/A", "N/A"),  # no output rows: inputs count
+        row(4, "Torch.mul.0.backward", "input.1", "pass", 1.0, "1%"),
+    ]
+    calls, counts = summarize_rows(HEADER, rows)
+    assert counts == {"fail": 1, "pass": 3, "warning": 1}
+    add, mul = calls
+    assert (add["api"], add["status"], add["first_row"]) == ("Torch.add.0.forward", "fail", 0)
+    assert add["backward"] is False
+    assert add["max_rel_err"] == 2e-3 and add["one_minus_cos"] == pytest.approx(0.01)
+    assert (mul["backward"], mul["max_rel_err"], mul["one_minus_cos"]) == (True, 0.01, 0.0)
+
+
+def test_statistics_mode_has_no_cosine() -> None:
+    header = ["NPU Name", "Bench Name", "MaxRelativeErr"]
+    rows = [(0, "A.0.forward", "pass", "A.0.forward.output.0", '["a","a","50.0%"]')]
+    calls, _ = summarize_rows(header, rows)
+    assert calls[0]["max_rel_err"] == 0.5 and calls[0]["one_minus_cos"] is None
+
+
+def test_first_divergence_prefers_the_localization() -> None:
+    suspects = [{"api": "B", "rank": 0, "compare_rank": 1}, {"api": "A", "rank": 1, "compare_rank": 0}]
+    assert first_divergence({"top_suspects": suspects}, 0) == "A"
+    assert first_divergence({"top_suspects": suspects, "first_divergence": {"api": "Z", "rank": 0}}, 0) == "Z"
+    assert first_divergence(None, 0) is None
+
+
+def test_sessions_are_signed_and_expire() -> None:
+    signer = SessionSigner(b"k" * 32, lifetime_s=60)
+    cookie = signer.sign("digest", now=1000)
+    assert signer.verify(cookie, now=1059) == "digest"
+    assert signer.verify(cookie, now=1061) is None  # expired
+    assert SessionSigner(b"x" * 32, 60).verify(cookie, now=1000) is None  # another server's key
+    payload, mac = cookie.split(".")
+    assert signer.verify(payload[:-1] + ("A" if payload[-1] != "A" else "B") + "." + mac, now=1000) is None
+    assert signer.verify("garbage", now=1000) is None and signer.verify("", now=1000) is None
+
+
+def test_environment_diff_lists_settings_and_packages_apart() -> None:
+    target = {"torch_version": "2.13", "hostname": "a", "argv": ["x"], "packages": {"numpy": "2", "new": "1"},
+              "env": {"NCCL_ALGO": "ring"}}  # fmt: skip
+    bench = {"torch_version": "2.12", "hostname": "a", "argv": ["y"], "packages": {"numpy": "2"}}
+    diff = environment_diff(target, bench)
+    assert [(c.key, c.target, c.bench) for c in diff.changed] == [
+        ("env.NCCL_ALGO", "ring", None), ("torch_version", "2.13", "2.12")]  # fmt: skip
+    assert [(c.key, c.target, c.bench) for c in diff.packages_changed] == [("new", "1", None)]
+    assert diff.same == 2  # hostname and numpy; argv is never compared
+
+
+def test_sign_in_redirects_stay_on_this_site() -> None:
+    assert _safe_next("/runs/abc?x=1") == "/runs/abc?x=1"
+    for target in ("//evil.example/", "https://evil.example/", "/\\evil.example", "javascript:alert(1)"):
+        assert _safe_next(target) == "/"
+
+
+def test_urls_keep_filters_and_drop_empty_ones() -> None:
+    params = {"project": "llama", "name": "", "tag": "hw:npu", "page": 2}
+    assert query_url("/", params, page=3) == "/?project=llama&tag=hw%3Anpu&page=3"
+    assert query_url("/", {}, name="a&b") == "/?name=a%26b"
+
+
+def test_tags_text() -> None:
+    assert _parse_tags("hw: npu, dtype:bf16,") == {"hw": "npu", "dtype": "bf16"}
+    with pytest.raises(BadRequest, match="'oops' is not KEY:VALUE"):
+        _parse_tags("oops")
+
+
+def test_decimation_keeps_spikes_order_and_the_divergence() -> None:
+    from parity.server.services.calls import decimate
+
+    calls = [{"seq": i, "api": f"A.{i}", "max_rel_err": 1e-6, "one_minus_cos": 1e-9} for i in range(10_000)]
+    calls[4321]["max_rel_err"] = 5.0
+    calls[777]["one_minus_cos"] = 0.5
+    kept = decimate(calls, 400, keep="A.9999")
+    seqs = [c["seq"] for c in kept]
+    assert len(kept) <= 401 + 1 and seqs == sorted(seqs)
+    assert {4321, 777, 9999} <= set(seqs)
+    assert decimate(calls[:10], 400) == calls[:10]
