@@ -5,7 +5,8 @@
    Target: >= 200 MB/s.
 2. Rows: two statistics-mode dumps of ~33,334 APIs (3 tensor leaves each: ~100,000 rows) are uploaded and
    compared on the server; then 32 client threads page through ``GET /comparisons/{id}/rows`` (random
-   offsets, some with ``failing=true`` or a ``name`` filter) and the per-request latency is measured.
+   offsets, some with ``failing=true``, ``status=fail,warning`` or a ``name`` filter) and the per-request
+   latency is measured.
    Target: p99 <= 100 ms.
 
 Run: ``.venv/bin/python benchmarks/bench_server.py [--quick] [--keep DIR]``. Prints one line per figure.
@@ -138,8 +139,10 @@ def hammer(
             for _ in range(requests):
                 params: dict[str, str | int] = {"limit": 100, "offset": rng.randrange(0, max(1, total - 100))}
                 kind = rng.random()
-                if kind < 0.2:
+                if kind < 0.1:
                     params = {"failing": "true", "limit": 100, "offset": 0}
+                elif kind < 0.2:
+                    params = {"status": "fail,warning", "limit": 100, "offset": rng.randrange(0, 1000)}
                 elif kind < 0.3:
                     params = {"name": rng.choice(["gelu", "linear.1", "softmax"]), "limit": 100}
                 start = time.perf_counter()

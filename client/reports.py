@@ -11,14 +11,17 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from parity.client.rest import ParityClient
+from parity.client.rest import ApiError, ParityClient
 from parity.shared.contract import ComparisonPublic
 
 __all__ = ["download_reports", "report_names", "summary_lines"]
+
+log = logging.getLogger(__name__)
 
 
 def report_names(ranks: Sequence[int], stamp: str) -> list[tuple[int | None, str, str]]:
@@ -29,13 +32,21 @@ def report_names(ranks: Sequence[int], stamp: str) -> list[tuple[int | None, str
 
 
 def download_reports(api: ParityClient, info: ComparisonPublic, out_dir: Path) -> list[Path]:
-    """Download every report and advisor of a succeeded comparison into ``out_dir``; returns their paths."""
+    """Download every report and advisor of a succeeded comparison, then its summary JSON
+    (``compare_summary_{ts}.json``), into ``out_dir``; returns their paths."""
     ranks = info.summary.ranks if info.summary is not None else (info.ranks or [])
     stamp = time.strftime("%Y%m%d%H%M%S")
     paths: list[Path] = []
     for rank, xlsx, advisor in report_names(ranks, stamp):
         paths.append(api.download(info.id, "report.xlsx", out_dir / xlsx, rank=rank))
         paths.append(api.download(info.id, "advisor.txt", out_dir / advisor, rank=rank))
+    try:
+        paths.append(api.download(info.id, "summary.json", out_dir / f"compare_summary_{stamp}.json"))
+    except ApiError as exc:
+        if exc.status_code != 404:
+            raise
+        # A server from before summaries were stored (or a comparison it finished then): the reports suffice.
+        log.warning("no summary JSON: %s", exc.detail)
     return paths
 
 

@@ -265,6 +265,7 @@ class ParityClient:
         self,
         *,
         name: str | None = None,
+        name_contains: str | None = None,
         project: str | None = None,
         device: str | None = None,
         status: str | None = None,
@@ -272,12 +273,14 @@ class ParityClient:
         limit: int = 50,
         offset: int = 0,
     ) -> tuple[list[RunPublic], int]:
-        """One page of ``GET /runs`` and the total count of runs matching the filters."""
+        """One page of ``GET /runs`` and the total count of runs matching the filters (``name`` exact,
+        ``name_contains`` a substring in any case, every one of ``tags``)."""
         params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
-        for key, value in (("name", name), ("project", project), ("device", device), ("status", status)):
+        for key, value in (("name", name), ("name_contains", name_contains), ("project", project),
+                           ("device", device), ("status", status)):  # fmt: skip
             if value is not None:
                 params.append((key, value))
-        params.extend(("tag", f"{k}:{v}") for k, v in (tags or {}).items())
+        params.extend(("tag", f"{k}={v}") for k, v in (tags or {}).items())
         page = self._call(RunsPublic, "GET", "/runs", params=params)
         return page.data, page.count
 
@@ -333,9 +336,11 @@ class ParityClient:
         """``POST /runs/{id}/complete``: the server validates every dump.json and closes the run."""
         return self._call(RunPublic, "POST", f"/runs/{quote(run_id, safe='')}/complete")
 
-    def delete_run(self, run_id: str) -> None:
-        """``DELETE /runs/{id}`` with its files and comparisons."""
-        self._send("DELETE", f"/runs/{quote(run_id, safe='')}", ok=(200, 204))
+    def delete_run(self, run: str, *, with_comparisons: bool = False) -> None:
+        """``DELETE /runs/{id or name}`` with its files; a run that comparisons use is refused (409) unless
+        ``with_comparisons``, which deletes them and their reports too."""
+        params = [("with_comparisons", "true")] if with_comparisons else None
+        self._send("DELETE", f"/runs/{quote(run, safe='')}", params=params, ok=(200, 204))
 
     # -- comparisons ------------------------------------------------------------------------------------
 
@@ -348,10 +353,13 @@ class ParityClient:
         ranks: Sequence[int] | None = None,
         fuzzy_match: bool = False,
         stack_mode: bool = False,
+        project: str | None = None,
     ) -> ComparisonPublic:
-        """``POST /comparisons``: queue a comparison of two complete runs (202)."""
+        """``POST /comparisons``: queue a comparison of two complete runs, by id or name (names looked up in
+        ``project`` when given). The same request again returns the existing comparison; a failed one is
+        queued again under its id."""
         body = _request(
-            ComparisonCreate, target_run=target_run, bench_run=bench_run, step=step,
+            ComparisonCreate, target_run=target_run, bench_run=bench_run, project=project, step=step,
             ranks=list(ranks) if ranks else None,
             options=ComparisonOptions(fuzzy_match=fuzzy_match, stack_mode=stack_mode),
         )  # fmt: skip
@@ -383,15 +391,19 @@ class ParityClient:
         comparison_id: str,
         *,
         failing: bool | None = None,
+        status: Sequence[str] = (),
         name: str | None = None,
         rank: int | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> RowsPublic:
-        """One page of ``GET /comparisons/{id}/rows``."""
+        """One page of ``GET /comparisons/{id}/rows``. ``failing`` keeps the fail, warning and unmatched rows;
+        ``status`` the rows of these statuses."""
         params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
         if failing is not None:
             params.append(("failing", "true" if failing else "false"))
+        if status:
+            params.append(("status", ",".join(status)))
         if name is not None:
             params.append(("name", name))
         if rank is not None:
@@ -423,7 +435,7 @@ class ParityClient:
             time.sleep(poll_interval)
 
     def download(self, comparison_id: str, file_name: str, dest: Path, *, rank: int | None = None) -> Path:
-        """Stream ``GET /comparisons/{id}/{file_name}`` (report.xlsx, advisor.txt) into ``dest``.
+        """Stream ``GET /comparisons/{id}/{file_name}`` (report.xlsx, advisor.txt, summary.json) to ``dest``.
 
         Written to a temporary name first, so an interrupted download never leaves a truncated report.
         """

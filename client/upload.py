@@ -34,6 +34,7 @@ __all__ = [
     "DumpFile",
     "RunFiles",
     "UploadProgress",
+    "check_same_dump",
     "collect_files",
     "find_resumable",
     "iter_dump_files",
@@ -205,15 +206,47 @@ class _Tally:
 
 
 def find_resumable(api: ParityClient, name: str, project: str) -> RunPublic | None:
-    """The newest run named ``name`` in ``project`` that is still ``uploading``, if any."""
-    runs = api.find_runs(name=name, project=project, status="uploading")
-    if not runs:
-        return None
+    """The run called ``name`` in ``project``, if any (names are unique in a project). Servers from before
+    that rule may hold several: the newest unfinished one is resumed, and several complete ones are an error
+    listing them."""
+    runs = api.find_runs(name=name, project=project)
+    if len(runs) <= 1:
+        return runs[0] if runs else None
     runs.sort(key=lambda r: r.created_at)
-    if len(runs) > 1:
-        log.warning("%d runs named %r in project %r are uploading; resuming the newest, %s",
-                    len(runs), name, project, runs[-1].id)  # fmt: skip
-    return runs[-1]
+    unfinished = [r for r in runs if r.status != "complete"]
+    if unfinished:
+        log.warning("%d runs named %r in project %r; resuming the newest unfinished one, %s",
+                    len(runs), name, project, unfinished[-1].id)  # fmt: skip
+        return unfinished[-1]
+    ids = ", ".join(r.id for r in runs)
+    raise UploadError(f"project {project!r} has {len(runs)} complete runs named {name!r} ({ids}); "
+                      "delete the extra ones or upload under another name")  # fmt: skip
+
+
+def _hash_all(files: list[DumpFile], jobs: int) -> dict[str, str]:
+    with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="parity-hash") as pool:
+        return dict(zip((f.rel for f in files), pool.map(lambda f: sha256_file(f.path), files), strict=True))
+
+
+def check_same_dump(run: RunPublic, stored: Mapping[str, str], local: Mapping[str, str]) -> None:
+    """Nothing to do when the complete ``run`` holds exactly ``local`` (path → sha256); otherwise an error
+    naming how the two differ and what to do. A complete run is never changed: the comparisons made from it
+    would describe files it no longer holds."""
+    differ = sorted(p for p in local.keys() & stored.keys() if local[p] != stored[p])
+    only_here = sorted(local.keys() - stored.keys())
+    only_there = sorted(stored.keys() - local.keys())
+    if not (differ or only_here or only_there):
+        return
+    parts = []
+    for label, paths in (("differ", differ), ("only here", only_here), ("only on the server", only_there)):
+        if paths:
+            shown = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+            parts.append(f"{len(paths)} file(s) {label} ({shown})")
+    raise UploadError(
+        f"run {run.id} ({run.name!r} in project {run.project!r}) is complete and holds another dump: "
+        f"{'; '.join(parts)}. A complete run is never changed: delete it (parity runs delete {run.name} "
+        f"--project {run.project} --with-comparisons) or upload under another --name"
+    )
 
 
 def upload_dump(
@@ -231,13 +264,21 @@ def upload_dump(
 ) -> RunPublic:
     """Upload (or finish uploading) ``dump_dir`` as run ``name`` and complete it; returns the complete run.
 
-    An ``uploading`` run of that name and project is resumed: only the files it lacks are sent. Files are
+    Names are unique in a project, so a run of that name is never made twice. An ``uploading`` one is
+    resumed: only the files it lacks are sent. A ``complete`` one that holds exactly this dump (same paths,
+    same sha256) is returned as it is, so the same upload may run twice; one that holds anything else is
+    refused (:func:`check_same_dump`), naming the differences. Files are
     hashed and sent by ``jobs`` threads, every dump.json after every other file; a transient failure is
     retried with back-off for ``retry_budget_s``. The first error stops the upload, and what was sent stays
     on the server for the next resume.
     """
     files = collect_files(dump_dir)
     run = find_resumable(api, name, project)
+    if run is not None and run.status == "complete":
+        stored = {f.path: f.sha256 for f in api.list_files(run.id)}
+        check_same_dump(run, stored, _hash_all(files, jobs))
+        log.info("run %s (%s) already holds this dump: nothing to send", run.id, name)
+        return run
     if run is not None:
         remote = RunFiles.resume(api, run)
         log.info("resuming run %s (%s): %d files already on the server", run.id, name, len(remote))

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("db", "database maintenance: 'parity db upgrade' runs the migrations"),
     "upload": ("upload", "upload an existing dump directory to a server"),
     "compare-runs": ("compare_runs", "compare two uploaded runs on a server and download the reports"),
+    "runs": ("runs", "list or delete runs on a server"),
     "gc": ("gc", "server maintenance: remove orphaned blobs, stale temp files and expired runs"),
 }
 
@@ -75,10 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args_list: list[str]) -> int:
     parser, args = _build_parser(args_list)
+    quiet = getattr(args, "quiet", False)  # a command's own -q/--quiet
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # httpx logs each request at INFO: one line per uploaded file would drown the progress.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     from parity.errors import user_error_types
 
     if args.framework == "mindspore":

@@ -1,4 +1,4 @@
-"""A one-line progress bar on stderr for long compares, with no dependency.
+"""A one-line progress bar on stderr for long compares and uploads, with no dependency.
 
 It draws only when it helps: on a terminal, or (when stderr is a file or a pipe, as in CI logs) for compares
 large enough to take a while, and then as a few plain lines rather than carriage-return redraws. Redraws are
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import Protocol, TextIO
 
 #: Below this many units (rows or bytes, whatever the engine counts) a non-terminal gets no progress lines.
 MANY_UNITS = 50_000
@@ -26,8 +27,11 @@ class ProgressBar:
         min_interval: float = 0.2,
         width: int = 30,
         force: bool | None = None,
+        describe: Callable[[int, int], str] | None = None,
     ) -> None:
         self.label = label
+        # What follows the percentage, from (done, total); by default the counts (and on a terminal the time).
+        self.describe = describe
         self.stream = stream if stream is not None else sys.stderr
         self.min_interval = min_interval
         self.width = width
@@ -58,7 +62,9 @@ class ProgressBar:
         if self.tty:
             filled = int(fraction * self.width)
             bar = "#" * filled + "." * (self.width - filled)
-            line = f"\r{self.label} [{bar}] {percent:3d}%  {done:,}/{total:,}  {now - self._started:.1f} s"
+            elapsed = f"{now - self._started:.1f} s"
+            detail = self.describe(done, total) if self.describe else f"{done:,}/{total:,}  {elapsed}"
+            line = f"\r{self.label} [{bar}] {percent:3d}%  {detail}"
             self.stream.write(line + ("\n" if finished else ""))
             self._line_open = not finished
         else:
@@ -67,7 +73,8 @@ class ProgressBar:
             if step <= self._last_percent_logged and not finished:
                 return
             self._last_percent_logged = 100 if finished else step
-            self.stream.write(f"{self.label}: {100 if finished else step}% ({done:,}/{total:,})\n")
+            detail = self.describe(done, total) if self.describe else f"{done:,}/{total:,}"
+            self.stream.write(f"{self.label}: {100 if finished else step}% ({detail})\n")
         self._finished = finished
         self.stream.flush()
 
@@ -77,3 +84,62 @@ class ProgressBar:
             self.stream.write("\n")
             self._line_open = False
             self.stream.flush()
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+class TransferState(Protocol):
+    """How far a transfer of many files is (``parity.commands.upload.UploadProgress``); read-only."""
+
+    @property
+    def files_done(self) -> int: ...
+    @property
+    def files_total(self) -> int: ...
+    @property
+    def bytes_done(self) -> int: ...
+    @property
+    def bytes_total(self) -> int: ...
+    @property
+    def bytes_sent(self) -> int: ...  # of bytes_done, those sent now (the rest were there already)
+    @property
+    def elapsed_s(self) -> float: ...
+
+
+class TransferProgress:
+    """The progress of an upload of many files as a :class:`ProgressBar` over its bytes.
+
+    Called with a :class:`TransferState` after each file (the uploader's ``on_progress``, which calls it
+    under its lock). ``quiet`` shows nothing; otherwise the bar shows on a terminal, and elsewhere (a CI log)
+    as one plain line per tenth of the bytes. Files already on the server count as done, not in the rate.
+    """
+
+    def __init__(self, label: str, *, stream: TextIO | None = None, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.bar = ProgressBar(label, stream=stream, force=True, describe=self._describe)
+        self._state: TransferState | None = None
+
+    def __call__(self, state: TransferState) -> None:
+        if self.quiet:
+            return
+        self._state = state
+        if state.bytes_total:
+            self.bar(state.bytes_done, state.bytes_total)
+        else:  # nothing but empty files: count files
+            self.bar(state.files_done, state.files_total)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def _describe(self, _done: int, _total: int) -> str:
+        """``312/636 files, 1.2/2.5 GB, 45.3 MB/s``: files and bytes, and the rate of what was sent."""
+        s = self._state
+        assert s is not None  # the bar draws only from __call__
+        rate = s.bytes_sent / max(s.elapsed_s, 1e-9)
+        done = f"{_size(s.bytes_done)}/{_size(s.bytes_total)}"
+        return f"{s.files_done}/{s.files_total} files, {done}, {_size(rate)}/s"

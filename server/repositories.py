@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from parity.server.models import (
     Comparison,
@@ -17,8 +19,21 @@ from parity.server.models import (
     RunFile,
     RunTag,
 )
-from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session, aliased
+
+
+def serialize_on(session: Session, key: str) -> None:
+    """Make concurrent write transactions about the same ``key`` (a run name, a comparison's inputs) run one
+    after the other, so that a check-then-insert cannot let two of them insert.
+
+    PostgreSQL: a transaction-scoped advisory lock on a 64-bit hash of ``key``, released at commit; it costs
+    one round trip and blocks nothing else. SQLite: nothing to do, every write transaction already holds the
+    database's write lock from its ``BEGIN IMMEDIATE``.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        lock = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
+        session.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
 
 
 @dataclass
@@ -44,15 +59,22 @@ class RunRepository:
             stmt = stmt.with_for_update(read=shared)
         return self.session.scalars(stmt).first()
 
+    def named(self, name: str, project: str | None = None) -> list[Run]:
+        """The runs called ``name`` (in ``project`` when given), oldest first."""
+        stmt = select(Run).where(Run.name == name)
+        if project is not None:
+            stmt = stmt.where(Run.project == project)
+        return list(self.session.scalars(stmt.order_by(Run.created_at, Run.id)))
+
     def filtered(
         self,
         *,
         project: str | None = None,
         name: str | None = None,
+        name_contains: str | None = None,
         device: str | None = None,
         status: str | None = None,
         tags: Sequence[tuple[str, str]] = (),
-        name_contains: str | None = None,
     ) -> Select[tuple[Run]]:
         stmt = select(Run)
         if project is not None:
@@ -60,7 +82,7 @@ class RunRepository:
         if name is not None:
             stmt = stmt.where(Run.name == name)
         if name_contains:
-            stmt = stmt.where(Run.name.contains(name_contains, autoescape=True))
+            stmt = stmt.where(contains_text(Run.name, name_contains))
         if device is not None:
             stmt = stmt.where(Run.device == device)
         if status is not None:
@@ -156,8 +178,12 @@ class ComparisonRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def get(self, comparison_id: str) -> Comparison | None:
-        return self.session.get(Comparison, comparison_id)
+    def get(self, comparison_id: str, *, for_update: bool = False) -> Comparison | None:
+        return self.session.get(Comparison, comparison_id, with_for_update=for_update)
+
+    def delete(self, comparison_id: str) -> None:
+        self.session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == comparison_id))
+        self.session.execute(delete(Comparison).where(Comparison.id == comparison_id))
 
     def filtered(
         self, *, run: str | None = None, project: str | None = None, status: str | None = None
@@ -178,6 +204,18 @@ class ComparisonRepository:
         ).all()
         return list(items), int(total)
 
+    def same_request(
+        self, target_id: str, bench_id: str, step: int, ranks: list[int] | None, options: dict[str, Any]
+    ) -> Comparison | None:
+        """The newest comparison of these runs, step, ranks and options (compared here: JSON columns
+        compare differently on each backend)."""
+        candidates = self.session.scalars(
+            select(Comparison)
+            .where(Comparison.target_run_id == target_id, Comparison.bench_run_id == bench_id,
+                   Comparison.step == step)
+            .order_by(Comparison.created_at.desc(), Comparison.id)
+        )  # fmt: skip
+        return next((c for c in candidates if c.ranks == ranks and (c.options or {}) == options), None)
 
 #: A task's id on the job backends: ``{comparison id}:{rank}`` (ids, never objects, travel to workers).
 TaskId = str
@@ -287,6 +325,16 @@ class TaskRepository:
             .execution_options(synchronize_session=False)
         )
         return int(getattr(result, "rowcount", 0))
+
+
+def contains_text(column: ColumnElement[str], needle: str) -> ColumnElement[bool]:
+    """``needle`` anywhere in ``column``, ignoring case, with ``%``, ``_`` and ``\\`` taken literally.
+
+    ``ILIKE`` on PostgreSQL and ``lower() LIKE lower()`` on SQLite, so both backends answer alike (a plain
+    ``LIKE`` ignores ASCII case on SQLite only).
+    """
+    escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return column.ilike(f"%{escaped}%", escape="\\")
 
 
 def _task_lease_passed(now: datetime) -> ColumnElement[bool]:

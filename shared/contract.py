@@ -143,6 +143,16 @@ class RunUpdate(_Request):
     tags: dict[str, str] | None = None
     baseline: bool | None = Field(default=None, description="true: the project's baseline from now on")
 
+    @field_validator("tags")
+    @classmethod
+    def _tag_keys_filterable(cls, tags: dict[str, str]) -> dict[str, str]:
+        # Filters and the CLI write a tag as KEY=VALUE, split at the first "=": a key holding one could
+        # never be asked for.
+        for key in tags:
+            if not key or "=" in key:
+                raise ValueError(f"tag key {key!r}: must be non-empty and hold no '=' (tags read KEY=VALUE)")
+        return tags
+
 
 class RunPublic(_Response):
     """A run as the server describes it; ``steps`` and ``ranks`` are read from its stored paths."""
@@ -199,10 +209,12 @@ class ComparisonOptions(_Request):
 
 
 class ComparisonCreate(_Request):
-    """``POST /comparisons``: compare ``target_run`` (e.g. NPU) against ``bench_run`` at one step."""
+    """``POST /comparisons``: compare ``target_run`` (e.g. NPU) against ``bench_run`` at one step. Runs are
+    named by id or name; ``project`` narrows the names."""
 
-    target_run: str
-    bench_run: str
+    target_run: str = Field(description="id or name of the run under test")
+    bench_run: str = Field(description="id or name of the reference run")
+    project: str | None = Field(default=None, description="project the run names are looked up in")
     step: int | None = Field(default=None, ge=0, le=MAX_INDEX)
     ranks: list[Annotated[int, Field(ge=0, le=MAX_INDEX)]] | None = None
     options: ComparisonOptions = Field(default_factory=ComparisonOptions)

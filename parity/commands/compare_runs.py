@@ -4,7 +4,8 @@ TARGET and BENCH are run ids or run names (a name must match exactly one run; ot
 candidate ids). Without ``--wait`` the command queues the comparison and prints its id. With ``--wait`` it
 polls until the comparison is done, downloads ``report.xlsx`` and ``advisor.txt`` into OUT under msprobe's
 names (``compare_result_{ts}.xlsx``, or ``compare_result_rank{R}_{ts}.xlsx`` per rank when there are
-several), and prints the top suspects.
+several) and the summary JSON as ``compare_summary_{ts}.json`` (as ``parity compare`` names it), and prints
+the top suspects. Asking for a comparison that exists returns it (a failed one is retried).
 """
 
 from __future__ import annotations

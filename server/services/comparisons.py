@@ -8,7 +8,8 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
@@ -17,7 +18,14 @@ from parity.server.db import Database
 from parity.server.errors import BadRequest, Conflict, NotFound, Unprocessable
 from parity.server.jobs.base import JobQueue
 from parity.server.models import Comparison, ComparisonRow, ComparisonTask, utcnow
-from parity.server.repositories import ComparisonRepository, RunRepository, TaskRepository, task_id
+from parity.server.repositories import (
+    ComparisonRepository,
+    RunRepository,
+    TaskRepository,
+    contains_text,
+    serialize_on,
+    task_id,
+)
 from parity.server.schemas import (
     ComparisonCreate,
     ComparisonOptions,
@@ -26,8 +34,10 @@ from parity.server.schemas import (
     ComparisonSummary,
     RankTaskPublic,
 )
+from parity.server.services.runs import resolve_run
 from parity.server.store import BlobStore, comparison_key
-from sqlalchemy import false, func, select, tuple_
+from parity.shared.compare.result import RowStatus
+from sqlalchemy import case, false, func, select, tuple_
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +67,62 @@ def comparison_public(c: Comparison, tasks: list[ComparisonTask] | None = None) 
     )  # fmt: skip
 
 
+#: Every row status, as the ``status`` column and the ``Parity Status`` cell write it.
+ROW_STATUSES = frozenset(s.value for s in RowStatus)
+#: What ``failing=true`` asks for: the rows an xlsx reader sees red or yellow, and NPU rows with no bench row.
+FAILING_ROW_STATUSES = frozenset({RowStatus.FAIL.value, RowStatus.WARNING.value, RowStatus.UNMATCHED.value})
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """Which rows a page holds (beside its rank): ``statuses`` None for any, ``name`` a substring of the
+    NPU (else bench) name, ignoring case. Hashable: it keys the cached counts."""
+
+    statuses: frozenset[str] | None = None
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, *, failing: bool | None, status: Sequence[str], name: str | None) -> RowFilter:
+        """From the query: ``status`` values may be repeated or comma-separated (``status=fail,warning``);
+        ``failing`` true keeps the failing statuses, false the others; given both, a row must pass both."""
+        statuses: frozenset[str] | None = None
+        asked = {part.strip() for value in status for part in value.split(",") if part.strip()}
+        if asked:
+            unknown = sorted(asked - ROW_STATUSES)
+            if unknown:
+                raise BadRequest(f"query status={','.join(unknown)}: not a row status "
+                                 f"(one of {', '.join(sorted(ROW_STATUSES))})")  # fmt: skip
+            statuses = frozenset(asked)
+        if failing is not None:
+            wanted = FAILING_ROW_STATUSES if failing else ROW_STATUSES - FAILING_ROW_STATUSES
+            statuses = wanted if statuses is None else statuses & wanted
+        return cls(statuses, name or None)
+
+
 class _Finished:
     """What never changes once a comparison succeeded: kept in memory for the hot rows endpoint."""
 
     def __init__(self, headers: dict[str, list[str]]) -> None:
         self.headers = headers
         self.header_json = {rank: json.dumps(h) for rank, h in headers.items()}
-        self.counts: OrderedDict[tuple[Any, ...], int] = OrderedDict()
         self.rank_counts: list[tuple[int, int]] | None = None  # (rank, rows) in rank order
+        # Rows per (rank, status), counted at the first status filter: then every status count is a sum.
+        self.status_counts: dict[tuple[int, str], int] | None = None
+        self.name_counts: OrderedDict[tuple[RowFilter, int | None], int] = OrderedDict()
+
+    def count(self, rows: RowFilter, rank: int | None) -> int | None:
+        """The rows matching ``rows`` and ``rank``, when known without asking the database."""
+        if rows.name:
+            return self.name_counts.get((rows, rank))
+        if rows.statuses is None:
+            if self.rank_counts is None:
+                return None
+            return sum(n for r, n in self.rank_counts if rank is None or r == rank)
+        if self.status_counts is None:
+            return None
+        wanted = rows.statuses
+        return sum(n for (r, status), n in self.status_counts.items()
+                   if (rank is None or r == rank) and status in wanted)  # fmt: skip
 
 
 def _seek(rank_counts: list[tuple[int, int]], offset: int) -> tuple[int, int] | None:
@@ -86,17 +144,23 @@ class ComparisonService:
         self._count_lock = threading.Lock()
 
     def create(self, body: ComparisonCreate) -> ComparisonPublic:
+        """Queue the comparison ``body`` asks for, unless it exists already.
+
+        Runs are named by id or name (``body.project`` narrows the names). The same request again (same
+        runs, step, ranks and options) does not queue a copy: a comparison that is queued, running or
+        succeeded is returned as it is, and one that failed is queued again, under the same id, as a retry.
+        """
         with self.db.read() as session:
             runs = RunRepository(session)
             step_ranks = {}
+            run_ids = {}
             found = {}
-            for field, run_id in (("target_run", body.target_run), ("bench_run", body.bench_run)):
-                run = runs.get(run_id)
-                if run is None:
-                    raise NotFound(f"{field}: run {run_id!r} not found")
+            for field, ref in (("target_run", body.target_run), ("bench_run", body.bench_run)):
+                run = resolve_run(runs, ref, project=body.project, field=field)
                 if run.status != "complete":
-                    raise Conflict(f"{field}: run {run_id} is {run.status}, not complete")
-                step_ranks[field] = runs.step_ranks(run_id)
+                    raise Conflict(f"{field}: run {run.id} ({run.name}) is {run.status}, not complete")
+                step_ranks[field] = runs.step_ranks(run.id)
+                run_ids[field] = run.id
                 found[field] = run
             # Judged once, when queued: the project may name another baseline later.
             against_baseline = bool(found["bench_run"].baseline) and \
@@ -120,6 +184,7 @@ class ComparisonService:
                     f"ranks: {missing or body.ranks} not in step {step} of the target run "
                     f"(it has {sorted(target[step])})"
                 )
+        target_id, bench_id = run_ids["target_run"], run_ids["bench_run"]
         wanted = set(body.ranks) if body.ranks is not None else target[step]
         ranks = sorted(wanted & bench[step])
         if not ranks:
@@ -127,29 +192,45 @@ class ComparisonService:
                 f"step {step}: no rank is present in both runs (target has {sorted(wanted)}, "
                 f"bench has {sorted(bench[step])})"
             )
+        asked_ranks = sorted(set(body.ranks)) if body.ranks is not None else None
+        options = body.options.model_dump()
         now = utcnow()
-        comparison = Comparison(
-            id=uuid.uuid4().hex, target_run_id=body.target_run, bench_run_id=body.bench_run, step=step,
-            ranks=sorted(set(body.ranks)) if body.ranks is not None else None,
-            options=body.options.model_dump(), status="queued", progress=0.0, created_at=now, attempt=0,
-            against_baseline=against_baseline,
-        )  # fmt: skip
-        # One task per rank pair: the workers compare ranks side by side, and each rank is stored, retried
-        # and taken over on its own.
-        tasks = [
-            ComparisonTask(comparison_id=comparison.id, rank=rank, status="queued", attempt=0, progress=0.0,
-                           queued_at=now)
-            for rank in ranks
-        ]  # fmt: skip
         with self.db.write() as session:
-            session.add(comparison)
-            session.flush()
-            session.add_all(tasks)
+            # The same request twice at once makes one comparison: the second waits here, then finds it.
+            serialize_on(session, f"comparison\0{target_id}\0{bench_id}\0{step}")
+            repo = ComparisonRepository(session)
+            existing = repo.same_request(target_id, bench_id, step, asked_ranks, options)
+            if existing is None:
+                comparison = Comparison(
+                    id=uuid.uuid4().hex, target_run_id=target_id, bench_run_id=bench_id, step=step,
+                    ranks=asked_ranks, options=options, status="queued", progress=0.0, created_at=now,
+                    attempt=0, against_baseline=against_baseline,
+                )  # fmt: skip
+                # One task per rank pair: the workers compare ranks side by side, and each rank is stored,
+                # retried and taken over on its own.
+                tasks = [
+                    ComparisonTask(comparison_id=comparison.id, rank=rank, status="queued", attempt=0,
+                                   progress=0.0, queued_at=now)
+                    for rank in ranks
+                ]  # fmt: skip
+                session.add(comparison)
+                session.flush()
+                session.add_all(tasks)
+        if existing is not None:
+            if existing.status == "failed":
+                logger.info("comparison %s asked for again after it failed: its failed ranks are retried",
+                            existing.id)  # fmt: skip
+                try:
+                    return self.retry(existing.id)
+                except Conflict:  # retried meanwhile by a concurrent ask
+                    return self.get(existing.id)
+            logger.info("comparison %s asked for again: it is %s", existing.id, existing.status)
+            return self.get(existing.id)
         # Enqueued only after the commit, so a worker always finds the row it is given.
         for rank in ranks:
             self.queue.submit(task_id(comparison.id, rank))
-        logger.info("comparison %s queued (%s vs %s, step %s, %d rank(s))", comparison.id, body.target_run,
-                    body.bench_run, step, len(ranks))  # fmt: skip
+        logger.info("comparison %s queued (%s vs %s, step %s, %d rank(s))", comparison.id, target_id,
+                    bench_id, step, len(ranks))  # fmt: skip
         return comparison_public(comparison, tasks)
 
     def retry(self, comparison_id: str) -> ComparisonPublic:
@@ -194,7 +275,10 @@ class ComparisonService:
     def search(
         self, *, run: str | None, project: str | None, status: str | None, limit: int, offset: int
     ) -> ComparisonsPublic:
+        """A page of comparisons; ``run`` is a run id or name (within ``project`` when given)."""
         with self.db.read() as session:
+            if run is not None:
+                run = resolve_run(RunRepository(session), run, project=project, field="run").id
             repo = ComparisonRepository(session)
             items, total = repo.page(repo.filtered(run=run, project=project, status=status), limit, offset)
             tasks = TaskRepository(session).for_comparisons([c.id for c in items])
@@ -227,63 +311,37 @@ class ComparisonService:
         return state
 
     async def rows_json_async(
-        self,
-        comparison_id: str,
-        *,
-        failing: bool | None,
-        name: str | None,
-        rank: int | None,
-        limit: int,
-        offset: int,
-        status: str | None = None,
+        self, comparison_id: str, rows: RowFilter, *, rank: int | None, limit: int, offset: int,
         sort: str = "index",
     ) -> bytes:
         """``rows_json`` from the event loop: inline when it is a short read of a comparison whose state and
         count are cached (under a millisecond: cheaper than the hop to a worker thread, and the hop is what
         makes the latency tail under many clients), in a worker thread otherwise (a first count, a long scan,
         a network round trip to PostgreSQL)."""
-        read = functools.partial(
-            self.rows_json, comparison_id, failing=failing, name=name, rank=rank, limit=limit, offset=offset,
-            status=status, sort=sort,
-        )  # fmt: skip
+        read = functools.partial(self.rows_json, comparison_id, rows, rank=rank, limit=limit, offset=offset,
+                                 sort=sort)  # fmt: skip
         if self.db.dialect == "sqlite" and sort == "index" and self._is_short_read(
-            comparison_id, failing, name, rank, limit, offset, status
+            comparison_id, rows, rank, limit, offset
         ):
             return read()
         return await anyio.to_thread.run_sync(read)
 
-    def _is_short_read(
-        self,
-        comparison_id: str,
-        failing: bool | None,
-        name: str | None,
-        rank: int | None,
-        limit: int,
-        offset: int,
-        status: str | None = None,
-    ) -> bool:
+    def _is_short_read(self, comparison_id: str, rows: RowFilter, rank: int | None, limit: int,
+                       offset: int) -> bool:  # fmt: skip
         with self._lock:
             state = self._finished.get(comparison_id)
-            count = state.counts.get((failing, name, rank, status)) if state is not None else None
-            rows = sum(n for _, n in state.rank_counts) if state is not None and state.rank_counts else None
+            count = state.count(rows, rank) if state is not None else None
+            total = sum(n for _, n in state.rank_counts) if state is not None and state.rank_counts else None
         if count is None:
             return False
-        if name:
-            # A substring filter scans rows until it has offset + limit matches: about
-            # (offset + limit) * rows / matches of them, which must stay small to run on the event loop.
-            return rows is not None and (offset + limit) * rows <= INLINE_SCAN_ROWS * max(count, 1)
-        return (failing is None and status is None) or offset <= INLINE_SCAN_ROWS
+        if rows.name or rows.statuses is not None:
+            # A filter scans rows until it has offset + limit matches: about (offset + limit) * rows /
+            # matches of them, which must stay small to run on the event loop.
+            return total is not None and (offset + limit) * total <= INLINE_SCAN_ROWS * max(count, 1)
+        return True
 
     def rows_json(
-        self,
-        comparison_id: str,
-        *,
-        failing: bool | None,
-        name: str | None,
-        rank: int | None,
-        limit: int,
-        offset: int,
-        status: str | None = None,
+        self, comparison_id: str, rows: RowFilter, *, rank: int | None, limit: int, offset: int,
         sort: str = "index",
     ) -> bytes:
         """The rows page as JSON bytes, assembled from the stored cell text without decoding it.
@@ -296,34 +354,17 @@ class ComparisonService:
                              f"{sorted(int(r) for r in state.headers)})")  # fmt: skip
         t = ComparisonRow.__table__.c
         where = [t.comparison_id == comparison_id]
-        if failing is not None:
-            where.append(t.failing == failing)
+        if rows.statuses is not None:
+            where.append(t.status.in_(sorted(rows.statuses)))
         if rank is not None:
             where.append(t.rank == rank)
-        if status is not None:
-            where.append(t.status == status)
-        if name:
-            escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            where.append(t.name.like(f"%{escaped}%", escape="\\"))
-        key = (failing, name, rank, status)
+        if rows.name:
+            where.append(contains_text(t.name, rows.name))
         columns = (t.index, t.rank, t.api, t.status, t.highlight, t.score, t.cells)
         with self.db.read_engine.connect() as conn:
-            with self._lock:
-                total = state.counts.get(key)
-            if total is None:
-                # One cold count at a time: 32 clients arriving together would otherwise all scan the
-                # same 100,000 rows at once (a substring count is a full scan of the comparison).
-                with self._count_lock:
-                    with self._lock:
-                        total = state.counts.get(key)
-                    if total is None:
-                        total = int(conn.execute(select(func.count()).where(*where)).scalar_one())
-                        with self._lock:
-                            state.counts[key] = total
-                            while len(state.counts) > 512:
-                                state.counts.popitem(last=False)
-            order = (t.rank, t.index) if sort != "score" else (t.score.desc().nulls_last(), t.rank, t.index)
-            stmt = select(*columns).where(*where).order_by(*order).limit(limit)
+            # Each count is made once per comparison (rows per rank; per rank and status at the first status
+            # filter; per substring filter), one at a time: 32 clients arriving together would otherwise all
+            # scan the same 100,000 rows at once.
             if state.rank_counts is None:
                 with self._count_lock:
                     if state.rank_counts is None:
@@ -332,7 +373,26 @@ class ComparisonService:
                             .group_by(t.rank).order_by(t.rank)
                         ).all()  # fmt: skip
                         state.rank_counts = [(int(r), int(n)) for r, n in per_rank]
-            if failing is None and status is None and not name and sort != "score":
+            if rows.statuses is not None and state.status_counts is None:
+                with self._count_lock:
+                    if state.status_counts is None:
+                        state.status_counts = self._count_statuses(conn, comparison_id)
+            with self._lock:
+                total = state.count(rows, rank)
+            if total is None:  # a substring filter
+                key = (rows, rank)
+                with self._count_lock:
+                    with self._lock:
+                        total = state.name_counts.get(key)
+                    if total is None:
+                        total = int(conn.execute(select(func.count()).where(*where)).scalar_one())
+                        with self._lock:
+                            state.name_counts[key] = total
+                            while len(state.name_counts) > 512:
+                                state.name_counts.popitem(last=False)
+            order = (t.rank, t.index) if sort != "score" else (t.score.desc().nulls_last(), t.rank, t.index)
+            stmt = select(*columns).where(*where).order_by(*order).limit(limit)
+            if rows.statuses is None and not rows.name and sort != "score":
                 # Unfiltered pages seek through the primary key instead of stepping over ``offset`` rows:
                 # row indexes are dense per rank, so an offset is a (rank, index) position.
                 if rank is not None:
@@ -345,7 +405,7 @@ class ComparisonService:
             result = conn.execute(stmt).all()
         # json.encoder's C string quoting: a third of the cost of json.dumps for the per-row text fields.
         quote = encode_basestring_ascii
-        rows = ",".join(
+        data = ",".join(
             f'{{"index":{i},"rank":{r},"api":{quote(api)},"status":{quote(status)},'
             f'"highlight":{quote(hl) if hl is not None else "null"},'
             f'"score":{repr(score) if score is not None else "null"},"cells":{cells}}}'
@@ -353,9 +413,49 @@ class ComparisonService:
         )
         header_rank = str(rank) if rank is not None else min(state.headers, key=int, default=None)
         header = state.header_json.get(header_rank, "[]") if header_rank is not None else "[]"
-        return f'{{"header":{header},"data":[{rows}],"count":{total}}}'.encode()
+        return f'{{"header":{header},"data":[{data}],"count":{total}}}'.encode()
+
+    @staticmethod
+    def _count_statuses(conn: Any, comparison_id: str) -> dict[tuple[int, str], int]:
+        """Rows per (rank, status) in one pass in primary-key order: a sum per status beside a GROUP BY rank
+        (a GROUP BY rank, status sorts every row, about twice as slow on 100,000 rows of SQLite)."""
+        t = ComparisonRow.__table__.c
+        statuses = sorted(ROW_STATUSES)
+        per_rank = conn.execute(
+            select(t.rank, *(func.sum(case((t.status == s, 1), else_=0)) for s in statuses))
+            .where(t.comparison_id == comparison_id).group_by(t.rank)
+        ).all()  # fmt: skip
+        return {(int(rank), status): int(n or 0)
+                for rank, *sums in per_rank for status, n in zip(statuses, sums, strict=True)}  # fmt: skip
 
     # -- reports ----------------------------------------------------------------------------------------
+    def summary_file(self, comparison_id: str) -> tuple[str, Iterator[bytes]]:
+        """(download name, bytes) of the comparison's summary JSON: the document ``parity compare`` writes
+        for a step directory, merged from what each rank's task stored (every rank's status counts, verdict,
+        suspects and files)."""
+        from parity.shared.report.summary import json_safe, multi_rank_summary
+
+        with self.db.read() as session:
+            c = self._require(session, comparison_id)
+            if c.status != "succeeded":
+                raise Conflict(f"comparison {comparison_id} is {c.status}; a summary exists once it succeeds")
+            tasks = TaskRepository(session).for_comparison(comparison_id)
+        doc = multi_rank_summary([t.summary or {} for t in tasks if t.status == "succeeded"],
+                                 skipped_ranks=[t.rank for t in tasks if t.status == "skipped"])  # fmt: skip
+        text = json.dumps(json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
+        return f"compare_summary_{comparison_id[:8]}.json", iter([text.encode()])
+
+    def delete(self, comparison_id: str) -> None:
+        """Delete a comparison, its rows and its reports (its runs stay). A job still running finds it gone
+        and drops its result."""
+        with self.db.write() as session:
+            c = ComparisonRepository(session).get(comparison_id, for_update=True)
+            if c is None:
+                raise NotFound(f"comparison {comparison_id!r} not found")
+            ComparisonRepository(session).delete(comparison_id)
+        self.forget([comparison_id])
+        logger.info("comparison %s deleted", comparison_id)
+
     def report(self, comparison_id: str, file_name: str, rank: int | None) -> tuple[str, Iterator[bytes]]:
         """(download name, bytes) of one rank's report or advisor."""
         with self.db.read() as session:

@@ -101,7 +101,8 @@ class RetentionService:
         from parity.server.errors import NotFound
 
         try:
-            self.comparisons.forget(self.runs.delete(run_id))
+            # An expired run goes with its comparisons: the retention period is the operator's explicit ask.
+            self.comparisons.forget(self.runs.delete(run_id, with_comparisons=True))
         except NotFound:
             return  # deleted meanwhile by a user
         logger.info("run %s deleted: older than PARITY_RETENTION_DAYS=%g", run_id, self.retention_days)

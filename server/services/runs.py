@@ -24,7 +24,7 @@ from parity.server.errors import (
     Unprocessable,
 )
 from parity.server.models import Run, RunFile, RunTag, utcnow
-from parity.server.repositories import RunRepository, RunStats
+from parity.server.repositories import RunRepository, RunStats, serialize_on
 from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic
 from parity.server.services.paths import check_sha256, check_upload_path
 from parity.server.store import BlobStore, run_key, sidecar_key, upload_key
@@ -48,13 +48,54 @@ def run_public(run: Run, stats: RunStats) -> RunPublic:
 
 
 def parse_tag_filters(tags: Sequence[str]) -> list[tuple[str, str]]:
+    """``tag=KEY=VALUE`` query values as pairs: the CLI's ``--tag KEY=VALUE`` syntax, split at the first
+    ``=`` (so a value may hold ``=`` or ``:``, and tag keys never hold ``=``, see ``RunCreate``)."""
     out = []
     for tag in tags:
-        key, sep, value = tag.partition(":")
+        key, sep, value = tag.partition("=")
         if not sep or not key:
-            raise BadRequest(f"query tag={tag!r}: expected KEY:VALUE")
+            raise BadRequest(f"query tag={tag!r}: expected KEY=VALUE, as in parity upload --tag KEY=VALUE")
         out.append((key, value))
     return out
+
+
+#: How many ids a 409 lists (an ambiguous name's runs, a run's comparisons) before "and N more".
+LISTED_IDS = 10
+
+
+def listing(items: Sequence[str]) -> str:
+    """``items`` joined for a one-line message, the first :data:`LISTED_IDS` of them."""
+    more = f" and {len(items) - LISTED_IDS} more" if len(items) > LISTED_IDS else ""
+    return ", ".join(items[:LISTED_IDS]) + more
+
+
+def resolve_run(repo: RunRepository, ref: str, *, project: str | None = None, field: str | None = None,
+                for_update: bool = False, shared: bool = False) -> Run:  # fmt: skip
+    """The run ``ref`` names: a run id, else a run name (within ``project`` when given).
+
+    An id wins over a name, so an id always means one run. A name that no run has is a 404; a name that
+    several runs have is a 409 listing their ids, as ``parity compare-runs`` does. ``field`` prefixes the
+    message with the request field the reference came from (``target_run``).
+    """
+    where = f"{field}: " if field else ""
+    run = repo.get(ref, for_update=for_update, shared=shared)
+    if run is not None and (project is None or run.project == project):
+        return run
+    runs = repo.named(ref, project)
+    in_project = f" in project {project!r}" if project is not None else ""
+    if not runs:
+        raise NotFound(f"{where}run {ref!r} not found (no run has this id or name{in_project})")
+    if len(runs) > 1:
+        listed = listing([f"{r.id} (project {r.project}, {r.status}, created {r.created_at:%Y-%m-%d %H:%M})"
+                          for r in runs])  # fmt: skip
+        raise Conflict(f"{where}run name {ref!r} is ambiguous: {len(runs)} runs{in_project} have it; "
+                       f"use one of their ids: {listed}")  # fmt: skip
+    if not for_update:
+        return runs[0]
+    locked = repo.get(runs[0].id, for_update=True, shared=shared)
+    if locked is None:  # deleted between the lookup and the lock
+        raise NotFound(f"{where}run {ref!r} not found")
+    return locked
 
 
 @dataclass
@@ -80,6 +121,15 @@ class RunService:
             auto_compare=body.auto_compare, baseline=False,
         )  # fmt: skip
         with self.db.write() as session:
+            serialize_on(session, f"run-name\0{body.project}\0{body.name}")
+            taken = RunRepository(session).named(body.name, body.project)
+            if taken:
+                t = taken[-1]
+                raise Conflict(
+                    f"name: project {body.project!r} already has a run named {body.name!r} ({t.id}, "
+                    f"{t.status}); names are unique in a project: resume that run's upload, delete it, or "
+                    "choose another name"
+                )
             session.add(run)
             session.flush()
             session.add_all(RunTag(run_id=run.id, key=k, value=v) for k, v in body.tags.items())
@@ -89,15 +139,17 @@ class RunService:
     def _require(
         self, repo: RunRepository, run_id: str, *, for_update: bool = False, shared: bool = False
     ) -> Run:
-        run = repo.get(run_id, for_update=for_update, shared=shared)
-        if run is None:
-            raise NotFound(f"run {run_id!r} not found")
-        return run
+        return resolve_run(repo, run_id, for_update=for_update, shared=shared)
 
-    def get(self, run_id: str) -> RunPublic:
+    def resolve_id(self, ref: str) -> str:
+        """The id of the run ``ref`` names (an id or a name; see :func:`resolve_run`)."""
+        with self.db.read() as session:
+            return resolve_run(RunRepository(session), ref).id
+
+    def get(self, ref: str) -> RunPublic:
         with self.db.read() as session:
             repo = RunRepository(session)
-            run = self._require(repo, run_id)
+            run = self._require(repo, ref)
             return run_public(run, repo.stats([run.id])[run.id])
 
     def search(
@@ -114,63 +166,72 @@ class RunService:
     ) -> RunsPublic:
         with self.db.read() as session:
             repo = RunRepository(session)
-            stmt = repo.filtered(
-                project=project, name=name, device=device, status=status, tags=parse_tag_filters(tags),
-                name_contains=name_contains,
-            )  # fmt: skip
+            stmt = repo.filtered(project=project, name=name, name_contains=name_contains, device=device,
+                                 status=status, tags=parse_tag_filters(tags))  # fmt: skip
             runs, total = repo.page(stmt, limit, offset)
             stats = repo.stats([r.id for r in runs])
             return RunsPublic(data=[run_public(r, stats[r.id]) for r in runs], count=total)
 
-    def delete(self, run_id: str) -> list[str]:
-        """Delete the run, its files and every comparison that used it; returns those comparisons' ids.
+    def delete(self, ref: str, *, with_comparisons: bool = False) -> list[str]:
+        """Delete the run, its files and, with ``with_comparisons``, every comparison that used it; returns
+        those comparisons' ids. Without it, a run that comparisons use is a 409 that lists them: deleting
+        someone's reports must be asked for, not a side effect.
 
         On a full disk the database may refuse even a delete (SQLite writes its WAL first): the reserve is
         given up and the delete tried once more, so that space can always be freed through the API.
         """
         try:
-            return self._delete(run_id)
+            return self._delete(ref, with_comparisons)
         except Exception as exc:
             if not is_storage_full(exc) or self.reserve is None or not self.reserve.release():
                 raise
-        return self._delete(run_id)
+        return self._delete(ref, with_comparisons)
 
-    def _delete(self, run_id: str) -> list[str]:
+    def _delete(self, ref: str, with_comparisons: bool) -> list[str]:
         with self.db.write() as session:
             repo = RunRepository(session)
-            self._require(repo, run_id, for_update=True)
+            run = self._require(repo, ref, for_update=True)
+            run_id = run.id
             comparison_ids = repo.comparison_ids(run_id)
+            if comparison_ids and not with_comparisons:
+                raise Conflict(
+                    f"run {run_id} ({run.name}) is used by {len(comparison_ids)} comparison(s): "
+                    f"{listing(comparison_ids)}; deleting the run deletes them and their reports too: ask "
+                    "again with with_comparisons=true"
+                )
             repo.delete(run_id)
         self.store.delete_prefix(run_key(run_id))
         logger.info("run %s deleted with %d comparisons", run_id, len(comparison_ids))
         return comparison_ids
 
-    def files(self, run_id: str) -> FilesPublic:
+    def files(self, ref: str) -> FilesPublic:
         with self.db.read() as session:
             repo = RunRepository(session)
-            self._require(repo, run_id)
-            files = [FilePublic(path=f.path, size=f.size, sha256=f.sha256) for f in repo.files(run_id)]
+            run = self._require(repo, ref)
+            files = [FilePublic(path=f.path, size=f.size, sha256=f.sha256) for f in repo.files(run.id)]
         return FilesPublic(data=files, count=len(files))
 
     # -- uploads ----------------------------------------------------------------------------------------
-    def _settled(self, run_id: str, path: str, sha256: str, size: int | None = None) -> UploadResult | None:
-        """The answer for an upload that need not store anything: 404 for no run, 409 for a complete run
-        or other content under ``path``; the same content already stored is a 200 (None: store it)."""
+    def _settled(self, ref: str, path: str, sha256: str) -> tuple[str, UploadResult | None]:
+        """The run's id and the answer for an upload that need not store anything: 404 for no run, 409 for
+        a complete run or other content under ``path``; the same content already stored is a 200 (None:
+        store it)."""
         with self.db.read() as session:
             repo = RunRepository(session)
-            run = self._require(repo, run_id)
+            run = self._require(repo, ref)
+            run_id = run.id
             existing = repo.file(run_id, path)
             if existing is not None:
                 if existing.sha256 != sha256:
                     raise Conflict(f"run {run_id}: {path} already exists with sha256 {existing.sha256}")
-                return UploadResult(FilePublic(path=path, size=existing.size, sha256=sha256), created=False)
+                return run_id, UploadResult(FilePublic(path=path, size=existing.size, sha256=sha256), False)
             if run.status == "complete":
                 raise Conflict(f"run {run_id}: already complete, {path} cannot be added")
-        return None
+        return run_id, None
 
     async def upload(
         self,
-        run_id: str,
+        ref: str,
         path: str,
         sha256_header: str | None,
         content_length: str | None,
@@ -193,7 +254,7 @@ class RunService:
                 raise PayloadTooLarge(
                     f"{path}: Content-Length {declared} exceeds the limit of {self.max_upload_bytes} bytes"
                 )
-        await anyio.to_thread.run_sync(self._settled, run_id, path, sha256)
+        run_id, _ = await anyio.to_thread.run_sync(self._settled, ref, path, sha256)
 
         temp = await anyio.to_thread.run_sync(self.store.new_temp)
         try:
@@ -247,7 +308,7 @@ class RunService:
         No database lock is held while the blob is published (an S3 upload of a large tensor can take a
         while); the transaction that records it is short.
         """
-        settled = self._settled(run_id, path, sha256)  # the common case of a retry stores nothing
+        _, settled = self._settled(run_id, path, sha256)  # the common case of a retry stores nothing
         if settled is not None:
             return settled
         key = upload_key(run_id, uuid.uuid4().hex)
@@ -264,7 +325,7 @@ class RunService:
                 session.flush()
         except IntegrityError:
             self._discard(key)
-            settled = self._settled(run_id, path, sha256)
+            _, settled = self._settled(run_id, path, sha256)
             if settled is None:  # the winner's row is gone again (its run was deleted meanwhile)
                 raise Conflict(f"run {run_id}: {path} was changed by a concurrent request; retry") from None
             logger.info("run %s: %s was stored by a concurrent upload of the same content", run_id, path)
@@ -283,12 +344,13 @@ class RunService:
             logger.warning("could not remove unrecorded blob %s: %s", key, exc)
 
     # -- complete ---------------------------------------------------------------------------------------
-    def complete(self, run_id: str) -> RunPublic:
+    def complete(self, ref: str) -> RunPublic:
         """Validate every dump.json with the shared reader, in a child process (see ``jobs.validation``);
         a broken one is a 422 naming file and problem."""
         with self.db.read() as session:
             repo = RunRepository(session)
-            run = self._require(repo, run_id)
+            run = self._require(repo, ref)
+            run_id = run.id
             if run.status == "complete":
                 return run_public(run, repo.stats([run.id])[run.id])
             dump_files = {

@@ -30,6 +30,7 @@ from parity.server.schemas import (
     RunStatus,
     RunUpdate,
 )
+from parity.server.services.comparisons import RowFilter
 from parity.server.web.auth import (
     SESSION_COOKIE,
     WebUser,
@@ -266,10 +267,11 @@ def comparison_page(
         if rank is not None and rank not in ranks:
             raise BadRequest(f"rank: {rank} is not in comparison {comparison_id} (ranks: {ranks})")
         # A plain (threadpool) handler: every read below blocks, and none may hold up the event loop.
+        row_filter = RowFilter.parse(failing=True if diff else None, status=[status] if status else [],
+                                     name=name or None)  # fmt: skip
         body = comparisons.rows_json(
-            comparison_id, failing=True if diff else None, name=name or None, rank=rank,
-            limit=ROWS_PER_PAGE, offset=(page - 1) * ROWS_PER_PAGE, status=status or None,
-        )  # fmt: skip
+            comparison_id, row_filter, rank=rank, limit=ROWS_PER_PAGE, offset=(page - 1) * ROWS_PER_PAGE
+        )
         rows = orjson.loads(body)
         context.update(
             rows=rows["data"], header=rows["header"], row_count=rows["count"],

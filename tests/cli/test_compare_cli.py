@@ -360,3 +360,31 @@ def test_progress_bar_on_a_terminal_redraws_one_line_and_ends_it():
     bar(1, 3)
     bar.close()
     assert unfinished.getvalue().endswith("\n")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_upload_progress_redraws_one_line_on_a_terminal_and_is_silent_when_quiet():
+    from parity.client.upload import UploadProgress
+
+    from parity.progress import TransferProgress
+
+    stream = _Terminal()
+    progress = TransferProgress("parity upload", stream=stream)
+    sent = 0
+    for done, was_sent in enumerate((False, True, True, True), start=1):
+        sent += 1000 if was_sent else 0
+        progress(UploadProgress(done, 4, done * 1000, 4000, sent, elapsed_s=0.5))
+    progress.close()
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one line, redrawn in place, then ended
+    assert "\rparity upload [" in text and "100%  4/4 files, 4.0 KB/4.0 KB, 6.0 KB/s" in text
+
+    quiet = io.StringIO()
+    silent = TransferProgress("parity upload", stream=quiet, quiet=True)
+    silent(UploadProgress(1, 1, 10, 10, 10, elapsed_s=0.1))
+    silent.close()
+    assert quiet.getvalue() == ""

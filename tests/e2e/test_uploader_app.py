@@ -111,7 +111,10 @@ def test_api_error_names_request_and_detail(wire: AppWire) -> None:
         api.get_run("0" * 32)
     assert info.value.status_code == 404 and not info.value.retryable
     missing = "0" * 32
-    assert str(info.value) == f"GET http://parity/api/v1/runs/{missing}: HTTP 404: run '{missing}' not found"
+    assert str(info.value) == (
+        f"GET http://parity/api/v1/runs/{missing}: HTTP 404: "
+        f"run '{missing}' not found (no run has this id or name)"
+    )
 
 
 def test_a_request_outside_the_contract_is_refused_before_it_is_sent(wire: AppWire) -> None:

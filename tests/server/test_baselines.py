@@ -36,9 +36,9 @@ def test_patch_edits_name_tags_and_the_one_baseline(api: httpx.Client, tmp_path:
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert (body["name"], body["tags"], body["baseline"]) == ("renamed", {"hw": "npu"}, True)
-    listed = api.get("/runs", params={"project": project, "tag": "hw:npu"}).json()["data"]
+    listed = api.get("/runs", params={"project": project, "tag": "hw=npu"}).json()["data"]
     assert [r["id"] for r in listed] == [a["id"]]
-    assert api.get("/runs", params={"project": project, "tag": "old:1"}).json()["count"] == 0
+    assert api.get("/runs", params={"project": project, "tag": "old=1"}).json()["count"] == 0
 
     assert api.patch(f"/runs/{b['id']}", json={"baseline": True}).json()["baseline"] is True
     assert api.get(f"/runs/{a['id']}").json()["baseline"] is False  # one baseline per project

@@ -58,7 +58,7 @@ def test_comparison_deleted_while_running_leaves_no_reports(
         def compare_then_delete(*args: Any, **kwargs: Any) -> Any:
             outputs = real(*args, **kwargs)
             # The user deletes the target run after the engine finished, before the reports are stored.
-            deleted.extend(runs.delete(target))
+            deleted.extend(runs.delete(target, with_comparisons=True))
             comparisons.forget(deleted)
             return outputs
 

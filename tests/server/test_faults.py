@@ -142,7 +142,8 @@ def test_full_filesystem(tmpfs: Path, tmp_path: Path) -> None:
         _fill(tmpfs / "filler")
         # The database fills too: every write answers 507, never 500.
         big = {"name": "meta", "device": "npu", "metadata": {"pad": "x" * 400_000}}
-        statuses = [api.post("/runs", json=big).status_code for _ in range(8)]
+        # Names are unique in a project: each try a name of its own.
+        statuses = [api.post("/runs", json={**big, "name": f"meta-{i}"}).status_code for i in range(8)]
         assert set(statuses) <= {201, 507} and statuses[-1] == 507, statuses
         assert api.get("/runs").status_code == 200  # reads keep working
         assert api.get(f"/runs/{run['id']}/files").json()["count"] == len(acked)

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 
 def new_run(client: TestClient, **fields: Any) -> dict[str, Any]:
-    resp = client.post(f"{API}/runs", json={"name": "r", "device": "npu", **fields})
+    # Names are unique in a project: each run a name of its own.
+    resp = client.post(f"{API}/runs", json={"name": f"r-{uuid.uuid4().hex[:8]}", "device": "npu", **fields})
     assert resp.status_code == 201, resp.text
     return dict(resp.json())
 

@@ -39,7 +39,7 @@ def test_list_filters_and_pagination(api: httpx.Client) -> None:
     project = f"p-{uuid.uuid4().hex[:8]}"
     a = new_run(api, name="alpha", project=project, device="npu", tags={"dtype": "fp32", "team": "x"})
     b = new_run(api, name="beta", project=project, device="gpu", tags={"dtype": "bf16", "team": "x"})
-    c = new_run(api, name="alpha", project=project, device="gpu", tags={"dtype": "bf16"})
+    c = new_run(api, name="Alphabet", project=project, device="gpu", tags={"dtype": "bf16"})
 
     def ids(**params: Any) -> set[str]:
         body = api.get("/runs", params={"project": project, **params}).json()
@@ -47,17 +47,20 @@ def test_list_filters_and_pagination(api: httpx.Client) -> None:
         return {r["id"] for r in body["data"]}
 
     assert ids() == {a["id"], b["id"], c["id"]}
-    assert ids(name="alpha") == {a["id"], c["id"]}
+    assert ids(name="alpha") == {a["id"]}
+    assert ids(name_contains="ALPHA") == {a["id"], c["id"]}
+    assert ids(name_contains="phab") == {c["id"]}
     assert ids(device="gpu") == {b["id"], c["id"]}
-    assert ids(tag="dtype:bf16") == {b["id"], c["id"]}
-    assert ids(tag=["dtype:bf16", "team:x"]) == {b["id"]}
+    assert ids(tag="dtype=bf16") == {b["id"], c["id"]}
+    assert ids(tag=["dtype=bf16", "team=x"]) == {b["id"]}
     assert ids(status="complete") == set()
     page1 = api.get("/runs", params={"project": project, "limit": 2, "offset": 0}).json()
     page2 = api.get("/runs", params={"project": project, "limit": 2, "offset": 2}).json()
     assert page1["count"] == page2["count"] == 3
     assert len(page1["data"]) == 2 and len(page2["data"]) == 1
     assert {r["id"] for r in page1["data"] + page2["data"]} == {a["id"], b["id"], c["id"]}
-    assert api.get("/runs", params={"tag": "no-colon"}).status_code == 400
+    refused = api.get("/runs", params={"tag": "dtype:bf16"})
+    assert refused.status_code == 400 and "expected KEY=VALUE" in refused.json()["detail"]
 
 
 def test_complete_run_reports_files_steps_ranks(api: httpx.Client, tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def test_s3_store_end_to_end(s3_env: dict[str, str], tmp_path: Path) -> None:
             assert report.status_code == 200 and report.content[:2] == b"PK"
             assert api.get(f"/comparisons/{cid}/rows").json()["count"] == done["summary"]["rows"]
 
-            assert api.delete(f"/runs/{target['id']}").status_code == 204
+            assert api.delete(f"/runs/{target['id']}", params={"with_comparisons": True}).status_code == 204
             assert keys(s3_env, f"team/runs/{target['id']}/") == []
             assert keys(s3_env, f"team/comparisons/{cid}/") == []
             assert not list((tmp_path / "data" / "tmp").glob("upload-*"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response, status
@@ -15,6 +16,7 @@ from parity.server.schemas import (
     JobStatus,
     RowsPublic,
 )
+from parity.server.services.comparisons import RowFilter
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"])
 
@@ -24,17 +26,26 @@ XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
-    summary="Queue a comparison of two complete runs",
+    summary="Queue a comparison of two complete runs (by id or name)",
     max_body_size=JSON_BODY_LIMIT,
+    responses={
+        200: {"model": ComparisonPublic, "description": "The same comparison exists and has succeeded"},
+        202: {"description": "Queued or running: new, the same one asked for again, or a failed one retried"},
+    },
 )
-def create_comparison(body: ComparisonCreate, comparisons: ComparisonServiceDep) -> ComparisonPublic:
-    return comparisons.create(body)
+def create_comparison(
+    body: ComparisonCreate, comparisons: ComparisonServiceDep, response: Response
+) -> ComparisonPublic:
+    comparison = comparisons.create(body)
+    if comparison.status == "succeeded":  # asked for again: nothing was accepted, the answer is here
+        response.status_code = status.HTTP_200_OK
+    return comparison
 
 
 @router.get("", summary="List comparisons")
 def list_comparisons(
     comparisons: ComparisonServiceDep,
-    run: str | None = None,
+    run: Annotated[str | None, Query(description="id or name of a run the comparison uses")] = None,
     project: str | None = None,
     job_status: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -57,6 +68,16 @@ def get_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> Com
     return comparisons.get(comparison_id)
 
 
+@router.delete(
+    "/{comparison_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Delete a comparison, its rows and reports (its runs stay)",
+)
+def delete_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> Response:
+    comparisons.delete(comparison_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
 @router.get(
     "/{comparison_id}/rows",
     summary="Page a succeeded comparison's rows",
@@ -66,8 +87,13 @@ def get_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> Com
 async def get_rows(
     comparison_id: str,
     comparisons: ComparisonServiceDep,
-    failing: bool | None = None,
-    name: Annotated[str | None, Query(description="substring of the NPU (or bench) name")] = None,
+    failing: Annotated[
+        bool | None, Query(description="true: fail, warning, unmatched rows (red, yellow); false: the others")
+    ] = None,
+    row_status: Annotated[
+        list[str], Query(alias="status", description="row statuses, comma-separated or repeated")
+    ] = [],  # noqa: B006
+    name: Annotated[str | None, Query(description="substring of the NPU (or bench) name, any case")] = None,
     rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
@@ -76,16 +102,20 @@ async def get_rows(
         Query(description="index: table order (rank, row); score: the localization score, highest first"),
     ] = "index",
 ) -> Response:
+    rows = RowFilter.parse(failing=failing, status=row_status, name=name)
     # Assembled from stored JSON text (no model validation): this is the hot endpoint.
-    body = await comparisons.rows_json_async(
-        comparison_id, failing=failing, name=name, rank=rank, limit=limit, offset=offset, sort=sort
-    )
+    body = await comparisons.rows_json_async(comparison_id, rows, rank=rank, limit=limit, offset=offset,
+                                             sort=sort)  # fmt: skip
     return Response(body, media_type="application/json")
 
 
 def _download(comparisons: ComparisonServiceDep, comparison_id: str, file_name: str, rank: int | None,
               media_type: str) -> StreamingResponse:  # fmt: skip
-    name, chunks = comparisons.report(comparison_id, file_name, rank)
+    return _attachment(comparisons.report(comparison_id, file_name, rank), media_type)
+
+
+def _attachment(download: tuple[str, Iterator[bytes]], media_type: str) -> StreamingResponse:
+    name, chunks = download
     return StreamingResponse(
         chunks, media_type=media_type, headers={"Content-Disposition": f'attachment; filename="{name}"'}
     )
@@ -115,3 +145,13 @@ def get_advisor(
     rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
 ) -> StreamingResponse:
     return _download(comparisons, comparison_id, "advisor.txt", rank, "text/plain; charset=utf-8")
+
+
+@router.get(
+    "/{comparison_id}/summary.json",
+    summary="Download the summary JSON (each rank's counts, verdict, suspects), as parity compare writes it",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/json": {}}}},
+)
+def get_summary_file(comparison_id: str, comparisons: ComparisonServiceDep) -> StreamingResponse:
+    return _attachment(comparisons.summary_file(comparison_id), "application/json")

@@ -1,4 +1,8 @@
-"""``/runs``: create, list, read, delete, upload files, complete."""
+"""``/runs``: create, list, read, delete, upload files, complete.
+
+Wherever a path holds ``{run_id}``, a run name does too, as on the command line: a name that several runs
+have answers 409 with their ids.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +33,12 @@ _RAW_BODY = {
 }
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, summary="Create a run", max_body_size=JSON_BODY_LIMIT)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    summary="Create a run (names are unique in a project)",
+    max_body_size=JSON_BODY_LIMIT,
+)
 def create_run(body: RunCreate, runs: RunServiceDep) -> RunPublic:
     return runs.create(body)
 
@@ -38,15 +47,16 @@ def create_run(body: RunCreate, runs: RunServiceDep) -> RunPublic:
 def list_runs(
     runs: RunServiceDep,
     project: str | None = None,
-    name: str | None = None,
+    name: Annotated[str | None, Query(description="the exact run name")] = None,
+    name_contains: Annotated[str | None, Query(description="a substring of the run name, any case")] = None,
     device: Device | None = None,
-    tag: Annotated[list[str], Query(description="KEY:VALUE; repeat to require several")] = [],  # noqa: B006
+    tag: Annotated[list[str], Query(description="KEY=VALUE; repeat to require several")] = [],  # noqa: B006
     run_status: Annotated[RunStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> RunsPublic:
-    return runs.search(project=project, name=name, device=device, status=run_status, tags=tag, limit=limit,
-                     offset=offset)  # fmt: skip
+    return runs.search(project=project, name=name, name_contains=name_contains, device=device,
+                       status=run_status, tags=tag, limit=limit, offset=offset)  # fmt: skip
 
 
 @router.get("/{run_id}", summary="Read a run")
@@ -55,10 +65,19 @@ def get_run(run_id: str, runs: RunServiceDep) -> RunPublic:
 
 
 @router.delete(
-    "/{run_id}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a run, its files and comparisons"
+    "/{run_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Delete a run and its files (and its comparisons, when asked)",
 )
-def delete_run(run_id: str, runs: RunServiceDep, comparisons: ComparisonServiceDep) -> Response:
-    comparisons.forget(runs.delete(run_id))
+def delete_run(
+    run_id: str,
+    runs: RunServiceDep,
+    comparisons: ComparisonServiceDep,
+    with_comparisons: Annotated[
+        bool, Query(description="also delete the comparisons that use the run, and their reports")
+    ] = False,
+) -> Response:
+    comparisons.forget(runs.delete(run_id, with_comparisons=with_comparisons))
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
