@@ -58,6 +58,7 @@ __all__ = [
     "RunsPublic",
     "SuspectPublic",
     "TaskStatus",
+    "split_tag",
 ]
 
 #: Where the versioned API is mounted; ``/healthz`` sits outside it.
@@ -77,6 +78,16 @@ MAX_METADATA_DEPTH = 32
 #: A printable single-line text: names and tags end up in log lines and file names, where a newline or an
 #: escape sequence would forge a line or garble a terminal.
 _ONE_LINE = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
+def split_tag(text: str) -> tuple[str, str]:
+    """One tag written as ``KEY=VALUE`` (the CLI's ``--tag``, the REST ``tag=`` filter, the web forms), split
+    at the first ``=`` so a value may hold ``=`` or ``:``. A text with no ``=`` or an empty key is a
+    ``ValueError`` that names it."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"tag {text!r}: expected KEY=VALUE")
+    return key.strip(), value.strip()
 
 
 def _nesting(value: Any, limit: int) -> int:

@@ -21,6 +21,7 @@ from parity.client.errors import ClientError
 from parity.client.upload import upload_dump
 from parity.commands import server_args
 from parity.progress import TransferProgress
+from parity.shared.contract import split_tag
 
 DEVICES = ("npu", "gpu", "cpu", "other")
 
@@ -30,9 +31,10 @@ def parse_tags(values: Sequence[str] | None) -> dict[str, str]:
     a value without ``=`` is an error naming it."""
     tags: dict[str, str] = {}
     for value in values or ():
-        key, sep, val = value.partition("=")
-        if not sep or not key:
-            raise ClientError(f"--tag {value!r}: expected KEY=VALUE")
+        try:
+            key, val = split_tag(value)
+        except ValueError:
+            raise ClientError(f"--tag {value!r}: expected KEY=VALUE") from None
         tags[key] = val
     return tags
 

@@ -14,9 +14,9 @@ import logging
 from typing import Any
 
 from parity.server.db import Database
-from parity.server.errors import NotFound
+from parity.server.errors import Conflict, NotFound
 from parity.server.models import ApiAcceptance, Comparison, ComparisonCall, Run, RunTag, utcnow
-from parity.server.repositories import RunRepository
+from parity.server.repositories import RunRepository, serialize_on
 from parity.server.schemas import (
     AcceptanceCreate,
     AcceptancePublic,
@@ -82,7 +82,14 @@ class BaselineService:
             run = RunRepository(session).get(run_id, for_update=True)
             if run is None:
                 raise NotFound(f"run {run_id!r} not found")
-            if body.name is not None:
+            if body.name is not None and body.name != run.name:
+                # Names are unique in a project (RunService.create): a rename must not bring back the
+                # ambiguity that made ``compare-runs NAME`` fail.
+                serialize_on(session, f"run-name\0{run.project}\0{body.name}")
+                taken = RunRepository(session).named(body.name, run.project)
+                if taken:
+                    raise Conflict(f"name: project {run.project!r} already has a run named {body.name!r} "
+                                   f"({taken[-1].id}); names are unique in a project")  # fmt: skip
                 run.name = body.name
             if body.tags is not None:
                 run.tags = dict(body.tags)

@@ -28,6 +28,7 @@ from parity.server.repositories import RunRepository, RunStats, serialize_on
 from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic
 from parity.server.services.paths import check_sha256, check_upload_path
 from parity.server.store import BlobStore, run_key, sidecar_key, upload_key
+from parity.shared.contract import split_tag
 from sqlalchemy.exc import IntegrityError
 
 logger = logging.getLogger(__name__)
@@ -52,10 +53,12 @@ def parse_tag_filters(tags: Sequence[str]) -> list[tuple[str, str]]:
     ``=`` (so a value may hold ``=`` or ``:``, and tag keys never hold ``=``, see ``RunCreate``)."""
     out = []
     for tag in tags:
-        key, sep, value = tag.partition("=")
-        if not sep or not key:
-            raise BadRequest(f"query tag={tag!r}: expected KEY=VALUE, as in parity upload --tag KEY=VALUE")
-        out.append((key, value))
+        try:
+            out.append(split_tag(tag))
+        except ValueError:
+            raise BadRequest(
+                f"query tag={tag!r}: expected KEY=VALUE, as in parity upload --tag KEY=VALUE"
+            ) from None
     return out
 
 

@@ -41,6 +41,7 @@ from parity.server.web.auth import (
     token_role,
 )
 from parity.server.web.render import render
+from parity.shared.contract import split_tag
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -211,10 +212,11 @@ def _parse_tags(text: str) -> dict[str, str]:
         item = item.strip()
         if not item:
             continue
-        key, sep, value = item.partition(":")
-        if not sep or not key.strip():
-            raise BadRequest(f"tags: {item!r} is not KEY:VALUE")
-        tags[key.strip()] = value.strip()
+        try:
+            key, value = split_tag(item)
+        except ValueError:
+            raise BadRequest(f"tags: {item!r} is not KEY=VALUE") from None
+        tags[key] = value
     return tags
 
 

@@ -92,14 +92,14 @@ def test_sign_in_redirects_stay_on_this_site() -> None:
 
 
 def test_urls_keep_filters_and_drop_empty_ones() -> None:
-    params = {"project": "llama", "name": "", "tag": "hw:npu", "page": 2}
-    assert query_url("/", params, page=3) == "/?project=llama&tag=hw%3Anpu&page=3"
+    params = {"project": "llama", "name": "", "tag": "hw=npu", "page": 2}
+    assert query_url("/", params, page=3) == "/?project=llama&tag=hw%3Dnpu&page=3"
     assert query_url("/", {}, name="a&b") == "/?name=a%26b"
 
 
 def test_tags_text() -> None:
-    assert _parse_tags("hw: npu, dtype:bf16,") == {"hw": "npu", "dtype": "bf16"}
-    with pytest.raises(BadRequest, match="'oops' is not KEY:VALUE"):
+    assert _parse_tags("hw= npu, dtype=bf16,") == {"hw": "npu", "dtype": "bf16"}
+    with pytest.raises(BadRequest, match="'oops' is not KEY=VALUE"):
         _parse_tags("oops")
 
 
