@@ -2,7 +2,9 @@
 
 A small transformer LM (4 layers, d_model 256, seq 128, batch 4, vocab 1000, fp32, CPU; sized so a plain
 step is ~50-150 ms on two cores); one training step = forward,
-loss, backward, SGD update. Modes: L0, L1, mix, L1 with md5 (task statistics). Run:
+loss, backward, SGD update. Modes: L0, L1, mix, L1 with md5 (task statistics), each with ``async_dump``
+false (the default: ``step()`` returns once the step is on disk) and true (files written in the background
+while the next step trains; md5 is not allowed there, as in msprobe). Run:
 
     .venv/bin/python benchmarks/bench_dump_overhead.py [--steps 20] [--profile L1] [--clock cpu]
 
@@ -56,6 +58,7 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, ta
 
 def run(
     mode: str,
+    async_dump: bool,
     steps: int,
     warmup: int,
     tmp: Path,
@@ -66,7 +69,8 @@ def run(
 
     The machine is shared, so load drifts over seconds; alternating a plain step on an unhooked copy of
     the model with an instrumented step makes both medians see the same drift. The instrumented time
-    includes ``stop()``/``step()``: what training waits for, not the writing done in the background.
+    includes ``stop()``/``step()``: what training waits for (with ``async_dump`` false, the writing of
+    the step's files too; with true, not the writing done in the background).
     """
     torch.manual_seed(0)
     plain_model = LM()
@@ -77,11 +81,11 @@ def run(
     target = torch.randint(0, 1000, (4, 128))
     level, _, summary = mode.partition("+")
     PrecisionDebugger.reset()
-    cfg = tmp / f"{mode}.json"
-    cfg.write_text(
-        json.dumps({"task": "statistics", "statistics": {"summary_mode": summary or "statistics"}})
-    )
-    PrecisionDebugger(str(cfg), dump_path=str(tmp / mode), level=level)
+    label = f"{mode}-async" if async_dump else mode
+    cfg = tmp / f"{label}.json"
+    cfg.write_text(json.dumps({"task": "statistics", "async_dump": async_dump,
+                               "statistics": {"summary_mode": summary or "statistics"}}))  # fmt: skip
+    PrecisionDebugger(str(cfg), dump_path=str(tmp / label), level=level)
     plain: list[float] = []
     inst: list[float] = []
     prof = cProfile.Profile() if profile else None
@@ -112,6 +116,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", default=None, help="profile one mode with cProfile (e.g. L1)")
+    ap.add_argument("--async-dump", action="store_true", help="with --profile: async_dump true")
+    ap.add_argument("--modes", default=None,
+                    help="comma-separated subset, e.g. L1,L1-async (default: all)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch intra-op threads (default: the machine's cores)")  # fmt: skip
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -122,18 +129,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         if args.profile:
-            run(args.profile, args.steps, args.warmup, tmp, profile=True, clock=clock)
+            run(args.profile, args.async_dump, args.steps, args.warmup, tmp, profile=True, clock=clock)
             return
-        targets = {"L0": 1.3, "L1": 2.0, "mix": 2.5, "L1+md5": None}
+        # (mode, async_dump, target ratio)
+        targets = [("L0", False, 1.3), ("L1", False, 2.0), ("mix", False, 2.5), ("L1+md5", False, None),
+                   ("L0", True, 1.3), ("L1", True, 2.0), ("mix", True, 2.5)]  # fmt: skip
+        if args.modes:
+            wanted = set(args.modes.split(","))
+            targets = [t for t in targets if (f"{t[0]}-async" if t[1] else t[0]) in wanted]
         clock_name = "wall: time.perf_counter" if args.clock == "wall" else "cpu: time.process_time"
         print(f"threads={args.threads} clock={clock_name} steps={args.steps} (median, interleaved)")
-        print(f"{'mode':<8} {'plain ms':>9} {'dump ms':>9} {'ratio':>7} {'target':>7}")
-        for mode, target in targets.items():
-            plain, inst = run(mode, args.steps, args.warmup, tmp, clock=clock)
+        print(f"{'mode':<8} {'async_dump':>10} {'plain ms':>9} {'dump ms':>9} {'ratio':>7} {'target':>7}")
+        for mode, async_dump, target in targets:
+            plain, inst = run(mode, async_dump, args.steps, args.warmup, tmp, clock=clock)
             tgt = f"<={target}" if target else "-"
-            print(
-                f"{mode:<8} {plain * 1e3:>9.1f} {inst * 1e3:>9.1f} {inst / plain:>7.2f} {tgt:>7}", flush=True
-            )
+            print(f"{mode:<8} {str(async_dump).lower():>10} {plain * 1e3:>9.1f} {inst * 1e3:>9.1f} "
+                  f"{inst / plain:>7.2f} {tgt:>7}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
+from parity.client.call_site import as_called
 from parity.client.naming_rules import OPERATOR_METHODS, api_name, operator_dunder
 from parity.client.recorder import Recorder
 from torch.overrides import TorchFunctionMode, resolve_name
@@ -33,6 +34,7 @@ _COMPILED_FILES = ("<eval_with_key>", "torchinductor", f"{torch.__path__[0]}/_dy
 _is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
 _warned_compile = False
 
+_TENSOR_BACKWARD = torch.Tensor.backward
 # Cache per func object: (prefix.api, is_operator_candidate) or None for an ignored call.
 _Name = tuple[str, str, bool] | None
 
@@ -69,6 +71,8 @@ class ApiMode(TorchFunctionMode):
         except (KeyError, TypeError):
             name = self._resolve(func) if _hashable(func) else None
         if name is None:
+            if func is _TENSOR_BACKWARD:
+                return self._backward(*args, **kwargs)
             return func(*args, **kwargs)
         frame = sys._getframe(1)
         code = frame.f_code
@@ -85,7 +89,19 @@ class ApiMode(TorchFunctionMode):
         prefix, api, operator = name
         if operator:
             api = operator_dunder(api, frame) or api
-        return self.recorder.record_api(f"{prefix}.{api}", func, args, kwargs, frame)
+        shown_args, shown_kwargs, caller = as_called(func, args, kwargs, frame)
+        return self.recorder.record_api(f"{prefix}.{api}", func, args, kwargs, caller,
+                                        shown=(shown_args, shown_kwargs))  # fmt: skip
+
+    def _backward(self, tensor: torch.Tensor, gradient: Any = None, retain_graph: Any = None,
+                  create_graph: bool = False, inputs: Any = None) -> None:  # fmt: skip
+        """``loss.backward()``: the implicit gradient of a scalar loss is made here, under the mode, by the
+        same call autograd's ``_make_grads`` makes, so the dump holds msprobe's ``Torch.ones_like`` entry
+        (msprobe's patched ``torch.ones_like`` sees autograd's call; a function mode is off inside it)."""
+        if gradient is None and tensor.requires_grad and tensor.numel() == 1:
+            with self:
+                gradient = torch.ones_like(tensor, memory_format=torch.preserve_format)
+        torch.autograd.backward(tensor, gradient, retain_graph, create_graph, inputs=inputs)
 
     def _mark_compiled(self, frame: FrameType) -> None:
         """One marker per compiled-graph call (the graph's frame); its ops are not captured."""

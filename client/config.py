@@ -1,15 +1,21 @@
 """config.json (dump-format.md §2) parsed and validated once, at ``PrecisionDebugger`` construction.
 
-Every field is checked against its allowed values, and an unknown field is an error rather than a silent
-no-op, so a typo (``"levle"``) fails before training starts instead of producing an empty dump hours later.
-Constructor arguments win over the file; ``PARITY_SERVER`` / ``PARITY_TOKEN`` fill in ``server`` / ``token``.
+An msprobe user's config.json works unchanged: every field msprobe 8.3.3 and 26.x ship or document is
+accepted. The fields Parity acts on are checked against their allowed values; the others (``precision``,
+``enable_dataloader``, ``risk_level``, ``statistics.tensor_list``, the ``overflow_check``/``run_ut``/... task
+sections) are named in one warning, so nobody believes a setting took effect when it did not. A field
+neither tool knows is an error with the closest known name, so a typo (``"levle"``) fails before training
+starts instead of producing an empty dump hours later. Constructor arguments win over the file;
+``PARITY_SERVER`` / ``PARITY_TOKEN`` fill in ``server`` / ``token``.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +23,8 @@ from typing import Any
 from parity.client.errors import ConfigError
 
 __all__ = ["DebuggerConfig", "load_config", "parse_index_list"]
+
+log = logging.getLogger(__name__)
 
 TASKS = ("statistics", "tensor")
 LEVELS = ("L0", "L1", "mix")
@@ -27,6 +35,16 @@ COMMON_FIELDS = (
     "server", "run_name", "project", "tags", *TASKS,
 )  # fmt: skip
 TASK_FIELDS = ("scope", "list", "data_mode", "summary_mode")
+#: msprobe's fields (8.3.3's shipped config.json and docs, 26.x's docs) that Parity accepts and does not act
+#: on; a task section of msprobe's other tasks is accepted whole.
+MSPROBE_FIELDS = (
+    "enable_dataloader", "precision", "seed", "is_deterministic", "risk_level", "dump_enable",
+    "custom_op_namespaces",
+)  # fmt: skip
+MSPROBE_SECTIONS = ("overflow_check", "run_ut", "acc_check", "grad_probe", "free_benchmark", "nan_check",
+                    "exception_dump")  # fmt: skip
+MSPROBE_TASK_FIELDS = ("tensor_list", "file_format", "backward_input", "slice", "request_id", "bench_path",
+                       "diff_nums", "overflow_nums", "check_mode")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -133,16 +151,24 @@ def _opt_str(raw: Mapping[str, Any], key: str, src: str | None) -> str | None:
     return value
 
 
-def _task_section(raw: Any, task: str, src: str | None) -> dict[str, Any]:
+def _unknown(field: str, key: str, known: Iterable[str], src: str | None) -> ConfigError:
+    """An unknown field, with the closest name Parity or msprobe knows."""
+    known = list(known)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(field, f"unknown field; {hint}known: {', '.join(known)}", source=src)
+
+
+def _task_section(raw: Any, task: str, src: str | None, ignored: list[str]) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(task, f"must be an object with fields {', '.join(TASK_FIELDS)}", source=src)
     for key in raw:
-        if key not in TASK_FIELDS:
-            raise ConfigError(
-                f"{task}.{key}", f"unknown field; allowed: {', '.join(TASK_FIELDS)}", source=src
-            )
+        if key in MSPROBE_TASK_FIELDS:
+            ignored.append(f"{task}.{key}")
+        elif key not in TASK_FIELDS:
+            raise _unknown(f"{task}.{key}", key, (*TASK_FIELDS, *MSPROBE_TASK_FIELDS), src)
     return raw
 
 
@@ -159,9 +185,12 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
             raise ConfigError("config_path", f"not valid JSON: {exc}", source=src) from exc
         if not isinstance(raw, dict):
             raise ConfigError("config_path", "the top level must be a JSON object", source=src)
+    ignored: list[str] = []  # msprobe's fields present in the file, accepted, not acted upon
     for key in raw:
-        if key not in COMMON_FIELDS:
-            raise ConfigError(key, f"unknown field; allowed: {', '.join(COMMON_FIELDS)}", source=src)
+        if key in MSPROBE_FIELDS or key in MSPROBE_SECTIONS:
+            ignored.append(key)
+        elif key not in COMMON_FIELDS:
+            raise _unknown(key, key, (*COMMON_FIELDS, *MSPROBE_FIELDS, *MSPROBE_SECTIONS), src)
     token = overrides.pop("token", None)
     for key, value in overrides.items():
         if key not in COMMON_FIELDS:
@@ -172,8 +201,8 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
     level = _choice(raw, "level", LEVELS, "L1", "level", src)
     for other in TASKS:
         if other != task and other in raw:
-            _task_section(raw[other], other, src)  # still validated: a typo there is a typo
-    section = _task_section(raw.get(task), task, src)
+            _task_section(raw[other], other, src, ignored)  # still validated: a typo there is a typo
+    section = _task_section(raw.get(task), task, src, ignored)
     scope = _str_list(section.get("scope"), f"{task}.scope", src)
     if len(scope) not in (0, 2):
         raise ConfigError(f"{task}.scope", f"must list exactly 2 entry names (first, last), got {len(scope)}",
@@ -199,6 +228,9 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
         raise ConfigError(
             "tags", f"must be an object of strings or a list of strings, got {tags!r}", source=src
         )
+    if ignored:
+        log.warning("parity: %s: msprobe fields that Parity accepts and does not act on: %s",
+                    src or "config", ", ".join(ignored))  # fmt: skip
     return DebuggerConfig(
         task=task,
         dump_path=Path(dump_path),

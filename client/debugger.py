@@ -182,25 +182,38 @@ class PrecisionDebugger:
         self._dist.restore()
         if self.recorder is not None:
             self.recorder.flush()
+            self._settle()
 
     @classmethod
     def drain(cls) -> None:
         """Block until every flushed step is on disk (and handed to the uploader).
 
-        ``stop()`` and ``step()`` only queue their files for the background writer; call this before reading
-        the dump from the training process itself. Exit and :meth:`reset` drain on their own."""
+        Only needed with ``async_dump: true``, where ``stop()`` and ``step()`` queue their files for the
+        background writer and return; without it they return once the files are written. Exit and
+        :meth:`reset` drain on their own."""
         writer = cls._get()._writer
         if writer is not None:
             writer.drain()
 
+    def _settle(self) -> None:
+        """``async_dump`` false (the default, as msprobe): wait until what was flushed is on disk.
+
+        The tensor files were being written by the background thread while the step ran; here training
+        waits for the rest and for the JSON files, so a process that ends right after ``step()`` (a crash,
+        a launcher killing its workers, ``os._exit``) leaves the step complete."""
+        if not self.config.async_dump and self._writer is not None:
+            self._writer.drain()
+
     @classmethod
     def step(cls) -> None:
-        """Finish the step: hand its files to the writer (then the uploader), reset counters, step += 1."""
+        """Finish the step: write its files (on disk when this returns, unless ``async_dump``), hand them to
+        the uploader, reset counters, step += 1."""
         self = cls._get()
         was_running = self.running
         if was_running:
             cls.stop()
         self._finish_step()
+        self._settle()
         self.current_step += 1
         max_step = self.config.max_step
         if max_step is not None and self.current_step > max_step and not self.finished:

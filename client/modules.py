@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from parity.client.api_backward import InputNodes, input_nodes
 from parity.client.recorder import Recorder, grad_tensors
 from parity.client.stats import quiet
 from parity.shared.dump.naming import backward_of, module_prefix, param_grad_file
@@ -32,6 +33,11 @@ __all__ = ["ModuleHooks"]
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
+def param_grad_name(prefix: str) -> str:
+    """``Module.{path}.{Class}.parameters_grad``: msprobe 8.3.3's name, no counter (one entry a step)."""
+    return f"{prefix}.parameters_grad"
+
+
 class ModuleHooks:
     """Hooks on every descendant of the models given to ``start(model)`` (the roots themselves excluded)."""
 
@@ -39,8 +45,9 @@ class ModuleHooks:
         self._get = get_recorder  # () -> Recorder | None: None while the debugger is not running
         self.handles: list[RemovableHandle] = []
         self._attached: set[int] = set()
-        # per active forward call: (entry name, its entry, selected by the filters, matched ``list`` at mix)
-        self._active: list[tuple[str, dict[str, Any] | None, bool, bool]] = []
+        # per active forward call: (entry name, its entry, selected by the filters, matched ``list`` at mix,
+        # its grad-requiring inputs and their nodes before the call)
+        self._active: list[tuple[str, dict[str, Any] | None, bool, bool, InputNodes]] = []
 
     def attach(self, model: nn.Module | Sequence[nn.Module]) -> None:
         """Hook ``model`` (or each of a list, named ``Module.{idx}.``) once; later calls are no-ops."""
@@ -76,7 +83,7 @@ class ModuleHooks:
     def _pre(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         rec: Recorder | None = self._get()
         if rec is None or _is_compiling():
-            self._active.append(("", None, False, False))
+            self._active.append(("", None, False, False, []))
             return
         n = rec.module_counts.get(prefix, 0)
         rec.module_counts[prefix] = n + 1
@@ -102,16 +109,20 @@ class ModuleHooks:
                         register_multi_grad_hook(ins, partial(self._bwd_inputs, rec, backward_of(name)))
             if rec.cfg.extra_info:
                 rec.record_stack(name, sys._getframe(1))
-        self._active.append((name, entry, selected, listed))
+        # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
+        before = input_nodes(args, kwargs) if rec.want_bwd and torch.is_grad_enabled() else []
+        self._active.append((name, entry, selected, listed, before))
 
     def _post(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> None:  # fmt: skip
         if not self._active:
             return
-        name, entry, selected, listed = self._active.pop()
+        name, entry, selected, listed, before = self._active.pop()
         rec: Recorder | None = self._get()
         if not name or rec is None:
             return
+        if before:
+            rec.api_backward.follow_inplace(before)
         if listed:  # leaving a module that matched ``list`` at mix: APIs after it are filtered again
             rec.list_depth -= 1
         if rec.module_stack and rec.module_stack[-1] == name:
@@ -124,21 +135,28 @@ class ModuleHooks:
                 if entry is None:
                     entry = {}
                 entry["output"] = rec.encode_output(name, output)
-                params = {
+                entry["parameters"] = {  # present, maybe empty, as msprobe writes it
                     p: rec.tensor_leaf(t, name, "parameters", (p,))
                     for p, t in module.named_parameters(recurse=False)
                 }
-                if params:
-                    entry["parameters"] = params
             if entry is not None:
                 rec.data.pop(name, None)
                 rec.data[name] = (
                     entry  # re-inserted at completion: a module follows the APIs inside it (§4.4)
                 )
+            if rec.want_bwd and grad_on and prefix not in rec.param_grads:
+                # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
+                # ``[null]`` per trainable parameter, filled when the gradient arrives
+                slots = {p: [None] for p, t in module.named_parameters(recurse=False) if t.requires_grad}
+                if slots:
+                    rec.param_grads[prefix] = slots
+                    rec.data[param_grad_name(prefix)] = slots
             if rec.want_bwd_in and grad_on:
                 outs = grad_tensors(output, [])
                 if outs:
                     register_multi_grad_hook(outs, partial(self._bwd_outputs, rec, backward_of(name)))
+                if len(outs) == 1 and outs[0]._is_view():  # its hook is lost if it is updated in place
+                    rec.api_backward.watch_view(outs[0], partial(self._bwd_rebased, rec, backward_of(name)))
 
     # ----------------------------------------------------------------------------------------- backward
     @staticmethod
@@ -158,9 +176,16 @@ class ModuleHooks:
         with rec.lock, quiet():
             self._bwd_entry(rec, name)["input"] = rec.encode_grads(name, "input", grads)
 
+    def _bwd_rebased(self, rec: Recorder, name: str, g_view: torch.Tensor | None, _: Any) -> None:
+        self._bwd_outputs(rec, name, (g_view,))
+
     def _bwd_inputs(self, rec: Recorder, name: str, grads: Sequence[torch.Tensor | None]) -> None:
         with rec.lock, quiet():
-            self._bwd_entry(rec, name)["output"] = rec.encode_grads(name, "output", grads)
+            entry = self._bwd_entry(rec, name)
+            entry["output"] = rec.encode_grads(name, "output", grads)
+            # placed once the module's backward is complete, after the APIs inside it (msprobe's order)
+            rec.data.pop(name, None)
+            rec.data[name] = entry
 
     def _param_grad(self, prefix: str, pname: str, param: torch.Tensor) -> None:
         rec: Recorder | None = self._get()
@@ -169,16 +194,16 @@ class ModuleHooks:
         if rec.filtered and prefix not in rec.selected_modules:
             return
         with rec.lock, quiet():
-            current = rec.grad_current.get(prefix)
-            if current is None or pname in current:
-                k = rec.grad_counts.get(prefix, 0)
-                rec.grad_counts[prefix] = k + 1
-                current = rec.grad_current[prefix] = {}
-                rec.data[f"{prefix}.parameters_grad.{k}"] = current
-            entry_name = f"{prefix}.parameters_grad.{rec.grad_counts[prefix] - 1}"
+            # One entry per module and step, as msprobe 8.3.3 names it; a later accumulation (another
+            # micro-batch) overwrites the leaf, so the entry ends with the gradient the optimizer sees.
+            entry_name = param_grad_name(prefix)
+            entry = rec.param_grads.get(prefix)
+            if entry is None:
+                entry = rec.param_grads[prefix] = {}
+                rec.data[entry_name] = entry
             data_name = None
             if rec.writer is not None:
                 data_name = param_grad_file(entry_name, pname)
                 rec.writer.submit(rec.dir_writer.tensor_dir / data_name, param.grad)
-            current[pname] = [rec.stats.leaf(param.grad, data_name)]
+            entry[pname] = [rec.stats.leaf(param.grad, data_name)]
             rec.dirty = True

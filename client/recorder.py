@@ -21,6 +21,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
+from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
@@ -41,23 +42,6 @@ _TOOL_DIRS = tuple(
     os.path.dirname(os.path.abspath(p)) + os.sep
     for p in (__file__, sys.modules["parity.shared.dump.writer"].__file__ or "")
 )
-
-
-def first_tensor(value: Any) -> Tensor | None:
-    """The first tensor of an output, walking tuples/lists/dicts in order (msprobe's backward anchor)."""
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            t = first_tensor(v)
-            if t is not None:
-                return t
-    elif isinstance(value, dict):
-        for v in value.values():
-            t = first_tensor(v)
-            if t is not None:
-                return t
-    return None
 
 
 def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
@@ -105,8 +89,7 @@ class Recorder:
         self.data: dict[str, Any] = {}
         self.api_counts: dict[str, int] = {}
         self.module_counts: dict[str, int] = {}
-        self.grad_counts: dict[str, int] = {}
-        self.grad_current: dict[str, dict[str, Any]] = {}
+        self.param_grads: dict[str, dict[str, Any]] = {}  # module prefix -> its parameters_grad entry
         self.construct: dict[str, str | None] = {}
         self.module_stack: list[str] = []
         self.list_depth = 0  # > 0 while inside a module that matched ``list`` (mix: dump all inside)
@@ -114,6 +97,7 @@ class Recorder:
         self.scope_done = False
         self.selected_modules: set[str] = set()
         self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5")
+        self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
         self.stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
@@ -239,21 +223,29 @@ class Recorder:
 
     # ------------------------------------------------------------------------------------------ the API
     def record_api(self, prefix_api: str, func: Callable[..., Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any], frame: FrameType | None) -> Any:  # fmt: skip
-        """Run one outermost API call and record it (inputs before the call: in-place ops mutate them)."""
+                   kwargs: dict[str, Any], frame: FrameType | None,
+                   shown: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> Any:  # fmt: skip
+        """Run one outermost API call and record it (inputs before the call: in-place ops mutate them).
+
+        ``shown``: the arguments as the caller spelled them (what the dump records), where that differs
+        from how ``func`` is called."""
         n = self.api_counts.get(prefix_api, 0)
         fwd = f"{prefix_api}.{n}.forward"
         if self.mix:
             self.api_parent(fwd)
+        track = self.want_bwd and torch.is_grad_enabled()
+        before: InputNodes = input_nodes(args, kwargs) if track else []
         if not self.selected(fwd):
             out = func(*args, **kwargs)
             self.api_counts[prefix_api] = n + 1
+            if before:  # not recorded, but it may change a recorded view in place
+                self.api_backward.follow_inplace(before)
             return out
         entry: dict[str, Any] | None = None
         self.dirty = True
         if self.want_fwd_in:
             with torch.no_grad():
-                entry = self.encode_inputs(fwd, args, kwargs)
+                entry = self.encode_inputs(fwd, *(shown or (args, kwargs)))
             self.data[fwd] = entry
         out = func(*args, **kwargs)
         self.api_counts[prefix_api] = n + 1
@@ -265,26 +257,20 @@ class Recorder:
             entry["output"] = encoded
         if entry is not None and self.cfg.extra_info:
             self.record_stack(fwd, frame)
-        if self.want_bwd and torch.is_grad_enabled():
-            t = first_tensor(out)
-            if t is not None and t.grad_fn is not None:
-                t.grad_fn.register_hook(self._api_backward_hook(backward_of(fwd)))
+        if track:
+            self.api_backward.after_call(backward_of(fwd), out, before)
         return out
 
-    def _api_backward_hook(self, name: str) -> Callable[[Any, Any], None]:
-        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
-            # Node hook: grad_outputs are the grads of the API's outputs (msprobe "input"), grad_inputs the
-            # grads flowing to its inputs ("output").
-            with self.lock, quiet():
-                self.dirty = True
-                entry: dict[str, Any] = {}
-                if self.want_bwd_in:
-                    entry["input"] = self.encode_grads(name, "input", grad_outputs)
-                if self.want_bwd_out:
-                    entry["output"] = self.encode_grads(name, "output", grad_inputs)
-                self.data[name] = entry
-
-        return hook
+    def api_gradients(self, name: str, of_outputs: Any, of_inputs: Any) -> None:
+        """One API call's gradients arrived: of its outputs (msprobe ``input``), its inputs (``output``)."""
+        with self.lock, quiet():
+            self.dirty = True
+            entry: dict[str, Any] = {}
+            if self.want_bwd_in:
+                entry["input"] = self.encode_grads(name, "input", of_outputs)
+            if self.want_bwd_out:
+                entry["output"] = self.encode_grads(name, "output", of_inputs)
+            self.data[name] = entry
 
     # ------------------------------------------------------------------------------------------- flush
     def flush(
@@ -327,7 +313,7 @@ class Recorder:
         docs = self.data, self.stacks, self.construct
         self.handed_over = True
         self.data = {}
-        self.grad_current = {}  # its dicts are entries of the data handed off
+        self.param_grads = {}  # its dicts are entries of the data handed off
         self.construct = {}
         self.stacks = []
         self._stack_index = {}

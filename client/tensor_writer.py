@@ -102,9 +102,16 @@ class BackgroundWriter:
 
 
 def _save(tensor: torch.Tensor, path: Path) -> None:
+    """Write one ``.pt`` file atomically: a temporary name, fsynced, then renamed (no half file, ever)."""
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        torch.save(tensor.cpu(), path)
+        with open(tmp, "wb") as fh:
+            torch.save(tensor.cpu(), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
     except Exception as exc:  # name the file: torch's own message often does not
+        tmp.unlink(missing_ok=True)
         raise OSError(f"cannot write {path}: {exc}") from exc
 
 

@@ -2,8 +2,9 @@
 construct.json, next to ``dump_tensor_data/``.
 
 Pure Python (no torch): the client hands over plain dicts whose tensor leaves are already resolved. Each file
-is written to a temporary name and renamed, so a reader (or the uploader) never sees half a JSON file; each
-flush rewrites the whole file, as msprobe does.
+is written to a temporary name, fsynced and renamed, and the directory is fsynced after the step's files, so
+a reader (or the uploader) never sees half a JSON file and a crash of the machine right after a step leaves
+the step whole; each flush rewrites the whole file, as msprobe does.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from parity.shared.errors import DumpError
 
-__all__ = ["TENSOR_DIR", "RankDirWriter", "dump_document", "dumps_indent1", "stack_document"]
+__all__ = ["TENSOR_DIR", "RankDirWriter", "dump_document", "dumps_indent1", "fsync_dir", "stack_document"]
 
 TENSOR_DIR = "dump_tensor_data"
 
@@ -133,9 +134,25 @@ def _write_json(path: Path, doc: Any) -> None:
         text = dumps_indent1(doc)
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except (OSError, TypeError, ValueError) as exc:
         raise DumpError(path, f"cannot write: {exc}") from exc
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the entries (renames) of ``directory`` durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # Windows, or a file system without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class RankDirWriter:
@@ -174,4 +191,6 @@ class RankDirWriter:
             _write_json(self.rank_dir / "stack.json", stack_document(stacks))
         if construct is not None:
             _write_json(self.rank_dir / "construct.json", dict(construct))
+        for directory in (self.tensor_dir, self.rank_dir) if tensors else (self.rank_dir,):
+            fsync_dir(directory)  # the renames themselves survive a crash of the machine
         return dump_json

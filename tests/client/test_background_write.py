@@ -1,4 +1,5 @@
-"""The JSON files are written on the background writer thread: complete, in order, never half a step.
+"""With ``async_dump: true`` the files are written on the background writer thread: complete, in order,
+never half a step (with ``async_dump`` false, ``step()`` waits for the same thread: test_durable_steps.py).
 
 Each test holds the writer thread on an event, so what training did meanwhile is deterministic: the thread
 cannot have run a job before the event is set, and runs the queued jobs in order after it.
@@ -19,6 +20,13 @@ from parity.client import PrecisionDebugger
 from parity.client.tensor_writer import BackgroundWriter
 
 from tests.client.conftest import load_data, model_and_input, train_step
+
+
+def _async(tmp: Path) -> str:
+    """A config.json with ``async_dump: true``: stop() and step() return without waiting for the writer."""
+    cfg = tmp / "async_config.json"
+    cfg.write_text(json.dumps({"async_dump": True}))
+    return str(cfg)
 
 
 def _writer() -> BackgroundWriter:
@@ -45,7 +53,7 @@ def _read_on_writer(rank_dir: Path, into: list[dict[str, Any]]) -> None:
 
 
 def test_step_files_are_complete_once_drained(tmp_path: Path, hold: threading.Event) -> None:
-    PrecisionDebugger(dump_path=str(tmp_path), level="mix")
+    PrecisionDebugger(_async(tmp_path), dump_path=str(tmp_path), level="mix")
     model, x = model_and_input("mlp")
     PrecisionDebugger.start(model)
     _hold_writer(hold)
@@ -69,7 +77,7 @@ def test_step_files_are_complete_once_drained(tmp_path: Path, hold: threading.Ev
 def test_stop_hands_off_a_snapshot_later_recording_cannot_change(
     tmp_path: Path, hold: threading.Event
 ) -> None:
-    PrecisionDebugger(dump_path=str(tmp_path), level="L0")
+    PrecisionDebugger(_async(tmp_path), dump_path=str(tmp_path), level="L0")
     model, x = model_and_input("mlp")
     PrecisionDebugger.start(model)
     _hold_writer(hold)
@@ -91,7 +99,7 @@ def test_stop_hands_off_a_snapshot_later_recording_cannot_change(
 def test_backward_after_the_step_does_not_touch_the_handed_off_step(
     tmp_path: Path, hold: threading.Event
 ) -> None:
-    PrecisionDebugger(dump_path=str(tmp_path), level="L1")
+    PrecisionDebugger(_async(tmp_path), dump_path=str(tmp_path), level="L1")
     x = torch.randn(3, requires_grad=True)
     PrecisionDebugger.start()
     _hold_writer(hold)
@@ -127,7 +135,7 @@ def test_uploader_gets_each_step_only_after_its_files_are_written(
 
     RecordingUploader.instances = []
     monkeypatch.setattr(uploader, "BackgroundUploader", RecordingUploader)
-    PrecisionDebugger(dump_path=str(tmp_path), level="L1", server="http://parity:8000")
+    PrecisionDebugger(_async(tmp_path), dump_path=str(tmp_path), level="L1", server="http://parity:8000")
     x = torch.randn(3, requires_grad=True)
     PrecisionDebugger.start()
     _hold_writer(hold)

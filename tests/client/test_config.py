@@ -21,7 +21,11 @@ def _cfg(tmp_path: Path, doc: dict[str, Any]) -> str:
 @pytest.mark.parametrize(
     ("doc", "pattern"),
     [
-        ({"levle": "L1"}, r"field 'levle': unknown field; allowed: task, dump_path"),
+        ({"levle": "L1"}, r"field 'levle': unknown field; did you mean 'level'\? known: task, dump_path"),
+        ({"async_dumps": True}, r"field 'async_dumps': unknown field; did you mean 'async_dump'\?"),
+        ({"enable_dataloder": False}, r"did you mean 'enable_dataloader'\?"),  # msprobe's field, misspelt
+        ({"statistics": {"tensor_lst": []}}, r"'statistics.tensor_lst'.*did you mean 'tensor_list'\?"),
+        ({"zzz": 1}, r"field 'zzz': unknown field; known: task"),
         (
             {"task": "overflow_check"},
             r"field 'task': 'overflow_check' is not allowed; allowed: statistics, tensor",
@@ -31,7 +35,7 @@ def _cfg(tmp_path: Path, doc: dict[str, Any]) -> str:
         ({"statistics": {"data_mode": ["fwd"]}}, r"statistics.data_mode.*allowed: all, forward, backward"),
         ({"statistics": {"summary_mode": "xor"}}, r"statistics.summary_mode': 'xor' is not allowed"),
         ({"statistics": {"scope": ["a"]}}, r"statistics.scope': must list exactly 2"),
-        ({"statistics": {"lists": []}}, r"statistics.lists': unknown field; allowed: scope, list"),
+        ({"statistics": {"lists": []}}, r"statistics.lists': unknown field; did you mean 'list'\? known"),
         ({"step": ["3-1"]}, r"field 'step': bad item '3-1'"),
         ({"rank": "0"}, r"field 'rank': must be a list"),
         ({"async_dump": "yes"}, r"field 'async_dump': must be true or false"),
@@ -82,3 +86,51 @@ def test_seed_all_is_reproducible() -> None:
     a = torch.randn(3)
     seed_all(7)
     assert torch.equal(a, torch.randn(3))
+
+
+MSPROBE_833_CONFIG = Path(__file__).parent / "data" / "msprobe833_config.json"  # as mindstudio-probe ships it
+
+# msprobe 26.x documents these on top of 8.3.3's (dump-format.md §2, msprobe's config docs)
+MSPROBE_26_CONFIG: dict[str, Any] = {
+    "task": "tensor", "dump_path": "./dump_path", "rank": [], "step": [0], "level": "mix",
+    "async_dump": False, "precision": "high", "extra_info": True, "risk_level": "ALL",
+    "is_deterministic": True, "seed": 1234, "dump_enable": True, "custom_op_namespaces": ["_C_ascend"],
+    "tensor": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "md5", "file_format": "npy",
+               "bench_path": "", "diff_nums": 1, "slice": [], "backward_input": ""},
+    "statistics": {"scope": [], "list": [], "tensor_list": ["relu"], "data_mode": ["all"],
+                   "summary_mode": "statistics"},
+    "acc_check": {"white_list": [], "black_list": [], "error_data_path": "./"},
+    "nan_check": {"scope": [], "list": []},
+}  # fmt: skip
+
+
+def test_msprobe_833_shipped_config_is_accepted_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="parity.client.config"):
+        cfg = load_config(MSPROBE_833_CONFIG)
+    assert (cfg.task, cfg.level, cfg.async_dump) == ("statistics", "L1", False)
+    assert cfg.summary_mode == "statistics"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    for name in ("enable_dataloader", "tensor.file_format", "overflow_check", "run_ut", "grad_probe",
+                 "free_benchmark"):  # fmt: skip
+        assert name in warnings[0]
+    for acted_on in ("async_dump", "data_mode", "summary_mode", "'level'"):
+        assert acted_on not in warnings[0]
+
+
+def test_msprobe_26_documented_fields_are_accepted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="parity.client.config"):
+        cfg = load_config(_cfg(tmp_path, MSPROBE_26_CONFIG))
+    assert (cfg.task, cfg.level, cfg.summary_mode, cfg.steps) == ("tensor", "mix", "md5", frozenset({0}))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    for name in ("precision", "risk_level", "is_deterministic", "seed", "dump_enable", "custom_op_namespaces",
+                 "tensor.file_format", "tensor.bench_path", "statistics.tensor_list", "acc_check",
+                 "nan_check"):  # fmt: skip
+        assert name in warning
+
+
+def test_parity_fields_only_warn_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    doc = {"task": "statistics", "level": "L1", "statistics": {"data_mode": ["all"]}}
+    with caplog.at_level("WARNING", logger="parity.client.config"):
+        load_config(_cfg(tmp_path, doc))
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -64,15 +64,15 @@ def test_tensor_task_files_load_safely_and_match_json(tmp_path: Path) -> None:
     for name in ("Functional.linear.0.forward.input.0.pt", "Functional.linear.0.forward.output.0.pt",
                  "Functional.linear.0.backward.input.0.pt",
                  "Module.fc1.Linear.forward.0.parameters.weight.pt",
-                 "Module.fc1.Linear.parameters_grad.0.weight.pt"):  # fmt: skip
+                 "Module.fc1.Linear.parameters_grad.weight.pt"):  # fmt: skip
         assert (rank_dir / "dump_tensor_data" / name).is_file(), name
     leaf = data["Functional.linear.0.forward"]["input_args"][1]
     assert leaf["data_name"] == "Functional.linear.0.forward.input.1.pt"
     t = torch.load(rank_dir / "dump_tensor_data" / leaf["data_name"], weights_only=True, map_location="cpu")
     assert type(t) is torch.Tensor and t.is_contiguous() and list(t.shape) == leaf["shape"]
     assert t.max().item() == leaf["Max"] and t.norm().item() == leaf["Norm"]
-    grad_leaf = data["Module.fc1.Linear.parameters_grad.0"]["weight"][0]
-    assert grad_leaf["data_name"] == "Module.fc1.Linear.parameters_grad.0.weight.pt"
+    grad_leaf = data["Module.fc1.Linear.parameters_grad"]["weight"][0]
+    assert grad_leaf["data_name"] == "Module.fc1.Linear.parameters_grad.weight.pt"
 
 
 def test_md5_is_crc32_of_raw_bytes_bf16_included(tmp_path: Path) -> None:
@@ -129,3 +129,27 @@ def test_non_tensor_values_and_special_leaves(tmp_path: Path) -> None:
     empty = data["Tensor.neg.0.forward"]["output"][0]
     assert (empty["shape"], empty["Max"], empty["Norm"]) == ([0], None, None)
     assert not any(n.startswith(("Tensor.size", "Tensor.dim", "Tensor.shape")) for n in data)
+
+
+def test_parameter_gradients_named_as_msprobe_833(tmp_path: Path) -> None:
+    """One ``Module.{path}.{Class}.parameters_grad`` entry a module and step (no counter, as msprobe 8.3.3),
+    placed right after the module's forward entry; two backward passes leave the accumulated gradient."""
+    from tests.client.conftest import model_and_input
+
+    PrecisionDebugger(dump_path=str(tmp_path), level="mix", task="tensor")
+    model, x = model_and_input("mlp")
+    PrecisionDebugger.start(model)
+    for _ in range(2):  # gradient accumulation over two micro-batches
+        model(x).pow(2).mean().backward()
+    PrecisionDebugger.stop()
+    PrecisionDebugger.step()
+    data = load_data(tmp_path)
+    names = list(data)
+    assert not [n for n in names if ".parameters_grad." in n]
+    grad_names = [n for n in names if n.endswith(".parameters_grad")]
+    assert grad_names == ["Module.fc1.Linear.parameters_grad", "Module.fc2.Linear.parameters_grad"]
+    assert names.index("Module.fc1.Linear.parameters_grad") == names.index("Module.fc1.Linear.forward.0") + 1
+    leaf = data["Module.fc1.Linear.parameters_grad"]["weight"][0]
+    saved = torch.load(tmp_path / "step0/rank0/dump_tensor_data" / leaf["data_name"], weights_only=True)
+    assert leaf["data_name"] == "Module.fc1.Linear.parameters_grad.weight.pt"
+    torch.testing.assert_close(saved, model.fc1.weight.grad)
