@@ -37,6 +37,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "alembic": "server",
     "pydantic_settings": "server",
     "boto3": "server",
+    "swagger_ui_bundle": "server",  # the distribution swagger-ui-bundle-v2
     "celery": "celery",
     "redis": "celery",
     "psycopg": "postgres",

@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 HEAVY_EXTRAS = ("compare", "server", "celery", "postgres")
 #: Packages of an extra that nothing imports by name (uvicorn picks them up itself when present).
 NOT_IMPORTED = {"httptools", "uvloop"}
+#: Distributions imported under another name.
+IMPORT_NAME = {"swagger_ui_bundle_v2": "swagger_ui_bundle"}
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -51,7 +53,7 @@ def extra_modules() -> dict[str, str]:
         for requirement in project["optional-dependencies"][extra]:
             name = _requirement_name(requirement)
             if name != "parity" and name not in base and name not in NOT_IMPORTED:
-                found.setdefault(name, extra)
+                found.setdefault(IMPORT_NAME.get(name, name), extra)
     return found
 
 
