@@ -24,7 +24,7 @@ from parity.server.disk import Reserve
 from parity.server.models import Comparison, ComparisonTask, Run, RunFile, utcnow
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService
-from parity.server.store import BlobStore
+from parity.server.store import BlobStore, sidecar_key
 from sqlalchemy import select
 
 logger = logging.getLogger(__name__)
@@ -133,14 +133,19 @@ class RetentionService:
                 yield key, size
 
     def _run_blobs(self, run_id: str) -> set[str] | None:
+        """The keys a run's rows point to, with the parsed-columns sidecar each dump.json may have."""
         with self.db.read() as session:
             if session.get(Run, run_id) is None:
                 return None
-            return set(session.scalars(select(RunFile.blob).where(RunFile.run_id == run_id)))
+            blobs = set(session.scalars(select(RunFile.blob).where(RunFile.run_id == run_id)))
+        return blobs | {sidecar_key(blob) for blob in blobs}
 
     def _blob_recorded(self, run_id: str, key: str) -> bool:
+        candidates = [key]
+        if key.endswith(sidecar_key("")):
+            candidates.append(key.removesuffix(sidecar_key("")))  # a sidecar lives as long as its dump.json
         with self.db.read() as session:
-            stmt = select(RunFile.path).where(RunFile.run_id == run_id, RunFile.blob == key).limit(1)
+            stmt = select(RunFile.path).where(RunFile.run_id == run_id, RunFile.blob.in_(candidates)).limit(1)
             return session.scalar(stmt) is not None
 
     def _busy_job_folders(self) -> list[str]:

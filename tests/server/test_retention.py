@@ -69,6 +69,9 @@ def test_orphaned_blobs_go_and_recorded_or_young_ones_stay(world: World, tmp_pat
     with TestClient(create_app(world.settings)) as client:
         upload(client, run.id, build_dump(tmp_path / "dump"))
     recorded = [world.store.root / key for key in _blob_keys(world, run.id)]
+    sidecars = list((world.store.root / "runs" / run.id).rglob("*.columns"))
+    assert sidecars  # complete stored the dump.json's parsed columns beside it
+    recorded += sidecars
     for path in recorded:
         os.utime(path, (OLD, OLD))
     crashed = world.blob(f"runs/{run.id}/blobs/crashed-before-its-row")  # published, never recorded
