@@ -30,8 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 HEAVY_EXTRAS = ("compare", "server", "celery", "postgres")
 #: Packages of an extra that nothing imports by name (uvicorn picks them up itself when present).
 NOT_IMPORTED = {"httptools", "uvloop"}
-#: Distributions imported under another name.
-IMPORT_NAME = {"swagger_ui_bundle_v2": "swagger_ui_bundle"}
 
 pytestmark = pytest.mark.timeout(300)
 
