@@ -156,10 +156,10 @@ class RunUpdate(_Request):
 
     @field_validator("tags")
     @classmethod
-    def _tag_keys_filterable(cls, tags: dict[str, str]) -> dict[str, str]:
+    def _tag_keys_filterable(cls, tags: dict[str, str] | None) -> dict[str, str] | None:
         # Filters and the CLI write a tag as KEY=VALUE, split at the first "=": a key holding one could
-        # never be asked for.
-        for key in tags:
+        # never be asked for. ``null`` means "leave the tags as they are".
+        for key in tags or ():
             if not key or "=" in key:
                 raise ValueError(f"tag key {key!r}: must be non-empty and hold no '=' (tags read KEY=VALUE)")
         return tags

@@ -134,7 +134,13 @@ class TaskRunner:
             stack_mode=bool(options.get("stack_mode", False)),
             workers=1,  # the backend already runs one task per worker slot
         )
-        staging = Path(tempfile.mkdtemp(prefix=f"task-{comparison_id[:8]}-r{rank}-", dir=self._tmp_root()))
+        prefix = f"task-{comparison_id[:8]}-r{rank}-"
+        if attempt > 1:
+            # A worker killed mid-rank could not remove its staging folder: the attempt that takes the rank
+            # over does (the stale attempt's result is dropped anyway), keeping the disk bounded.
+            for stale in self._tmp_root().glob(f"{prefix}*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=prefix, dir=self._tmp_root()))
         try:
             npu_dir, bench_dir, out_dir = staging / "npu", staging / "bench", staging / "out"
             _stage(self.store, target_id, target_files, npu_dir, "target")

@@ -183,6 +183,9 @@ def test_sigkill_during_compare_then_restart(backend: str, tmp_path: Path) -> No
     engine = create_engine(url)
     with engine.connect() as conn:
         status = conn.execute(text("SELECT status FROM comparisons WHERE id = :id"), {"id": cid}).scalar_one()
+        held_at_kill = {rank for rank, task_status in conn.execute(
+            text("SELECT rank, status FROM comparison_tasks WHERE comparison_id = :id"), {"id": cid}
+        ) if task_status == "running"}  # fmt: skip
     assert status == "running", "the compare finished before the kill; nothing was tested"
 
     restarted = ServerProcess(data_dir, env)
@@ -203,8 +206,10 @@ def test_sigkill_during_compare_then_restart(backend: str, tmp_path: Path) -> No
             text("SELECT rank, attempt FROM comparison_tasks WHERE comparison_id = :id"), {"id": cid}
         ).all()
     engine.dispose()
-    # One worker, two ranks: the rank it held when the server died ran again (attempt 2); the other ran once.
-    assert sorted(attempt for _, attempt in attempts) == [1, 2], attempts
+    # One worker, two ranks: a rank held when the server died ran again (attempt 2); the other ran once. The
+    # kill can also fall between the two ranks (one done, the next not claimed yet): then each ran once.
+    assert len(held_at_kill) <= 1, held_at_kill
+    assert sorted(attempts) == [(r, 2 if r in held_at_kill else 1) for r in (0, 1)], (attempts, held_at_kill)
 
 
 def test_engine_refusal_names_runs_not_server_paths(api: httpx.Client, tmp_path: Path) -> None:

@@ -156,10 +156,15 @@ def test_deleting_a_run_cancels_its_running_job(
 
     monkeypatch.setattr(job, "compare_rank", endless)
     worker = _run_in_thread(cid, settings)
-    _wait_status(client, cid, "running")
-    assert client.delete(f"{API}/runs/{target}").status_code == 204
-    worker.join(30)  # without cancellation it would run until its 600 s lease came up for renewal
-    stop.set()
-    assert not worker.is_alive()
+    try:
+        _wait_status(client, cid, "running")
+        # The run's comparison goes with it (the flag says so); its running job must notice and stop.
+        deleted = client.delete(f"{API}/runs/{target}", params={"with_comparisons": "true"})
+        assert deleted.status_code == 204, deleted.text
+        worker.join(30)  # without cancellation it would run until its 600 s lease came up for renewal
+        assert not worker.is_alive()
+    finally:
+        stop.set()  # never leave the thread behind (it holds the worker's paused garbage collector)
+        worker.join(30)
     assert client.get(f"{API}/comparisons/{cid}").status_code == 404
     assert pairs  # it was running when deleted
