@@ -309,7 +309,7 @@ def main() -> int:
     try:
         pages = [
             ("runs page, 10,000 runs", "/", 0.5),
-            ("runs page, filtered (name, device, tag)", "/?name=npu-01&device=npu&tag=dtype:bf16", 0.5),
+            ("runs page, filtered (name, device, tag)", "/?name=npu-01&device=npu&tag=dtype%3Dbf16", 0.5),
             ("comparison page, 1,000,000 rows", f"/comparisons/{cid}", 1.0),
             ("comparison page, differences only", f"/comparisons/{cid}?diff=true", 1.0),
             ("comparison page, name filter", f"/comparisons/{cid}?name=gelu.12", 1.0),
