@@ -275,14 +275,20 @@ class TaskRepository:
         )
         return self.session.scalar(select(t.attempt).where(t.comparison_id == comparison_id, t.rank == rank))
 
-    def renew_lease(self, comparison_id: str, rank: int, attempt: int, until: datetime) -> bool:
-        """Extend ``attempt``'s lease; False when that attempt no longer holds the task."""
+    def renew_lease(
+        self, comparison_id: str, rank: int, attempt: int, until: datetime, *, progress: float | None = None
+    ) -> bool:
+        """Extend ``attempt``'s lease (and record its ``progress``, given one); False when that attempt no
+        longer holds the task."""
         t = ComparisonTask
+        values: dict[str, Any] = {"lease_expires_at": until}
+        if progress is not None:
+            values["progress"] = progress
         result = self.session.execute(
             update(t)
             .where(t.comparison_id == comparison_id, t.rank == rank)
             .where(t.attempt == attempt, t.status == "running")
-            .values(lease_expires_at=until)
+            .values(**values)
             .execution_options(synchronize_session=False)
         )
         return bool(getattr(result, "rowcount", 0))

@@ -17,7 +17,6 @@ alone (``POST /comparisons/{id}/retry``). Any error is recorded on the task; not
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -30,16 +29,25 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.jobs.limits import Deadline, redact_paths
-from parity.server.models import Comparison, ComparisonRow, ComparisonTask, RunFile, utcnow
+from parity.server.models import (
+    Comparison,
+    ComparisonCall,
+    ComparisonCounts,
+    ComparisonRow,
+    ComparisonTask,
+    RunFile,
+    utcnow,
+)
 from parity.server.repositories import RunRepository, TaskId, TaskRepository, parse_task_id
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store, sidecar_key
 from parity.shared.compare.result import FAILING_STATUSES, json_cells
 from parity.shared.dump.layout import DUMP_JSON, rank_dir_name, step_dir_name
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 logger = logging.getLogger(__name__)
@@ -99,9 +107,6 @@ class TaskRunner:
             timeout = self.settings.job_timeout_seconds
             with _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout) as lease, collector_paused():
                 self._run(comparison_id, rank, attempt, lease)
-            # The last rank to finish made the comparison succeeded: it indexes the calls (others find it
-            # still running, and index nothing).
-            _index_calls(self.db, comparison_id)
         except LeaseLost as exc:
             logger.warning("comparison %s rank %d: %s; this attempt stops", comparison_id, rank, exc)
         except Exception as exc:
@@ -158,14 +163,13 @@ class TaskRunner:
                 )
                 return
             out_dir.mkdir()
-            progress = _Progress(self.db, comparison_id, rank, attempt, lease)
             try:
                 report = compare_rank(
                     RankPair(rank, npu_json, bench_json),
                     engine_options,
                     xlsx_path=out_dir / "report.xlsx",
                     advisor_path=out_dir / "advisor.txt",
-                    progress=progress,
+                    progress=lease.progress,
                     read_dump=read_dump,  # the columns parsed at complete, when there are some
                 )
             except Exception as exc:
@@ -195,17 +199,6 @@ class TaskRunner:
         return root
 
 
-def _index_calls(db: Database, job_id: str) -> None:
-    """The comparison's calls for the web pages and API history (``services/calls.py``); a failure only
-    leaves them to be built on the first page view."""
-    from parity.server.services.calls import index_comparison
-
-    try:
-        index_comparison(db, job_id)
-    except Exception:
-        logger.warning("comparison %s: calls not indexed; the first view builds them", job_id, exc_info=True)
-
-
 def _is_parity_error(exc: BaseException) -> bool:
     from parity.shared.errors import ParityError
 
@@ -213,12 +206,19 @@ def _is_parity_error(exc: BaseException) -> bool:
 
 
 class _Lease:
-    """Renews the claimed attempt's lease from a daemon thread every third of its length, for as long as the
-    ``with`` block runs, so a live worker keeps its task however long the engine or the final writes take.
+    """The claimed attempt's heartbeat: a daemon thread renews its lease and writes its progress, for as long
+    as the ``with`` block runs, so a live worker keeps its task however long the engine or the final writes
+    take.
 
-    A renewal that finds the attempt no longer holding the task sets ``lost``; ``check`` (called with each
-    progress report) then stops the work. A renewal that fails (the database is briefly unreachable) is only
-    logged: the next one may succeed, and the attempt guard on every write keeps a newer attempt safe.
+    The engine thread only notes its progress in memory (``progress``): a database write on that thread
+    waits for SQLite's write lock whenever another worker stores its rows, which kept two workers from
+    computing side by side (1.01x from 1 to 2 workers). The thread writes at most twice a second while the
+    progress moves, and every third of the lease in any case, one UPDATE for both.
+
+    A write that finds the attempt no longer holding the task (reclaimed, failed, or its comparison deleted)
+    sets ``lost``; ``check`` (called with each progress report) then stops the work. A write that fails (the
+    database is briefly unreachable) is only logged: the next one may succeed, and the attempt guard on
+    every write keeps a newer attempt safe.
     """
 
     def __init__(
@@ -231,7 +231,8 @@ class _Lease:
         self.why_lost = f"attempt {attempt} no longer holds the task"
         self.lost = threading.Event()
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"parity-lease-{comparison_id[:8]}-{rank}",
+        self._fraction = 0.0  # set by the engine thread; a float store is atomic under the GIL
+        self._thread = threading.Thread(target=self._beat, name=f"parity-lease-{comparison_id[:8]}-{rank}",
                                         daemon=True)  # fmt: skip
 
     def __enter__(self) -> _Lease:
@@ -249,10 +250,17 @@ class _Lease:
             raise LeaseLost(self.why_lost)
         self.deadline.check()
 
-    def _renew(self) -> None:
+    def progress(self, done: int, total: int) -> None:
+        """The engine's ``progress(done, total)``: stop early if the attempt is lost, else note it."""
+        self.check()  # rather than finish work whose result would be dropped
+        if total:
+            self._fraction = min(max(done / total, 0.0), 1.0) * 0.9  # the last tenth: reports and rows
+
+    def _beat(self) -> None:
         # Wakes at the deadline too: the task is failed then, even when the engine is inside one long unit
         # of work and will not call ``check`` for a while; the attempt guard drops whatever it records later.
-        while not self._done.wait(self.deadline.cap(self.seconds / 3)):
+        written, renewed = 0.0, time.monotonic()
+        while not self._done.wait(self.deadline.cap(min(PROGRESS_INTERVAL_S, self.seconds / 3))):
             if self.deadline.passed():
                 try:
                     message = self.deadline.message()
@@ -264,57 +272,25 @@ class _Lease:
                 self.why_lost = "it ran past its time limit"
                 self.lost.set()
                 return
+            fraction = self._fraction
+            if fraction == written and time.monotonic() - renewed < self.seconds / 3:
+                continue
             try:
                 with self.db.write() as session:
                     held = TaskRepository(session).renew_lease(
-                        self.comparison_id,
-                        self.rank,
-                        self.attempt,
-                        utcnow() + timedelta(seconds=self.seconds),
-                    )
+                        self.comparison_id, self.rank, self.attempt,
+                        utcnow() + timedelta(seconds=self.seconds), progress=fraction,
+                    )  # fmt: skip
             except Exception:
                 logger.warning("comparison %s rank %d: lease renewal failed; retrying", self.comparison_id,
                                self.rank, exc_info=True)  # fmt: skip
                 continue
+            written, renewed = fraction, time.monotonic()
             if not held:
                 logger.warning("comparison %s rank %d: attempt %d lost its lease", self.comparison_id,
                                self.rank, self.attempt)  # fmt: skip
                 self.lost.set()
                 return
-
-
-class _Progress:
-    """Throttled progress writes for one task: the engine may call back per row, the database hears twice
-    a second."""
-
-    def __init__(self, db: Database, comparison_id: str, rank: int, attempt: int, lease: _Lease) -> None:
-        self.db, self.comparison_id, self.rank, self.attempt, self.lease = (
-            db,
-            comparison_id,
-            rank,
-            attempt,
-            lease,
-        )
-        self._last = time.monotonic()
-
-    def __call__(self, done: int, total: int) -> None:
-        self.lease.check()  # stop early, rather than finish work whose result would be dropped
-        now = time.monotonic()
-        if now - self._last < PROGRESS_INTERVAL_S or not total:
-            return
-        self._last = now
-        t = ComparisonTask
-        with self.db.write() as session:
-            result = session.execute(
-                update(t)
-                .where(t.comparison_id == self.comparison_id, t.rank == self.rank, t.attempt == self.attempt,
-                       t.status == "running")
-                .values(progress=min(max(done / total, 0.0), 1.0) * 0.9)  # the last tenth: reports and rows
-            )  # fmt: skip
-        if getattr(result, "rowcount", 1) == 0:
-            # The comparison (or one of its runs) was deleted, or the task was failed or reclaimed: stop now
-            # rather than at the next lease renewal, a third of a lease away.
-            raise LeaseLost("the comparison was deleted or the task is no longer this attempt's")
 
 
 def _stage(store: BlobStore, run_id: str, files: Iterable[RunFile], dest: Path, label: str) -> int:
@@ -374,11 +350,20 @@ def _held_task(session: Session, comparison_id: str, rank: int, attempt: int) ->
 def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
                      rows: Sequence[Any], summary: dict[str, Any], header: list[str], *,
                      scores: Sequence[float | None] | None = None) -> None:  # fmt: skip
-    """Store one rank's rows and summary, as that rank finishes; merge if it is the last one."""
+    """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one.
+
+    Everything that takes CPU (the cells as JSON, the rank's calls) is built before the write transaction:
+    on SQLite that transaction holds the one write lock every other worker waits for.
+    """
+    from parity.server.services.calls import rank_calls
+
+    records = _row_records(comparison_id, rank, rows, scores)
+    keyed = ((r["index"], r["api"], r["status"], r["name"], r["cells"]) for r in records)
+    calls, _ = rank_calls(comparison_id, rank, header, keyed)
     with db.write() as session:
         task = _held_task(session, comparison_id, rank, attempt)
         if task is not None:
-            _insert_rows(session, comparison_id, rank, rows, scores)
+            _replace_rank(session, comparison_id, rank, records, calls)
             task.status, task.progress, task.finished_at, task.lease_expires_at = (
                 "succeeded",
                 1.0,
@@ -464,6 +449,10 @@ def merge_comparison(session: Session, comparison_id: str) -> None:
     c.summary = comparison_summary(
         [t.summary or {} for t in done], skipped=[t.rank for t in tasks if t.status == "skipped"]
     )
+    # The ranks stored their calls with their rows; their counts make the calls ready for the pages.
+    session.execute(delete(ComparisonCounts).where(ComparisonCounts.comparison_id == comparison_id))
+    counts = {status: n for status, n in c.summary["status_counts"].items() if n}
+    session.add(ComparisonCounts(comparison_id=comparison_id, counts=counts))
     logger.info(
         "comparison %s succeeded: %d rows over %d rank(s)", comparison_id, c.summary["rows"], len(done)
     )
@@ -507,26 +496,55 @@ def _row_name(cells: list[Any]) -> str:
     return ""
 
 
-def _insert_rows(session: Session, comparison_id: str, rank: int, rows: Sequence[Any],
-                 scores: Sequence[float | None] | None = None) -> None:  # fmt: skip
-    table = ComparisonRow.__table__
-    session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == comparison_id,
-                                                ComparisonRow.rank == rank))  # fmt: skip
-    batch: list[dict[str, Any]] = []
+def _row_records(comparison_id: str, rank: int, rows: Sequence[Any],
+                 scores: Sequence[float | None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One rank's ``comparison_rows`` records (cells as JSON text, non-finite numbers as text)."""
+    dumps = orjson.dumps
+    records = []
     for index, row in enumerate(rows):
         status = row.status.value
-        score = scores[index] if scores is not None else None  # the localization score of the row's call
-        batch.append({
+        records.append({
             "comparison_id": comparison_id, "rank": rank, "index": index, "api": row.api, "status": status,
             "highlight": row.highlight.value if row.highlight is not None else None,
             "name": _row_name(row.cells), "failing": status in _FAILING,
-            "cells": json.dumps(json_cells(row.cells), separators=(",", ":")), "score": score,
+            "cells": dumps(json_cells(row.cells), default=_numpy_scalar).decode(),
+            "score": scores[index] if scores is not None else None,  # the localization score of its call
         })  # fmt: skip
-        if len(batch) >= ROW_BATCH:
-            session.execute(insert(table), batch)
-            batch = []
-    if batch:
-        session.execute(insert(table), batch)
+    return records
+
+
+def _numpy_scalar(value: Any) -> Any:
+    """orjson's fallback: a NumPy scalar cell as the Python number it holds."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"a cell of type {type(value).__name__} is not JSON")
+
+
+def _replace_rank(session: Session, comparison_id: str, rank: int, records: Sequence[dict[str, Any]],
+                  calls: Sequence[dict[str, Any]]) -> None:  # fmt: skip
+    """The rank's rows and calls, in place of whatever an earlier attempt left."""
+    for model in (ComparisonRow, ComparisonCall):
+        session.execute(delete(model).where(model.comparison_id == comparison_id, model.rank == rank))
+    for table, batch in ((ComparisonRow.__table__, records), (ComparisonCall.__table__, calls)):
+        _bulk_insert(session, table, batch)
+
+
+def _bulk_insert(session: Session, table: Table, records: Sequence[dict[str, Any]]) -> None:
+    """INSERT ``records`` (dicts of plain values, one per row) straight through the driver's executemany.
+
+    SQLAlchemy's own executemany spends as long walking the parameters as the driver spends inserting (half
+    of a rank's time under SQLite's write lock); these records need no type processing.
+    """
+    if not records:
+        return
+    conn = session.connection()
+    compiled = insert(table).compile(dialect=conn.dialect, column_keys=list(records[0]))
+    sql = str(compiled)
+    order = compiled.positiontup
+    for start in range(0, len(records), ROW_BATCH):
+        batch = records[start : start + ROW_BATCH]
+        params = [tuple(r[k] for k in order) for r in batch] if order is not None else list(batch)
+        conn.exec_driver_sql(sql, params)  # type: ignore[arg-type]
 
 
 def _plain(doc: dict[str, Any]) -> dict[str, Any]:

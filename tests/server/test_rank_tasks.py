@@ -262,3 +262,30 @@ def test_a_rank_without_a_dump_json_on_one_side_is_skipped(server: Server, tmp_p
     assert done.summary.ranks == [0, 1] and done.summary.skipped_ranks == [2]
     assert [(t.rank, t.status) for t in done.tasks] == [(0, "succeeded"), (1, "succeeded"), (2, "skipped")]
     assert done.tasks[2].error == "no dump.json in the bench run"
+
+
+def test_each_rank_stores_the_calls_its_rows_give(server: Server, pair: tuple[str, str, Path, Path]) -> None:
+    """The calls and counts the rank tasks store with their rows (outside the merge, one rank at a time) are
+    the ones ``index_comparison`` builds from the stored rows afterwards."""
+    from parity.server.models import ComparisonCall, ComparisonCounts
+    from parity.server.services.calls import index_comparison
+
+    cid = _create(server, pair[0], pair[1])
+    _run_all(server, cid, [2, 0, 1], workers=2)
+
+    def stored() -> tuple[list[tuple[Any, ...]], dict[str, int]]:
+        with server.db.read() as session:
+            c = ComparisonCall
+            calls = session.execute(
+                select(c.rank, c.seq, c.api, c.backward, c.status, c.max_rel_err, c.one_minus_cos, c.first_row)
+                .where(c.comparison_id == cid).order_by(c.rank, c.seq)
+            ).all()  # fmt: skip
+            counts = session.get(ComparisonCounts, cid)
+            assert counts is not None
+            return [tuple(row) for row in calls], dict(counts.counts)
+
+    by_tasks = stored()
+    assert {call[0] for call in by_tasks[0]} == set(RANKS)
+    assert sum(by_tasks[1].values()) == len(server.rows(cid))
+    assert index_comparison(server.db, cid)
+    assert stored() == by_tasks
