@@ -54,9 +54,10 @@ def _die_with_parent(parent_pid: int) -> None:
 def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake: Event) -> None:
     _die_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from parity.server.jobs.runner import TaskRunner
+    from parity.server.jobs.runner import TaskRunner, import_engine
 
     runner = TaskRunner(Settings(**settings_data), worker=name)
+    import_engine()
     while True:
         task = runner.next_queued()
         if task is None:

@@ -73,6 +73,14 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def import_engine() -> None:
+    """Import the compare engine ahead of the first task, while a worker waits for work (or, on Celery, in
+    the parent its pool processes are forked from): otherwise each worker's first task pays for it (numba
+    and the kernels, about a third of a second on a quiet core)."""
+    import parity.shared.compare.engine  # noqa: F401
+    import parity.shared.compare.job  # noqa: F401
+
+
 class TaskRunner:
     """Runs rank tasks in this process; built once per worker process (a database pool, a store)."""
 
