@@ -368,8 +368,10 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
     records = _row_records(comparison_id, rank, rows, scores)
     keyed = ((r["index"], r["api"], r["status"], r["name"], r["cells"]) for r in records)
     calls, _ = rank_calls(comparison_id, rank, header, keyed)
+    began = time.perf_counter()
     with db.write() as session:
         task = _held_task(session, comparison_id, rank, attempt)
+        waited = time.perf_counter() - began  # for the write lock, on SQLite: what two workers share
         if task is not None:
             _replace_rank(session, comparison_id, rank, records, calls)
             task.status, task.progress, task.finished_at, task.lease_expires_at = (
@@ -388,7 +390,9 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
         store.delete_prefix(comparison_key(comparison_id))
         return
     if task is not None:
-        logger.info("comparison %s rank %d succeeded: %d rows", comparison_id, rank, len(rows))
+        took = time.perf_counter() - began
+        logger.info("comparison %s rank %d succeeded: %d rows stored in %.2f s (%.2f s of it waiting for the "
+                    "database)", comparison_id, rank, len(rows), took, waited)  # fmt: skip
 
 
 def finish_failed(db: Database, comparison_id: str, rank: int, attempt: int, message: str) -> None:
