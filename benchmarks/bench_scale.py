@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -300,31 +301,41 @@ def _rank_bytes(step: Path) -> int:
 
 
 def bench_pairs(
-    label: str, base: Path, npu: Path, gpu: Path, backends: list[str], redis_url: str | None
+    label: str, base: Path, npu: Path, gpu: Path, backends: list[str], redis_url: str | None, repeat: int = 1
 ) -> list[tuple[str, str]]:
+    """1 then 2 workers, ``repeat`` times in turn (so that a change of the machine's load falls on both),
+    each measurement printed; then the median of each and the median of the paired ratios."""
     rows = _Printed()
     rank_pair = _rank_bytes(npu / "step0") + _rank_bytes(gpu / "step0")
     servers = Servers(base / f"data-{label.split()[0]}", npu, gpu)
     try:
         for backend in backends:
-            walls = {}
-            for workers in (1, 2):
-                m = servers.compare(backend, workers, redis_url)
-                walls[workers] = m.wall
-                peak = max(m.sampler.worker_peak.values(), default=0)
-                staged = m.sampler.staging_peak
-                rows.append(
-                    (
-                        f"{label} {backend} {workers} worker(s)",
-                        f"{m.wall:7.2f} s  {m.body['summary']['rows']} rows  busy {m.occupancy:4.0%}  "
-                        f"worker CPU {m.sampler.cpu_seconds:6.2f} s  "
-                        f"peak RSS {peak / 2**20:5.0f} MiB  peak staging {staged / MB:6.1f} MB = "
-                        f"{staged / rank_pair:.2f} rank pairs "
-                        f"({staged / rank_pair / workers:.2f} per worker)",
+            walls: dict[int, list[float]] = {1: [], 2: []}
+            for _ in range(repeat):
+                for workers in (1, 2):
+                    m = servers.compare(backend, workers, redis_url)
+                    walls[workers].append(m.wall)
+                    peak = max(m.sampler.worker_peak.values(), default=0)
+                    staged = m.sampler.staging_peak
+                    rows.append(
+                        (
+                            f"{label} {backend} {workers} worker(s)",
+                            f"{m.wall:7.2f} s  {m.body['summary']['rows']} rows  busy {m.occupancy:4.0%}  "
+                            f"worker CPU {m.sampler.cpu_seconds:6.2f} s  "
+                            f"peak RSS {peak / 2**20:5.0f} MiB  peak staging {staged / MB:6.1f} MB = "
+                            f"{staged / rank_pair:.2f} rank pairs "
+                            f"({staged / rank_pair / workers:.2f} per worker)  "
+                            f"load {os.getloadavg()[0]:.1f}",
+                        )
                     )
-                )
+            ratios = [one / two for one, two in zip(walls[1], walls[2], strict=True)]
+            median = statistics.median
+            medians = f"  median of {repeat} pairs ({median(walls[1]):.2f} s / {median(walls[2]):.2f} s)"
             rows.append(
-                (f"{label} {backend} speed-up 1 -> 2 workers", f"{walls[1] / walls[2]:.2f}x (target >= 1.7x)")
+                (
+                    f"{label} {backend} speed-up 1 -> 2 workers",
+                    f"{median(ratios):.2f}x (target >= 1.7x)" + (medians if repeat > 1 else ""),
+                )
             )
     finally:
         shutil.rmtree(servers.data, ignore_errors=True)
@@ -423,6 +434,7 @@ def main() -> int:
         help="where the generated pairs are kept for the next run (default: %(default)s)",
     )
     parser.add_argument("--drop-cache", action="store_true", help="delete the cache folder at the end")
+    parser.add_argument("--repeat", type=int, default=1, help="1 and 2 workers this many times in turn")
     parser.add_argument(
         "--only",
         nargs="+",
@@ -445,13 +457,14 @@ def main() -> int:
         if "statistics" in args.only:
             apis = 400 if args.quick else 4000
             npu, gpu = cached(cache, f"statistics-16r-{apis}", lambda f: statistics_pair(f, 16, apis))
-            bench_pairs(f"statistics 16 ranks x {apis} APIs", base, npu, gpu, backends, args.redis_url)
+            label = f"statistics 16 ranks x {apis} APIs"
+            bench_pairs(label, base, npu, gpu, backends, args.redis_url, args.repeat)
             if not args.redis_url:
                 rows.append(("statistics celery", "skipped: no --redis-url / PARITY_TEST_REDIS_URL"))
         if "tensor" in args.only:
             total = int(args.tensor_gb * (0.1 if args.quick else 1.0) * 1e9)
             npu, gpu = cached(cache, f"tensor-8r-{total}", lambda f: tensor_pair(f, 8, total))
-            bench_pairs(f"tensor 8 ranks, {total / 1e9:.1f} GB", base, npu, gpu, ["local"], None)
+            bench_pairs(f"tensor 8 ranks, {total / 1e9:.1f} GB", base, npu, gpu, ["local"], None, args.repeat)
         if "overhead" in args.only:
             for row in bench_overhead(base, cache, 256):
                 rows.append(row)
