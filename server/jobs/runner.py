@@ -93,24 +93,37 @@ class TaskRunner:
     def close(self) -> None:
         self.db.dispose()
 
-    def next_queued(self) -> TaskId | None:
-        """Claim-free look at the oldest queued task (the local pool's workers pull their work)."""
-        with self.db.read() as session:
-            queued = TaskRepository(session).queued(1)
-        return queued[0] if queued else None
+    def run_next(self) -> bool:
+        """Claim the oldest queued task and run it (the local pool's workers pull their work); False when
+        none is queued."""
+        lease_s = self.settings.job_lease_seconds
+        with self.db.write() as session:
+            claimed = TaskRepository(session).claim_next(utcnow(), lease_s, self.worker)
+        if claimed is None:
+            return False
+        comparison_id, rank = parse_task_id(claimed[0])
+        self._execute(comparison_id, rank, claimed[1])
+        return True
 
     def run(self, task: TaskId) -> bool:
         """Run task ``task`` to completion or record why it failed; never raises. False: not claimable."""
-        from parity.process_policy import collector_paused
-
         comparison_id, rank = parse_task_id(task)
-        lease_s = self.settings.job_lease_seconds
         with self.db.write() as session:
-            attempt = TaskRepository(session).claim(comparison_id, rank, utcnow(), lease_s, self.worker)
+            attempt = TaskRepository(session).claim(
+                comparison_id, rank, utcnow(), self.settings.job_lease_seconds, self.worker
+            )
         if attempt is None:
             logger.info("task %s is not claimable (finished, deleted, or running under a live lease)", task)
             return False
+        self._execute(comparison_id, rank, attempt)
+        return True
+
+    def _execute(self, comparison_id: str, rank: int, attempt: int) -> None:
+        """Run a claimed attempt to its end: its result, or why it failed, recorded; never raises."""
+        from parity.process_policy import collector_paused
+
         logger.info("comparison %s rank %d claimed: attempt %d", comparison_id, rank, attempt)
+        lease_s = self.settings.job_lease_seconds
         try:
             timeout = self.settings.job_timeout_seconds
             with _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout) as lease, collector_paused():
@@ -125,7 +138,6 @@ class TaskRunner:
             # The log keeps the full text; the task's error is read by every user of the API.
             message = redact_paths(message or type(exc).__name__, self.settings)
             finish_failed(self.db, comparison_id, rank, attempt, message)
-        return True
 
     def _run(self, comparison_id: str, rank: int, attempt: int, lease: _Lease) -> None:
         with self.db.read() as session:
