@@ -276,6 +276,7 @@ class Servers:
             assert srv.proc is not None
             server_pid = srv.proc.pid
             pids = celery.worker_pids if celery else (lambda: _children(server_pid))
+            _wait_idle(pids, workers)
             with srv.client() as api:
                 return compare_once(
                     api, *self.runs, workers, Sampler(None, pids, self.data / "blobs" / ".tmp")
@@ -293,6 +294,32 @@ class Servers:
             target = upload_dump(api, self.npu, name="bench-scale-npu", device="npu")
             bench = upload_dump(api, self.gpu, name="bench-scale-gpu", device="gpu")
         return target.id, bench.id
+
+
+def _wait_idle(pids: Callable[[], list[int]], workers: int, timeout: float = 120.0) -> None:
+    """Wait until the ``workers`` worker processes have started and gone idle (their CPU time still over
+    half a second): a server that has been up has its workers ready, and their start (spawn, imports) is
+    not the comparison's time."""
+
+    def cpu() -> tuple[int, float]:
+        total, count = 0.0, 0
+        for pid in pids():
+            try:
+                total += sum(psutil.Process(pid).cpu_times()[:2])
+                count += 1
+            except psutil.Error:
+                pass
+        return count, total
+
+    deadline = time.monotonic() + timeout
+    before = cpu()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = cpu()
+        if now[0] >= workers and now[1] - before[1] < 0.02:
+            return
+        before = now
+    raise RuntimeError(f"the {workers} worker(s) did not go idle in {timeout:.0f} s")
 
 
 def _rank_bytes(step: Path) -> int:
