@@ -10,7 +10,7 @@ are evicted, least recently used first; a blob that cannot fit beside what is in
 error that names the setting, rather than filling the disk. Files of work that succeeded stay for the next
 (a project's baseline is read by every comparison against it) until evicted; files of work that failed are
 removed at once (a partial or a bad download must not be served again), so a failed task leaves the cache
-as it found it. The folder is per worker process (``cache-{pid}``); a server start sweeps what a killed one
+as it found it. The folder is per worker (``cache-{pid}-{id}``); a server start sweeps what a killed one
 left.
 """
 
@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -191,5 +192,5 @@ class Checkout:
 
 def worker_cache(settings: Settings, store: BlobStore) -> BlobCache:
     """This worker process's cache, in the data folder's temp area (swept at a server start)."""
-    root = settings.resolved_data_dir / "tmp" / f"cache-{os.getpid()}"
+    root = settings.resolved_data_dir / "tmp" / f"cache-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     return BlobCache(store, root, settings.worker_cache_bytes)

@@ -201,7 +201,9 @@ def upload_run(api: httpx.Client, root: Path, **fields: Any) -> dict[str, Any]:
     return wait_run(api, run["id"])
 
 
-def wait_run(api: httpx.Client, run_id: str, status: str = "complete", timeout: float = 120) -> dict[str, Any]:
+def wait_run(
+    api: httpx.Client, run_id: str, status: str = "complete", timeout: float = 120
+) -> dict[str, Any]:
     """The run once a worker has validated it (``complete`` or ``invalid``); fails unless it is ``status``."""
     deadline = time.monotonic() + timeout
     body: dict[str, Any] = {}

@@ -113,7 +113,9 @@ def test_a_broken_dump_json_makes_the_run_invalid_naming_file_and_entry(api: htt
     run = new_run(api)
     good = b'{"task": "statistics", "level": "L1", "dump_data_dir": null, "data": {}}'
     assert put(api, run["id"], "step0/rank0/dump.json", good).status_code == 201
-    broken = b'{"task": "statistics", "level": "L1", "data": {"Torch.add.0.forward": {"output": [{"Max": 1}]}}}'
+    broken = (
+        b'{"task": "statistics", "level": "L1", "data": {"Torch.add.0.forward": {"output": [{"Max": 1}]}}}'
+    )
     assert put(api, run["id"], "step0/rank1/dump.json", broken).status_code == 201
     assert api.post(f"/runs/{run['id']}/complete").status_code == 202
     got = wait_run(api, run["id"], status="invalid")
