@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from parity.server.blob_cache import BlobCache
 from parity.server.db import Database
 from parity.server.jobs.base import JobQueue
+from parity.server.jobs.limits import redact_paths
 from parity.server.models import Run, RunFile, utcnow
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, sidecar_key
@@ -198,6 +199,7 @@ class Validator:
         except Exception as exc:  # a bug or the store, not the dump: the run says so; completing it retries
             logger.exception("validation of run %s failed", run_id)
             why = f"validation could not run ({type(exc).__name__}: {exc}); complete the run again to retry"
+            why = redact_paths(why, self.settings)  # the error is read by every user of the API
             try:
                 self._finish(run_id, attempt, why, [])
             except Exception:  # the database is away: the lease lapses and another worker takes it over
