@@ -73,6 +73,7 @@ class BlobCache:
     def checkout(self) -> Iterator[Checkout]:
         """The blobs of one piece of work: held while it runs; kept after success, dropped after failure."""
         out = Checkout(self)
+        self._touch()
         try:
             yield out
         except BaseException:
@@ -151,7 +152,16 @@ class BlobCache:
             partial.unlink(missing_ok=True)
             raise StoreError(f"blob {key}: {written} bytes read, {size} recorded")
         os.replace(partial, path)
+        self._touch()
         logger.debug("cached %s (%d bytes)", key, size)
+
+    def _touch(self) -> None:
+        # The server's periodic sweep removes temp folders untouched for PARITY_TEMP_GRACE_SECONDS: a cache in
+        # use is touched by every checkout and download (a file swept anyway is downloaded again).
+        try:
+            os.utime(self.root)
+        except FileNotFoundError:
+            pass
 
     def _release(self, keys: list[str], *, drop: bool) -> None:
         with self._lock:

@@ -196,11 +196,13 @@ def test_a_compare_on_s3_reads_through_a_bounded_cache_and_gives_the_file_stores
     cap = 2 * task_bytes  # about two ranks' worth, less than the whole step's 3
 
     on_disk: list[int] = []
+    fetched: list[tuple[BlobCache, int]] = []
     download = BlobCache._download
 
     def measured(self: BlobCache, key: str, path: Path, size: int) -> None:
         download(self, key, path, size)
         on_disk.append(sum(p.stat().st_size for p in self.files()))
+        fetched.append((self, size))
 
     monkeypatch.setattr(BlobCache, "_download", measured)
     on_s3 = InProcess.open(tmp_path / "s3", f"s3://{BUCKET}/cache-{uuid.uuid4().hex[:8]}", cache_bytes=cap)
@@ -209,6 +211,8 @@ def test_a_compare_on_s3_reads_through_a_bounded_cache_and_gives_the_file_stores
         assert s3_status == file_status == "succeeded"
         assert s3_rows == file_rows and len(s3_rows) > 0
         assert on_disk and max(on_disk) <= cap  # streamed in as each task asked, evicted to stay under cap
+        by_tasks = sum(size for cache, size in fetched if cache is on_s3.runner.cache)
+        assert by_tasks > cap  # the step's files would not have fit: the finished ranks' were evicted
         assert on_s3.runner.cache.used_bytes <= cap
         assert not list((tmp_path / "s3" / "tmp").glob("task-*"))  # staging removed
     finally:
