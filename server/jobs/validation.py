@@ -23,8 +23,9 @@ import multiprocessing
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -190,9 +191,9 @@ class Validator:
             return False
         logger.info("validation of run %s claimed: attempt %d", run_id, attempt)
         try:
-            with _Lease(self.db, run_id, attempt, lease_s) as lease:
-                problem, sidecars = self._validate(run_id, lease)
-                lease.check()
+            with _leased(self.db, run_id, attempt, lease_s) as lost:
+                problem, sidecars = self._validate(run_id, attempt, lost)
+                _check(lost, attempt)
                 self._finish(run_id, attempt, problem, sidecars)
         except LeaseLost as exc:
             logger.warning("validation of run %s: %s; this attempt stops", run_id, exc)
@@ -206,7 +207,7 @@ class Validator:
                 logger.exception("validation of run %s: its failure could not be recorded", run_id)
         return True
 
-    def _validate(self, run_id: str, lease: _Lease) -> tuple[str | None, list[str]]:
+    def _validate(self, run_id: str, attempt: int, lost: threading.Event) -> tuple[str | None, list[str]]:
         with self.db.read() as session:
             files = session.scalars(
                 select(RunFile).where(RunFile.run_id == run_id).order_by(RunFile.path)
@@ -222,7 +223,7 @@ class Validator:
         ):
             local = [(rel, blobs.path(blob, size)) for rel, blob, size in dumps]
             problem = validate_dumps(local, Path(tmp))
-            lease.check()
+            _check(lost, attempt)
             if problem is not None:
                 return problem, []
             # Published before the run is complete (a compare task may only start then), and only now that
@@ -270,40 +271,38 @@ class Validator:
             .compare_with_baseline(run_id)  # fmt: skip
 
 
-class _Lease:
-    """Renews the validation's lease from a daemon thread every third of its length while the work runs."""
+@contextmanager
+def _leased(db: Database, run_id: str, attempt: int, seconds: float) -> Iterator[threading.Event]:
+    """While the block runs, a daemon thread renews the validation's lease every third of its length; the
+    event it yields is set once the attempt no longer holds the validation (then nothing is recorded)."""
+    lost, done = threading.Event(), threading.Event()
 
-    def __init__(self, db: Database, run_id: str, attempt: int, seconds: float) -> None:
-        self.db, self.run_id, self.attempt, self.seconds = db, run_id, attempt, seconds
-        self.lost = threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"parity-validate-{run_id[:8]}", daemon=True)
-
-    def __enter__(self) -> _Lease:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def check(self) -> None:
-        if self.lost.is_set():
-            raise LeaseLost(f"attempt {self.attempt} no longer holds the validation")
-
-    def _renew(self) -> None:
-        while not self._done.wait(self.seconds / 3):
+    def renew() -> None:
+        while not done.wait(seconds / 3):
             try:
-                with self.db.write() as session:
+                with db.write() as session:
                     held = ValidationRepository(session).renew(
-                        self.run_id, self.attempt, utcnow() + timedelta(seconds=self.seconds)
+                        run_id, attempt, utcnow() + timedelta(seconds=seconds)
                     )
             except Exception:  # the next renewal may succeed; the attempt guard protects a newer attempt
-                logger.warning("validation of run %s: lease renewal failed", self.run_id, exc_info=True)
+                logger.warning("validation of run %s: lease renewal failed", run_id, exc_info=True)
                 continue
             if not held:
-                self.lost.set()
+                lost.set()
                 return
+
+    thread = threading.Thread(target=renew, name=f"parity-validate-{run_id[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield lost
+    finally:
+        done.set()
+        thread.join()
+
+
+def _check(lost: threading.Event, attempt: int) -> None:
+    if lost.is_set():
+        raise LeaseLost(f"attempt {attempt} no longer holds the validation")
 
 
 # -- the parse, in a child process ------------------------------------------------------------------------
