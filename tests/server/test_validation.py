@@ -69,7 +69,12 @@ def test_the_api_process_never_parses_a_dump_json(tmp_path: Path, monkeypatch: p
         refused = client.post("/comparisons", json={"target_run": run_id, "bench_run": run_id})
         assert refused.status_code == 409 and "validating" in refused.json()["detail"]
         assert client.get(f"/runs/{run_id}").json()["status"] == "validating"
+        page = client.get(f"http://parity/runs/{run_id}")  # the web page says so, and reloads until done
+        assert page.status_code == 200 and 'id="run-status">validating<' in page.text
+        assert '<meta http-equiv="refresh"' in page.text
         assert validate_waiting(settings) == 1  # what a worker of the backend does
+        page = client.get(f"http://parity/runs/{run_id}")
+        assert 'id="run-status">complete<' in page.text and 'http-equiv="refresh"' not in page.text
         run = client.get(f"/runs/{run_id}").json()
         assert run["status"] == "complete" and run["error"] is None and run["completed_at"] is not None
         blobs = list((tmp_path / "data" / "blobs" / "runs" / run_id / "blobs").glob("*.columns"))
