@@ -126,6 +126,16 @@ def test_a_dump_the_server_refuses_is_one_line_naming_file_and_entry(
     assert run.status == "invalid" and run.error == problem
 
 
+def test_wait_0_returns_once_the_run_is_validating(tmp_path: Path, wire: AppWire, api: ParityClient) -> None:
+    write_rank(tmp_path / "dump" / "step0" / "rank0")
+    assert upload(str(tmp_path / "dump"), "--name", "nowait", "--wait", "0") == 0
+    last = wire.requests[-1]
+    (run,) = api.find_runs(name="nowait")
+    # The command sent complete and read nothing after it; the workers finish the validation on their own.
+    assert last == ("POST", f"/api/v1/runs/{run.id}/complete")
+    assert run.status in ("validating", "complete")
+
+
 def test_resume_sends_only_missing_files(tmp_path: Path, wire: AppWire, api: ParityClient) -> None:
     root = tmp_path / "dump"
     write_rank(root / "step0" / "rank0")
