@@ -51,7 +51,7 @@ def _dump(root: Path, task: str, *, drift: float) -> Path:
         x = rng.standard_normal(64).astype(np.float32)
         builder = DumpBuilder(task)
         for i in range(3):
-            y = np.tanh(x) + drift * i
+            y = (np.tanh(x) + drift * i).astype(np.float32)
             builder.api(f"Torch.tanh.{i}.forward", inputs=[x], outputs=[y])
             x = y
         for i in reversed(range(3)):

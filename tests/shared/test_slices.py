@@ -25,7 +25,7 @@ def _pair(root: Path, task: str) -> RankPair:
     """Eight calls (forwards and their backwards) with a drift that grows from the fourth on, an NPU-only
     call in the middle and a bench-only one at the end: every rule that could cross a slice's edge."""
     rng = np.random.default_rng(7)
-    sides = {}
+    sides: dict[str, np.ndarray] = {}
     for side in ("npu", "bench"):
         builder = DumpBuilder(task)
         x = rng.standard_normal(32).astype(np.float32) if side == "npu" else sides["x"]
