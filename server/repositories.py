@@ -136,6 +136,16 @@ class RunRepository:
             stmt = stmt.where(RunFile.rank.in_(list(ranks)))
         return list(self.session.scalars(stmt.order_by(RunFile.path)))
 
+    def rank_bytes(self, run_ids: Sequence[str], step: int, ranks: Sequence[int]) -> dict[int, int]:
+        """The bytes of the files of each of ``ranks`` in step ``step`` of ``run_ids``, together."""
+        f = RunFile
+        stmt = (
+            select(f.rank, func.sum(f.size))
+            .where(f.run_id.in_(list(run_ids)), f.step == step, f.rank.in_(list(ranks)))
+            .group_by(f.rank)
+        )
+        return {int(rank): int(size or 0) for rank, size in self.session.execute(stmt)}
+
     def step_ranks(self, run_id: str) -> dict[int, set[int]]:
         out: dict[int, set[int]] = defaultdict(set)
         rows = self.session.execute(

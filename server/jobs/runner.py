@@ -238,9 +238,12 @@ class TaskRunner:
             self.store.put_file(report.advisor, comparison_key(comparison_id, f"rank{rank}/advisor.txt"))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
-                         report.summary, list(report.result.header),
-                         scores=report.result.row_scores, slice_=slice_)  # fmt: skip
+        stored = finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
+                                  report.summary, list(report.result.header),
+                                  scores=report.result.row_scores, slice_=slice_)  # fmt: skip
+        if stored and part is not None:  # the rank's rows are in: its slices' parts are spent
+            for k in range(part.count):
+                self.store.delete(_part_key(comparison_id, rank, k))
 
     def _run_slice(self, comparison_id: str, pair: RankPair, part: CallSlice, attempt: int, lease: _Lease,
                    options: CompareOptions, files: _SliceFiles, out_dir: Path
@@ -486,8 +489,9 @@ def finish_slice(db: Database, comparison_id: str, rank: int, slice_: int, attem
 
 def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
                      rows: Sequence[Any], summary: dict[str, Any], header: list[str], *,
-                     scores: Sequence[float | None] | None = None, slice_: int = 0) -> None:  # fmt: skip
-    """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one.
+                     scores: Sequence[float | None] | None = None, slice_: int = 0) -> bool:  # fmt: skip
+    """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one. False
+    when this attempt no longer held the task (nothing stored).
 
     Everything that takes CPU (the cells as JSON, the rank's calls) is built before the write transaction:
     on SQLite that transaction holds the one write lock every other worker waits for.
@@ -517,11 +521,12 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
             "comparison %s was deleted while rank %d ran; its reports are removed", comparison_id, rank
         )
         store.delete_prefix(comparison_key(comparison_id))
-        return
+        return False
     if task is not None:
         took = time.perf_counter() - began
         logger.info("comparison %s rank %d succeeded: %d rows stored in %.2f s (%.2f s of it waiting for the "
                     "database)", comparison_id, rank, len(rows), took, waited)  # fmt: skip
+    return task is not None
 
 
 def finish_failed(db: Database, comparison_id: str, rank: int, attempt: int, message: str, *, slice_: int = 0

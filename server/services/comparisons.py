@@ -243,14 +243,9 @@ class ComparisonService:
 
         Counted at plan time from the stored sizes: both runs' files of the rank (dump.json, stack.json and
         the tensor files; in statistics and md5 modes the dump.json's bytes stand for its entries)."""
-        sizes: dict[int, int] = dict.fromkeys(ranks, 0)
         with self.db.read() as session:
-            runs = RunRepository(session)
-            for run_id in (target_id, bench_id):
-                for f in runs.step_files(run_id, step, list(ranks)):
-                    if f.rank is not None:
-                        sizes[int(f.rank)] = sizes.get(int(f.rank), 0) + int(f.size)
-        return {rank: max(1, math.ceil(size / self.task_max_bytes)) for rank, size in sizes.items()}
+            sizes = RunRepository(session).rank_bytes((target_id, bench_id), step, ranks)
+        return {rank: max(1, math.ceil(sizes.get(rank, 0) / self.task_max_bytes)) for rank in ranks}
 
     def retry(self, comparison_id: str) -> ComparisonPublic:
         """Queue the failed ranks of a failed comparison again, and only those: the others keep their rows."""

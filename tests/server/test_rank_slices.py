@@ -191,6 +191,8 @@ def test_slices_give_the_rows_xlsx_and_summary_of_one_task_per_rank(
             assert "/.tmp/task-" in rank_doc.pop("npu_path") and rank_doc.pop("bench_path")
     assert summaries[0] == summaries[1]
     assert server.staging_left() == []
+    stored = [key for key, _, _ in server.store.iter_blobs(comparison_key(b.id))]
+    assert stored and not [key for key in stored if key.endswith(".part")]  # spent once the rank is stored
 
 
 def test_a_failed_slice_is_retried_alone_and_stages_only_its_tensor_files(
