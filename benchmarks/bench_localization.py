@@ -14,6 +14,7 @@ alarms on identical runs; statistics mode is reported as measured.
     .venv/bin/python benchmarks/bench_localization.py            # the whole suite (a few minutes)
     .venv/bin/python benchmarks/bench_localization.py --quick    # one fault per family
     .venv/bin/python benchmarks/bench_localization.py --verbose  # every case's top suspects
+    .venv/bin/python benchmarks/bench_localization.py --families mlp,cnn --modes tensor --seed 11
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def run_family(mode: str, family: str, faults: list[tuple[int, suite.Fault]], se
                verbose: bool) -> list[suite.Outcome]:  # fmt: skip
     """Every pair of one model family in one mode (one worker's share): the bench run, an identical run,
     noise-only runs, and each fault clean and noisy. Noise levels come from ``seed``, family and mode, so a
-    case's level does not depend on how the work was spread."""
+    case's level and its noise pattern do not depend on how the work was spread."""
     torch.set_num_threads(1)
     rng = random.Random(f"{seed}:{mode}:{family}")
     root = suite.workdir()
@@ -69,7 +70,8 @@ def run_family(mode: str, family: str, faults: list[tuple[int, suite.Fault]], se
         out.append(judge(mode, f"{family}:identical", same, bench, None, False, verbose))
         for k in range(noise_pairs):
             sigma = suite.noise_sigma(rng)
-            noisy = suite.dump_run(root / f"noise{k}", family, task=mode, sigma=sigma, seed=k)
+            noisy = suite.dump_run(root / f"noise{k}", family, task=mode, sigma=sigma,
+                                   seed=rng.randrange(2**31))  # fmt: skip
             label = f"{family}:noise-only sigma={sigma:.0e}"
             out.append(judge(mode, label, noisy, bench, None, True, verbose))
         for n, fault in faults:
@@ -77,7 +79,7 @@ def run_family(mode: str, family: str, faults: list[tuple[int, suite.Fault]], se
             out.append(judge(mode, fault.label, target, bench, fault.entry, False, verbose))
             sigma = suite.noise_sigma(rng)
             target = suite.dump_run(root / f"fault{n}" / "noisy", family, task=mode, fault=fault, sigma=sigma,
-                                    seed=n + 100)  # fmt: skip
+                                    seed=rng.randrange(2**31))  # fmt: skip
             out.append(judge(mode, f"{fault.label} +noise {sigma:.0e}", target, bench, fault.entry, True,
                              verbose))  # fmt: skip
     finally:
@@ -85,12 +87,14 @@ def run_family(mode: str, family: str, faults: list[tuple[int, suite.Fault]], se
     return out
 
 
-def run(quick: bool, verbose: bool, seed: int, noise_pairs: int, jobs: int) -> list[suite.Outcome]:
-    faults = quick_subset(suite.FAULTS) if quick else suite.FAULTS
+def run(quick: bool, verbose: bool, seed: int, noise_pairs: int, jobs: int,
+        families: set[str] | None = None, modes: tuple[str, ...] = MODES) -> list[suite.Outcome]:  # fmt: skip
+    faults = [f for f in suite.FAULTS if families is None or f.family in families]
+    faults = quick_subset(faults) if quick else faults
     numbered = list(enumerate(faults))
     families = sorted({f.family for f in faults})
     work = [(mode, fam, [(n, f) for n, f in numbered if f.family == fam])
-            for mode in MODES for fam in families]  # fmt: skip
+            for mode in modes for fam in families]  # fmt: skip
     if jobs <= 1:
         return [o for mode, fam, fs in work for o in run_family(mode, fam, fs, seed, noise_pairs, verbose)]
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads or modes inherited
@@ -146,13 +150,22 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=10, help="seed of the noise levels (default 10)")
     parser.add_argument("--noise-pairs", type=int, default=2, help="noise-only pairs per family (default 2)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--families", help=f"comma-separated families (default: {','.join(suite.MODELS)})")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes (default: both)")
     args = parser.parse_args()
+    families = set(args.families.split(",")) if args.families else None
+    if families is not None and not families <= set(suite.MODELS):
+        unknown = sorted(families - set(suite.MODELS))
+        parser.error(f"--families: unknown {unknown}, known {sorted(suite.MODELS)}")
+    modes = tuple(args.modes.split(","))
+    if not set(modes) <= set(MODES):
+        parser.error(f"--modes: unknown {sorted(set(modes) - set(MODES))}; known: {list(MODES)}")
     logging.basicConfig(level=logging.ERROR)
     started = time.perf_counter()
-    outcomes = run(args.quick, args.verbose, args.seed, args.noise_pairs, args.jobs)
+    outcomes = run(args.quick, args.verbose, args.seed, args.noise_pairs, args.jobs, families, modes)
     faults = len({o.label for o in outcomes if o.truth is not None and not o.noisy})
     kinds = len({label.split(":")[-1] for label in (o.label for o in outcomes if o.truth and not o.noisy)})
-    print(f"\nlocalization: {faults} faults x (clean, noisy) in {kinds} kinds, "
+    print(f"\nlocalization (seed {args.seed}): {faults} faults x (clean, noisy) in {kinds} kinds, "
           f"{len({o.label.split(':')[0] for o in outcomes})} model families, "
           f"{time.perf_counter() - started:.0f} s (shared machine)")  # fmt: skip
     print(table(outcomes))
