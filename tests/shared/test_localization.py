@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from parity.shared.compare.call_errors import row_error, row_errors
 from parity.shared.compare.engine import compare_dumps
+from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.localization import (
     CallEvidence,
     _first_divergence,
@@ -18,7 +20,7 @@ from parity.shared.compare.localization import (
     user_frame,
 )
 from parity.shared.compare.options import CompareOptions
-from parity.shared.compare.result import CompareResult, Suspect
+from parity.shared.compare.result import CompareResult, CompareRow, RowStatus, Suspect
 from parity.shared.report.advisor import advisor_text
 
 from tests.factories import DumpBuilder, stats_leaf, write_raw_dump
@@ -103,6 +105,31 @@ def test_nan_in_an_output_whose_inputs_agree_is_the_top_suspect(tmp_path: Path) 
     result = _compare(tmp_path, npu, bench)
     assert [s.api for s in result.suspects] == ["Torch.f.0.forward"]  # g only inherits the NaN
     assert "NaN/Inf positions" in result.suspects[0].reason
+
+
+def test_the_column_wise_statistics_errors_equal_the_row_rule() -> None:
+    """The vector path (eight finite numbers) and the row rule (everything else) give the same floats, on
+    a table that mixes both: NaN, inf, None, ints, msprobe's texts, unmatched rows, equal and zero values."""
+    header = full_header(CompareMode.STATISTICS, stack=False)
+    first = header.index("NPU max")
+    rng = np.random.default_rng(3)
+    odd: list[object] = [float("nan"), float("inf"), -float("inf"), None, 0, 3, "Nan", "N/A", 0.0, True]
+    rows = []
+    for k in range(400):
+        npu = rng.standard_normal(4) * 10.0 ** rng.integers(-8, 8)
+        bench = npu * (1 + rng.standard_normal(4) * 10.0 ** -rng.integers(1, 9))
+        stats: list[object] = [*npu.tolist(), *(bench if k % 5 else npu).tolist()]
+        if k % 3 == 0:
+            stats[int(rng.integers(8))] = odd[int(rng.integers(len(odd)))]
+        cells: list[object] = [None] * len(header)
+        cells[first : first + 8] = stats
+        status = RowStatus.UNMATCHED if k % 17 == 0 else RowStatus.PASS
+        rows.append(CompareRow(cells=cells, api=f"Torch.f.{k}.forward", status=status))  # type: ignore[arg-type]
+    pos = {name: i for i, name in enumerate(header)}
+    plain = [row_error(row, pos, CompareMode.STATISTICS) for row in rows]
+    vector = row_errors(rows, header, CompareMode.STATISTICS).tolist()
+    assert [None if v != v else v for v in vector] == plain
+    assert sum(v is None for v in plain) >= 20 and sum(v == 0.0 for v in plain) >= 50
 
 
 # ------------------------------------------------------------------------------------------------------
