@@ -249,10 +249,11 @@ def _module_path(api: str) -> str | None:
 def _samplers(apis: Sequence[str]) -> np.ndarray:
     """The calls whose errors may be noise samples: API calls, or, in a dump of modules alone, the leaf
     modules. A module repeats the calls inside it (at mix level its APIs, at L0 its child modules), and a
-    module wrapping the fault would be the fault's own background."""
+    module wrapping the fault would be the fault's own background. Never a collective: its output carries
+    what the other ranks send, not what the call adds on its own."""
     is_module = np.fromiter((a.startswith(_MODULE_PREFIX) for a in apis), dtype=bool, count=len(apis))
     if not is_module.all():
-        return ~is_module
+        return ~is_module & ~np.fromiter((a.startswith(_COLLECTIVE_PREFIX) for a in apis), bool, len(apis))
     paths = [_module_path(a) for a in apis]
     parents: set[str] = set()
     for p in set(paths) - {None}:
