@@ -118,7 +118,9 @@ def sweep(outcomes: list[suite.Outcome]) -> str:
         top1 = sum(ranked_at(o, threshold)[:1] == [o.truth] for o in cases) / max(1, len(cases))
         alarms = sum(bool(ranked_at(o, threshold)) for o in quiet)
         parts.append(f"score>={threshold}: top-1 {top1:.1%}, false alarms {alarms}/{len(quiet)}")
-    return "tensor noisy, other thresholds: " + "; ".join(parts)
+    highest = max((score for o in quiet for score in o.scores.values()), default=float("-inf"))
+    return ("tensor noisy, other thresholds: " + "; ".join(parts)
+            + f"\ntensor noise-only pairs: highest call score {highest:.2f}")  # fmt: skip
 
 
 def table(outcomes: list[suite.Outcome]) -> str:

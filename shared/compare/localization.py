@@ -337,7 +337,8 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
         (only,) = np.flatnonzero(sample)
         call_floor[only] = _downstream_floor(o_err[only + 1 :])
     if learning:
-        kinds = np.unique([api_kind(a) for a in apis], return_inverse=True)[1] if n else np.zeros(0, int)
+        ids: dict[str, int] = {}
+        kinds = np.fromiter((ids.setdefault(api_kind(a), len(ids)) for a in apis), dtype=np.int64, count=n)
         gains = _gains(kinds, gain, gain)
     else:
         gains = np.ones(n)
