@@ -192,30 +192,56 @@ def _fmt_times(x: float) -> str:
     return f"{x:.0f}x"
 
 
+@dataclass(frozen=True, slots=True)
+class JudgedCalls:
+    """Every call's judgement, one array element per call in execution order (the engine's 20,000 calls are
+    not 20,000 objects: ``CallEvidence`` is built for the calls a report shows)."""
+
+    columns: CallColumns
+    directions: list[str | None]
+    input_err: np.ndarray  # a backward's includes what its forward saved (NaN: not judged)
+    expected: np.ndarray
+    gain: np.ndarray
+    score: np.ndarray  # -inf: not judged, or identical
+    collectives_before: np.ndarray  # collective calls that ran before each call
+
+    def evidence(self, k: int) -> CallEvidence:
+        """Call ``k`` as a ``CallEvidence``."""
+        cols = self.columns
+        i, o = float(self.input_err[k]), float(cols.output_err[k])
+        return CallEvidence(cols.apis[k], k, int(cols.first_row[k]), int(cols.worst_row[k]),
+                            None if math.isnan(i) else i, None if math.isnan(o) else o, self.directions[k],
+                            int(self.collectives_before[k]), float(self.expected[k]), float(self.gain[k]),
+                            float(self.score[k]))  # fmt: skip
+
+
 @dataclass(slots=True)
 class Localization:
     """The calls in execution order, the floor learned from the run pair, and the ranked suspects."""
 
     mode: CompareMode
-    calls: list[CallEvidence]
+    judged: JudgedCalls
     floor: float
-    errors: list[float | None] = field(default_factory=list)  # per table row (see ``row_errors``)
+    errors: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per row (``row_errors``; NaN: unjudged)
     suspects: list[CallEvidence] = field(default_factory=list)  # ranked: highest score first
     first_divergence: CallEvidence | None = None
-    stop_rows: list[int] = field(default_factory=list)  # one past each call's last row
+
+    @property
+    def calls(self) -> list[CallEvidence]:
+        """Every call as a ``CallEvidence`` (built on each access: for inspection, not for the hot path)."""
+        return [self.judged.evidence(k) for k in range(len(self.judged.columns.apis))]
 
     def row_scores(self, n_rows: int) -> list[float | None]:
         """The score of each table row's call (None where the call was not judged or is identical), for
         sorting rows by score."""
         scores: list[float | None] = [None] * n_rows
-        if not self.calls:
+        cols = self.judged.columns
+        if not cols.apis:
             return scores
-        values = [round(c.score, 3) if c.score > -math.inf else None for c in self.calls]
-        first = np.array([c.first_row for c in self.calls], dtype=np.int64)
-        stop = np.array(self.stop_rows, dtype=np.int64)
-        per_row = np.repeat(np.array(values, dtype=object), stop - first)
+        values = [round(v, 3) if v > -math.inf else None for v in self.judged.score.tolist()]
+        per_row = np.repeat(np.array(values, dtype=object), cols.stop_row - cols.first_row)
         # The calls cover one stretch of rows; bench-only rows (no call of the NPU run) come after it.
-        scores[int(first[0]) : int(stop[-1])] = per_row.tolist()
+        scores[int(cols.first_row[0]) : int(cols.stop_row[-1])] = per_row.tolist()
         return scores
 
 
@@ -353,28 +379,17 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     expected[finite] = np.hypot(gains[finite] * i_err[finite], call_floor[finite])
     scores[finite] = np.log10(o_err[finite] / expected[finite])
 
-    calls = _evidence(cols, directions, i_err, gains, expected, scores)
-    suspects = [calls[k] for k in np.flatnonzero(scores >= SUSPECT_SCORE).tolist()]
-    first = _first_divergence(calls, suspects)
+    collective = np.fromiter((a.startswith(_COLLECTIVE_PREFIX) for a in apis), dtype=np.int64, count=n)
+    before = np.cumsum(collective) - collective
+    judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before)
+    suspects = [judged_calls.evidence(k) for k in np.flatnonzero(scores >= SUSPECT_SCORE).tolist()]
+    first = _first_divergence(i_err, suspects)
     if mode is CompareMode.MD5:
         suspects.sort(key=lambda c: c.order)
     else:
         suspects.sort(key=lambda c: (-c.score, c.order))
-    row_err = [None if e != e else e for e in errs.tolist()]  # NaN: cannot be judged
-    return Localization(mode=mode, calls=calls, floor=floor, errors=row_err, suspects=suspects,
-                        first_divergence=first, stop_rows=cols.stop_row.tolist())  # fmt: skip
-
-
-def _evidence(cols: CallColumns, directions: list[str | None], input_err: np.ndarray, gains: np.ndarray,
-              expected: np.ndarray, scores: np.ndarray) -> list[CallEvidence]:  # fmt: skip
-    """The calls as ``CallEvidence`` (NaN errors become None), with the collectives each ran after."""
-    is_collective = [a.startswith(_COLLECTIVE_PREFIX) for a in cols.apis]
-    before = np.cumsum([0, *is_collective[:-1]]).tolist() if is_collective else []
-    i_list = [None if v != v else v for v in input_err.tolist()]
-    o_list = [None if v != v else v for v in cols.output_err.tolist()]
-    return [CallEvidence(*fields) for fields in zip(
-        cols.apis, range(len(cols.apis)), cols.first_row.tolist(), cols.worst_row.tolist(), i_list, o_list,
-        directions, before, expected.tolist(), gains.tolist(), scores.tolist(), strict=True)]  # fmt: skip
+    return Localization(mode=mode, judged=judged_calls, floor=floor, errors=errs, suspects=suspects,
+                        first_divergence=first)  # fmt: skip
 
 
 def _exact_pair(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str], norms: np.ndarray,
@@ -413,18 +428,17 @@ def _downstream_floor(later: np.ndarray) -> float:
     return max(MIN_FLOOR, float(values[min(values.size - 1, int(DOWNSTREAM_QUANTILE * values.size))]))
 
 
-def _first_divergence(calls: list[CallEvidence], suspects: list[CallEvidence]) -> CallEvidence | None:
+def _first_divergence(input_err: np.ndarray, suspects: list[CallEvidence]) -> CallEvidence | None:
     """The earliest suspect whose error reaches a later call's inputs (at least CARRY_SHARE of its output
-    error); the earliest suspect if none does (the last call of a run has no later call)."""
+    error); the earliest suspect if none does (the last call of a run has no later call). ``input_err``:
+    every call's input error, in execution order (NaN: not judged)."""
     if not suspects:
         return None
-    later_max = [0.0] * (len(calls) + 1)  # the largest input error of the calls after each one
-    for k in range(len(calls) - 1, -1, -1):
-        err = calls[k].input_err
-        later_max[k] = max(later_max[k + 1], err) if err is not None else later_max[k + 1]
+    # The largest input error of the calls after each one (0 after the last).
+    later = np.append(np.maximum.accumulate(np.nan_to_num(input_err, nan=0.0)[::-1])[::-1], 0.0)
     for s in sorted(suspects, key=lambda c: c.order):
         assert s.output_err is not None
-        reach = later_max[s.order + 1]
+        reach = float(later[s.order + 1])
         if reach > 0.0 and reach >= CARRY_SHARE * s.output_err:
             return s
     return min(suspects, key=lambda c: c.order)

@@ -165,8 +165,9 @@ def test_an_error_that_does_not_carry_on_is_not_the_first_divergence() -> None:
     log = CallEvidence("Torch.norm.0.forward", 0, 0, 0, 0.0, 1e-1, score=5.0)
     fault = CallEvidence("Torch.f.0.forward", 1, 1, 1, 0.0, 1e-2, score=4.0)
     after = CallEvidence("Torch.g.0.forward", 2, 2, 2, 1e-2, 1e-2, score=-0.1)
-    assert _first_divergence([log, fault, after], [log, fault]) is fault
-    assert _first_divergence([log, fault], [log, fault]) is log  # nothing after either: the earliest
+    inputs = np.array([c.input_err for c in (log, fault, after)])
+    assert _first_divergence(inputs, [log, fault]) is fault
+    assert _first_divergence(inputs[:2], [log, fault]) is log  # nothing after either: the earliest
 
 
 # ------------------------------------------------------------------------------------------------------
