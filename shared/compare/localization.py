@@ -353,13 +353,10 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
         gain = np.where(has_gain, o_err / i_err, np.nan)
         judged = ~np.isnan(i_err) & ~np.isnan(o_err) & (o_err != 0.0) & ~np.isinf(i_err)
     learning = mode is not CompareMode.MD5
-    clean = np.sort(o_err[sample]) if learning else np.zeros(0)
-    floor_all = _quantiles(clean, FLOOR_QUANTILE)
-    floor = MIN_FLOOR if math.isnan(floor_all) else max(MIN_FLOOR, float(floor_all))
-    call_floor = _quantiles(clean, FLOOR_QUANTILE, np.where(sample, o_err, np.nan))
-    call_floor = np.where(np.isnan(call_floor), MIN_FLOOR, np.maximum(MIN_FLOOR, call_floor))
-    exact = _exact_pair(rows, states, header, norms, cols, recorded, samplers) if clean.size == 1 else True
-    if learning and not exact:
+    if not learning:
+        sample = np.zeros(n, dtype=bool)
+    floor, call_floor = _floors(o_err, sample)
+    if sample.sum() == 1 and not _exact_pair(rows, states, header, norms, cols, recorded, samplers):
         (only,) = np.flatnonzero(sample)
         call_floor[only] = _downstream_floor(o_err[only + 1 :])
     if learning:
@@ -390,6 +387,16 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
         suspects.sort(key=lambda c: (-c.score, c.order))
     return Localization(mode=mode, judged=judged_calls, floor=floor, errors=errs, suspects=suspects,
                         first_divergence=first)  # fmt: skip
+
+
+def _floors(output_err: np.ndarray, sample: np.ndarray) -> tuple[float, np.ndarray]:
+    """The pair's floor (the median noise sample) and each call's: the median of the samples but its own,
+    MIN_FLOOR where no other sample is left."""
+    clean = np.sort(output_err[sample])
+    overall = float(_quantiles(clean, FLOOR_QUANTILE))
+    per_call = _quantiles(clean, FLOOR_QUANTILE, np.where(sample, output_err, np.nan))
+    per_call = np.where(np.isnan(per_call), MIN_FLOOR, np.maximum(MIN_FLOOR, per_call))
+    return (MIN_FLOOR if math.isnan(overall) else max(MIN_FLOOR, overall)), per_call
 
 
 def _exact_pair(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str], norms: np.ndarray,
