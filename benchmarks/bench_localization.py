@@ -142,7 +142,7 @@ def table(outcomes: list[suite.Outcome]) -> str:
             lines.append(f"{mode:<11}{variant:<10}{len(cases):>6}{top1:>9.1%}{top3:>9.1%}{first:>12.1%}")
     lines.append("")
     lines.append(f"{'mode':<11}{'false alarms':<30}")
-    for mode in MODES:
+    for mode in (m for m in MODES if any(o.mode == m for o in outcomes)):
         ident = [o for o in outcomes if o.mode == mode and o.truth is None and not o.noisy]
         noise = [o for o in outcomes if o.mode == mode and o.truth is None and o.noisy]
         lines.append(f"{mode:<11}identical pairs: {sum(o.false_alarm for o in ident)}/{len(ident)}   "
