@@ -2,13 +2,19 @@
 
     .venv/bin/python benchmarks/bench_scale.py [--quick] [--tensor-gb 4] [--complete-mb 200]
                                                [--redis-url redis://...] [--only NAME ...]
+                                               [--cache-dir DIR] [--drop-cache]
+
+The generated pairs are kept in ``--cache-dir`` and reused by the next run (the 4 GB tensor pair takes
+minutes to write); ``--drop-cache`` deletes them at the end.
 
 Prints, each figure measured on a real ``parity server`` (SQLite, file store) fed over REST:
 
 * ``statistics``: a 16-rank statistics pair (4,000 APIs a rank) compared with 1 and then 2 workers, on the
   local pool and, with ``--redis-url`` (or ``PARITY_TEST_REDIS_URL``), on Celery workers: wall time from
-  ``POST /comparisons`` to ``succeeded``, the speed-up, each worker's peak RSS, and the peak staging (the
-  bytes laid out in task folders at once, per worker; hard links on a file store, so no bytes are copied);
+  the comparison's creation to its end (the server's clock), the speed-up, how busy the workers were (the
+  share of workers x wall time a task ran), their CPU time, each worker's peak RSS, and the peak staging
+  (the bytes laid out in task folders at once, per worker; hard links on a file store, so no bytes are
+  copied). The runs are uploaded once per pair; each measurement starts a server on the same data;
 * ``tensor``: an 8-rank tensor pair of ``--tensor-gb`` GB in all, on 1 and 2 local workers;
 * ``overhead``: 256 ranks of one API each on one worker: wall time per rank, an upper bound of a task's
   fixed cost (claim, lease, staging, rows, merge check);
@@ -26,12 +32,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +52,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.factories import DumpBuilder, stats_leaf, write_raw_dump  # noqa: E402
-from tests.server.conftest import ServerProcess, upload_run  # noqa: E402
+from tests.server.conftest import ServerProcess  # noqa: E402
 
 MB = 1e6
 
 
 class Sampler:
-    """Samples, every 50 ms: the peak RSS of each worker process, the API process's RSS, and the bytes in
-    the staging folders (per task folder, summed)."""
+    """Samples, every 100 ms: the peak RSS and CPU time of each worker process, the API process's RSS, and the
+    bytes in the staging folders (per task folder, summed). (Every 50 ms, the sampler and the status polls
+    took a tenth of a core from the two workers they measure.)"""
 
     def __init__(self, api_pid: int | None, worker_pids: Callable[[], list[int]], tmp_dir: Path) -> None:
         self.api_pid, self.worker_pids, self.tmp_dir = api_pid, worker_pids, tmp_dir
         self.worker_peak: dict[int, int] = {}
+        self.worker_cpu: dict[int, tuple[float, float]] = {}  # pid -> (first, last) user+system seconds
         self.api_peak = 0
         self.staging_peak = 0
         self._stop = threading.Event()
@@ -64,17 +75,19 @@ class Sampler:
         while not self._stop.is_set():
             for pid in self.worker_pids():
                 try:
-                    rss = psutil.Process(pid).memory_info().rss
+                    proc = psutil.Process(pid)
+                    rss, cpu = proc.memory_info().rss, sum(proc.cpu_times()[:2])
                 except psutil.Error:
                     continue
                 self.worker_peak[pid] = max(self.worker_peak.get(pid, 0), rss)
+                self.worker_cpu[pid] = (self.worker_cpu.get(pid, (cpu, cpu))[0], cpu)
             if self.api_pid is not None:
                 try:
                     self.api_peak = max(self.api_peak, psutil.Process(self.api_pid).memory_info().rss)
                 except psutil.Error:
                     pass
             self.staging_peak = max(self.staging_peak, _tree_bytes(self.tmp_dir, "task-*"))
-            self._stop.wait(0.05)
+            self._stop.wait(0.1)
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -83,6 +96,10 @@ class Sampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(last - first for first, last in self.worker_cpu.values())
 
 
 def _tree_bytes(folder: Path, pattern: str) -> int:
@@ -104,7 +121,19 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-# -- data ----------------------------------------------------------------------------------------------------
+# -- data: generated once into a cache folder, reused by later runs -----------------------------------------
+
+
+def cached(cache: Path, key: str, build: Callable[[Path], tuple[Path, Path]]) -> tuple[Path, Path]:
+    """``build(folder)``'s pair, built once under ``cache/key`` (a ``.complete`` marker says it is whole)."""
+    folder = cache / key
+    if (folder / ".complete").is_file():
+        print(f"reusing {folder}", flush=True)
+        return folder / "npu", folder / "gpu"
+    shutil.rmtree(folder, ignore_errors=True)
+    pair = build(folder)
+    (folder / ".complete").touch()
+    return pair
 
 
 def statistics_pair(base: Path, ranks: int, apis: int) -> tuple[Path, Path]:
@@ -124,7 +153,8 @@ def statistics_pair(base: Path, ranks: int, apis: int) -> tuple[Path, Path]:
 
 
 def tensor_pair(base: Path, ranks: int, total_bytes: int) -> tuple[Path, Path]:
-    """``ranks`` ranks of fp32 tensors of 8 MB each, ``total_bytes`` over both sides."""
+    """``ranks`` ranks of fp32 tensors of 8 MB each, ``total_bytes`` over both sides (generated one rank at a
+    time: memory stays at one rank's tensors)."""
     per_rank = total_bytes // 2 // ranks
     n = max(1, per_rank // (8 << 20))
     rng = np.random.default_rng(1)
@@ -193,47 +223,104 @@ class Celery:
             self.proc.kill()
 
 
-def compare_once(
-    api: httpx.Client, target: str, bench: str, sampler: Sampler
-) -> tuple[float, dict[str, Any]]:
+@dataclass
+class Measured:
+    """One comparison as the server saw it: wall time from its creation to its last rank's end (server
+    clock, so the status polls' interval does not count), and the workers' occupancy: the share of
+    ``workers x wall`` during which a task was running."""
+
+    wall: float
+    occupancy: float
+    body: dict[str, Any]
+    sampler: Sampler
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def compare_once(api: httpx.Client, target: str, bench: str, workers: int, sampler: Sampler) -> Measured:
+    body = {"target_run": target, "bench_run": bench}
     with sampler:
-        start = time.perf_counter()
-        cid = api.post("/comparisons", json={"target_run": target, "bench_run": bench}).json()["id"]
+        cid = api.post("/comparisons", json=body).json()["id"]
         while True:
-            body = api.get(f"/comparisons/{cid}").json()
-            if body["status"] in ("succeeded", "failed"):
+            found = api.get(f"/comparisons/{cid}").json()
+            if found["status"] in ("succeeded", "failed"):
                 break
-            time.sleep(0.05)
-        wall = time.perf_counter() - start
-    if body["status"] != "succeeded":
-        raise RuntimeError(f"comparison {cid} failed: {body['error']}")
-    return wall, body
+            time.sleep(0.25)
+    if found["status"] != "succeeded":
+        raise RuntimeError(f"comparison {cid} failed: {found['error']}")
+    api.delete(f"/comparisons/{cid}")  # the next measurement of the same runs queues a new one
+    wall = (_time(found["finished_at"]) - _time(found["created_at"])).total_seconds()
+    busy = sum((_time(t["finished_at"]) - _time(t["started_at"])).total_seconds() for t in found["tasks"])
+    return Measured(wall, busy / (workers * wall), found, sampler)
 
 
-def run_pair(
-    base: Path, npu: Path, gpu: Path, workers: int, backend: str, redis_url: str | None
-) -> tuple[float, Sampler, dict[str, Any]]:
-    env = {"PARITY_WORKERS": str(workers)}
-    if backend == "celery":
-        assert redis_url is not None
-        env |= {"PARITY_JOB_BACKEND": "celery", "PARITY_CELERY_BROKER_URL": redis_url}
-    data = base / f"data-{backend}-{workers}-{time.monotonic_ns()}"
-    srv = ServerProcess(data, env).start()
-    celery = Celery(srv.env, workers, data / "celery.log") if backend == "celery" else None
-    try:
-        with srv.client() as api:
-            target = upload_run(api, npu)["id"]
-            bench = upload_run(api, gpu, device="gpu")["id"]
+class Servers:
+    """``parity server`` processes over one data folder: the runs are uploaded once, then each measurement
+    starts a server (and Celery workers) with its own backend and worker count on the same database."""
+
+    def __init__(self, data: Path, npu: Path, gpu: Path) -> None:
+        self.data, self.npu, self.gpu = data, npu, gpu
+        self.runs: tuple[str, str] | None = None
+
+    def compare(self, backend: str, workers: int, redis_url: str | None) -> Measured:
+        env = {"PARITY_WORKERS": str(workers)}
+        if backend == "celery":
+            assert redis_url is not None
+            env |= {"PARITY_JOB_BACKEND": "celery", "PARITY_CELERY_BROKER_URL": redis_url}
+        srv = ServerProcess(self.data, env).start()
+        celery = Celery(srv.env, workers, self.data / "celery.log") if backend == "celery" else None
+        try:
+            if self.runs is None:
+                self.runs = self._upload(srv.url)
             assert srv.proc is not None
-            pids = celery.worker_pids if celery else (lambda: _children(srv.proc.pid))  # type: ignore[union-attr]
-            sampler = Sampler(None, pids, data / "blobs" / ".tmp")
-            wall, body = compare_once(api, target, bench, sampler)
-    finally:
-        if celery is not None:
-            celery.stop()
-        srv.stop()
-        shutil.rmtree(data, ignore_errors=True)
-    return wall, sampler, body
+            server_pid = srv.proc.pid
+            pids = celery.worker_pids if celery else (lambda: _children(server_pid))
+            _wait_idle(pids, workers)
+            with srv.client() as api:
+                return compare_once(
+                    api, *self.runs, workers, Sampler(None, pids, self.data / "blobs" / ".tmp")
+                )
+        finally:
+            if celery is not None:
+                celery.stop()
+            srv.stop()
+
+    def _upload(self, url: str) -> tuple[str, str]:
+        from parity.client.rest import ParityClient
+        from parity.client.upload import upload_dump
+
+        with ParityClient(url, timeout=600) as api:
+            target = upload_dump(api, self.npu, name="bench-scale-npu", device="npu")
+            bench = upload_dump(api, self.gpu, name="bench-scale-gpu", device="gpu")
+        return target.id, bench.id
+
+
+def _wait_idle(pids: Callable[[], list[int]], workers: int, timeout: float = 120.0) -> None:
+    """Wait until the ``workers`` worker processes have started and gone idle (their CPU time still over
+    half a second): a server that has been up has its workers ready, and their start (spawn, imports) is
+    not the comparison's time."""
+
+    def cpu() -> tuple[int, float]:
+        total, count = 0.0, 0
+        for pid in pids():
+            try:
+                total += sum(psutil.Process(pid).cpu_times()[:2])
+                count += 1
+            except psutil.Error:
+                pass
+        return count, total
+
+    deadline = time.monotonic() + timeout
+    before = cpu()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = cpu()
+        if now[0] >= workers and now[1] - before[1] < 0.02:
+            return
+        before = now
+    raise RuntimeError(f"the {workers} worker(s) did not go idle in {timeout:.0f} s")
 
 
 def _rank_bytes(step: Path) -> int:
@@ -242,39 +329,59 @@ def _rank_bytes(step: Path) -> int:
 
 
 def bench_pairs(
-    label: str, base: Path, npu: Path, gpu: Path, backends: list[str], redis_url: str | None
+    label: str, base: Path, npu: Path, gpu: Path, backends: list[str], redis_url: str | None, repeat: int = 1
 ) -> list[tuple[str, str]]:
+    """1 then 2 workers, ``repeat`` times in turn (so that a change of the machine's load falls on both),
+    each measurement printed; then the median of each and the median of the paired ratios."""
     rows = _Printed()
     rank_pair = _rank_bytes(npu / "step0") + _rank_bytes(gpu / "step0")
-    for backend in backends:
-        walls = {}
-        for workers in (1, 2):
-            wall, sampler, body = run_pair(base, npu, gpu, workers, backend, redis_url)
-            walls[workers] = wall
-            peak = max(sampler.worker_peak.values(), default=0)
-            staged = sampler.staging_peak
+    servers = Servers(base / f"data-{label.split()[0]}", npu, gpu)
+    try:
+        for backend in backends:
+            walls: dict[int, list[float]] = {1: [], 2: []}
+            for _ in range(repeat):
+                for workers in (1, 2):
+                    m = servers.compare(backend, workers, redis_url)
+                    walls[workers].append(m.wall)
+                    peak = max(m.sampler.worker_peak.values(), default=0)
+                    staged = m.sampler.staging_peak
+                    rows.append(
+                        (
+                            f"{label} {backend} {workers} worker(s)",
+                            f"{m.wall:7.2f} s  {m.body['summary']['rows']} rows  busy {m.occupancy:4.0%}  "
+                            f"worker CPU {m.sampler.cpu_seconds:6.2f} s  "
+                            f"peak RSS {peak / 2**20:5.0f} MiB  peak staging {staged / MB:6.1f} MB = "
+                            f"{staged / rank_pair:.2f} rank pairs "
+                            f"({staged / rank_pair / workers:.2f} per worker)  "
+                            f"load {os.getloadavg()[0]:.1f}",
+                        )
+                    )
+            ratios = [one / two for one, two in zip(walls[1], walls[2], strict=True)]
+            median = statistics.median
+            medians = f"  median of {repeat} pairs ({median(walls[1]):.2f} s / {median(walls[2]):.2f} s)"
             rows.append(
                 (
-                    f"{label} {backend} {workers} worker(s)",
-                    f"{wall:7.2f} s  {body['summary']['rows']} rows  "
-                    f"worker peak RSS {peak / 2**20:5.0f} MiB  peak staging {staged / MB:6.1f} MB = "
-                    f"{staged / rank_pair:.2f} rank pairs ({staged / rank_pair / workers:.2f} per worker)",
+                    f"{label} {backend} speed-up 1 -> 2 workers",
+                    f"{median(ratios):.2f}x (target >= 1.7x)" + (medians if repeat > 1 else ""),
                 )
             )
-        rows.append(
-            (f"{label} {backend} speed-up 1 -> 2 workers", f"{walls[1] / walls[2]:.2f}x (target >= 1.7x)")
-        )
+    finally:
+        shutil.rmtree(servers.data, ignore_errors=True)
     return rows
 
 
-def bench_overhead(base: Path, ranks: int) -> list[tuple[str, str]]:
-    npu, gpu = statistics_pair(base / "tiny", ranks, 1)
-    wall, _, body = run_pair(base, npu, gpu, 1, "local", None)
-    assert body["summary"]["ranks"] == list(range(ranks))
+def bench_overhead(base: Path, cache: Path, ranks: int) -> list[tuple[str, str]]:
+    npu, gpu = cached(cache, f"overhead-{ranks}r", lambda f: statistics_pair(f, ranks, 1))
+    servers = Servers(base / "data-overhead", npu, gpu)
+    try:
+        m = servers.compare("local", 1, None)
+    finally:
+        shutil.rmtree(servers.data, ignore_errors=True)
+    assert m.body["summary"]["ranks"] == list(range(ranks))
     return [
         (
             f"task overhead ({ranks} one-API ranks, 1 worker)",
-            f"{wall:7.2f} s  = {wall / ranks * 1000:5.1f} ms a rank (target < 50 ms)",
+            f"{m.wall:7.2f} s  = {m.wall / ranks * 1000:5.1f} ms a rank (target < 50 ms)",
         )
     ]
 
@@ -363,6 +470,14 @@ def main() -> int:
     parser.add_argument("--complete-mb", type=int, default=200, help="dump.json size for the complete figure")
     parser.add_argument("--redis-url", default=os.environ.get("PARITY_TEST_REDIS_URL"))
     parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "parity-bench-scale-cache",
+        help="where the generated pairs are kept for the next run (default: %(default)s)",
+    )
+    parser.add_argument("--drop-cache", action="store_true", help="delete the cache folder at the end")
+    parser.add_argument("--repeat", type=int, default=1, help="1 and 2 workers this many times in turn")
+    parser.add_argument(
         "--only",
         nargs="+",
         choices=["statistics", "tensor", "overhead", "complete"],
@@ -379,21 +494,21 @@ def main() -> int:
             f"(shared: other jobs distort the speed-ups)",
         )
     )
+    cache = args.cache_dir
     try:
         if "statistics" in args.only:
             apis = 400 if args.quick else 4000
-            npu, gpu = statistics_pair(base / "stats", 16, apis)
-            bench_pairs(f"statistics 16 ranks x {apis} APIs", base, npu, gpu, backends, args.redis_url)
+            npu, gpu = cached(cache, f"statistics-16r-{apis}", lambda f: statistics_pair(f, 16, apis))
+            label = f"statistics 16 ranks x {apis} APIs"
+            bench_pairs(label, base, npu, gpu, backends, args.redis_url, args.repeat)
             if not args.redis_url:
                 rows.append(("statistics celery", "skipped: no --redis-url / PARITY_TEST_REDIS_URL"))
-            shutil.rmtree(base / "stats", ignore_errors=True)
         if "tensor" in args.only:
             total = int(args.tensor_gb * (0.1 if args.quick else 1.0) * 1e9)
-            npu, gpu = tensor_pair(base / "tensor", 8, total)
-            bench_pairs(f"tensor 8 ranks, {total / 1e9:.1f} GB", base, npu, gpu, ["local"], None)
-            shutil.rmtree(base / "tensor", ignore_errors=True)
+            npu, gpu = cached(cache, f"tensor-8r-{total}", lambda f: tensor_pair(f, 8, total))
+            bench_pairs(f"tensor 8 ranks, {total / 1e9:.1f} GB", base, npu, gpu, ["local"], None, args.repeat)
         if "overhead" in args.only:
-            for row in bench_overhead(base, 256):
+            for row in bench_overhead(base, cache, 256):
                 rows.append(row)
         if "complete" in args.only:
             for row in bench_complete(base, args.complete_mb // (10 if args.quick else 1)):
@@ -401,6 +516,8 @@ def main() -> int:
         rows.append(("machine after", f"load average {os.getloadavg()[0]:.1f}"))
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        if args.drop_cache:
+            shutil.rmtree(cache, ignore_errors=True)
     return 0
 
 

@@ -217,6 +217,10 @@ class ComparisonRepository:
         )  # fmt: skip
         return next((c for c in candidates if c.ranks == ranks and (c.options or {}) == options), None)
 
+
+#: Statements ``claim_next`` tries before it gives up on a busy queue (PostgreSQL only needs more than one).
+CLAIM_NEXT_LOOKS = 4
+
 #: A task's id on the job backends: ``{comparison id}:{rank}`` (ids, never objects, travel to workers).
 TaskId = str
 
@@ -275,14 +279,66 @@ class TaskRepository:
         )
         return self.session.scalar(select(t.attempt).where(t.comparison_id == comparison_id, t.rank == rank))
 
-    def renew_lease(self, comparison_id: str, rank: int, attempt: int, until: datetime) -> bool:
-        """Extend ``attempt``'s lease; False when that attempt no longer holds the task."""
+    def claim_next(self, now: datetime, lease_seconds: float, worker: str) -> tuple[TaskId, int] | None:
+        """Claim the oldest queued task, in one statement: (its id, its new attempt), or None when none is
+        queued. The local pool's workers pull their work with it: a look then a claim let two idle workers
+        pick the same task, and the loser waited for the write lock twice before its next look."""
         t = ComparisonTask
+        oldest = (
+            select(t.comparison_id, t.rank)
+            .where(t.status == "queued")
+            .order_by(t.queued_at, t.comparison_id, t.rank)
+            .limit(1)
+        )
+        if self.session.get_bind().dialect.name == "postgresql":
+            oldest = oldest.with_for_update(skip_locked=True)  # two claimants take two different tasks
+        # A CTE, evaluated once: as ``IN (subquery)`` PostgreSQL may run the subquery again per row, and with
+        # SKIP LOCKED each run finds another task (one claim took two, measured).
+        picked = oldest.cte("picked")
+        claim = (
+            update(t)
+            .where(t.comparison_id == picked.c.comparison_id, t.rank == picked.c.rank, t.status == "queued")
+            .values(status="running", attempt=t.attempt + 1, started_at=now, progress=0.0, error=None,
+                    worker=worker, lease_expires_at=now + timedelta(seconds=lease_seconds))
+            .returning(t.comparison_id, t.rank, t.attempt)
+            .execution_options(synchronize_session=False)
+        )  # fmt: skip
+        claimed = self.session.execute(claim).first()
+        for _ in range(CLAIM_NEXT_LOOKS - 1 if claimed is None else 0):
+            # On PostgreSQL a row another claimant took between this statement's snapshot and its lock is
+            # dropped, not replaced by the next (LIMIT before the lock's recheck): look again while one is
+            # queued. (SQLite's write lock makes the first look final.) Bounded: a worker that still finds
+            # none looks again at its next wake-up.
+            if self.session.scalar(select(t.rank).where(t.status == "queued").limit(1)) is None:
+                break
+            claimed = self.session.execute(claim).first()
+            if claimed is not None:
+                break
+        if claimed is None:
+            return None
+        comparison_id, rank, attempt = claimed
+        self.session.execute(
+            update(Comparison)
+            .where(Comparison.id == comparison_id, Comparison.status == "queued")
+            .values(status="running", started_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        return task_id(comparison_id, rank), attempt
+
+    def renew_lease(
+        self, comparison_id: str, rank: int, attempt: int, until: datetime, *, progress: float | None = None
+    ) -> bool:
+        """Extend ``attempt``'s lease (and record its ``progress``, given one); False when that attempt no
+        longer holds the task."""
+        t = ComparisonTask
+        values: dict[str, Any] = {"lease_expires_at": until}
+        if progress is not None:
+            values["progress"] = progress
         result = self.session.execute(
             update(t)
             .where(t.comparison_id == comparison_id, t.rank == rank)
             .where(t.attempt == attempt, t.status == "running")
-            .values(lease_expires_at=until)
+            .values(**values)
             .execution_options(synchronize_session=False)
         )
         return bool(getattr(result, "rowcount", 0))

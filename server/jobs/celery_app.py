@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_init
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.models import utcnow
@@ -65,6 +66,14 @@ def make_celery(settings: Settings) -> Celery:
         from parity.server.jobs.validation import Validator
 
         Validator.beside(_runner(settings), _Sender(app)).run(run_id)
+
+    @worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _import_engine(**_: Any) -> None:
+        # In the worker's main process, before its pool processes are forked: they start with the engine
+        # imported instead of paying for it in their first task.
+        from parity.server.jobs.runner import import_engine
+
+        import_engine()
 
     return app
 

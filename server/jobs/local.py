@@ -1,10 +1,11 @@
 """The default job backend: a pool of worker processes in the server, pulling rank tasks from the database.
 
-``workers`` processes (``spawn``: the server never imports the compare engine itself) each loop: take the
-oldest queued task, claim it, run it, look again; an idle worker sleeps until ``submit`` wakes it (or a
-second passes). A process is kept across tasks, so a task costs a claim and its own work, not an
-interpreter start and the engine's imports. Each child dies with the server (``PR_SET_PDEATHSIG``), and the
-task's ``attempt`` counter stops a stale child from writing over a newer attempt in any case.
+``workers`` processes (``spawn``: the server never imports the compare engine itself) each loop: claim the
+oldest queued task (one statement, so two workers never pick the same one), run it, look again; an idle
+worker sleeps until ``submit`` wakes it (or a second passes). A process is kept across tasks, so a task
+costs a claim and its own work, not an interpreter start and the engine's imports. Each child dies with the
+server (``PR_SET_PDEATHSIG``), and the task's ``attempt`` counter stops a stale child from writing over a
+newer attempt in any case.
 
 A child that dies (a crash, a kill, out of memory) loses only the task it held: the dispatcher puts that
 rank back in the queue at once, without waiting for its lease, up to :data:`MAX_ATTEMPTS` claims, and starts
@@ -54,22 +55,20 @@ def _die_with_parent(parent_pid: int) -> None:
 def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake: Event) -> None:
     _die_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from parity.server.jobs.runner import TaskRunner
+    from parity.server.jobs.runner import TaskRunner, import_engine
     from parity.server.jobs.validation import Validator
 
     runner = TaskRunner(Settings(**settings_data), worker=name)
     validator = Validator.beside(runner, _Wake(wake))
+    import_engine()
     while True:
         run_id = validator.next_waiting()  # first: a comparison of the run may be waiting for it
         if run_id is not None:
             validator.run(run_id)
             continue
-        task = runner.next_queued()
-        if task is None:
+        if not runner.run_next():
             wake.wait(POLL_SECONDS)
             wake.clear()
-            continue
-        runner.run(task)  # a lost race for the claim is fine: the next look finds the next task
 
 
 class _Wake:

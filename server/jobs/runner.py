@@ -18,7 +18,6 @@ alone (``POST /comparisons/{id}/retry``). Any error is recorded on the task; not
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -31,17 +30,26 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 from parity.server.blob_cache import Checkout, MissingBlob, worker_cache
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.jobs.limits import Deadline, redact_paths
-from parity.server.models import Comparison, ComparisonRow, ComparisonTask, RunFile, utcnow
+from parity.server.models import (
+    Comparison,
+    ComparisonCall,
+    ComparisonCounts,
+    ComparisonRow,
+    ComparisonTask,
+    RunFile,
+    utcnow,
+)
 from parity.server.repositories import RunRepository, TaskId, TaskRepository, parse_task_id
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store, sidecar_key
 from parity.shared.compare.result import FAILING_STATUSES, json_cells
 from parity.shared.dump.layout import DUMP_JSON, rank_dir_name, step_dir_name
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 logger = logging.getLogger(__name__)
@@ -67,6 +75,14 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def import_engine() -> None:
+    """Import the compare engine ahead of the first task, while a worker waits for work (or, on Celery, in
+    the parent its pool processes are forked from): otherwise each worker's first task pays for it (numba
+    and the kernels, about a third of a second on a quiet core)."""
+    import parity.shared.compare.engine  # noqa: F401
+    import parity.shared.compare.job  # noqa: F401
+
+
 class TaskRunner:
     """Runs rank tasks in this process; built once per worker process (a database pool, a store)."""
 
@@ -80,24 +96,37 @@ class TaskRunner:
     def close(self) -> None:
         self.db.dispose()
 
-    def next_queued(self) -> TaskId | None:
-        """Claim-free look at the oldest queued task (the local pool's workers pull their work)."""
-        with self.db.read() as session:
-            queued = TaskRepository(session).queued(1)
-        return queued[0] if queued else None
+    def run_next(self) -> bool:
+        """Claim the oldest queued task and run it (the local pool's workers pull their work); False when
+        none is queued."""
+        lease_s = self.settings.job_lease_seconds
+        with self.db.write() as session:
+            claimed = TaskRepository(session).claim_next(utcnow(), lease_s, self.worker)
+        if claimed is None:
+            return False
+        comparison_id, rank = parse_task_id(claimed[0])
+        self._execute(comparison_id, rank, claimed[1])
+        return True
 
     def run(self, task: TaskId) -> bool:
         """Run task ``task`` to completion or record why it failed; never raises. False: not claimable."""
-        from parity.process_policy import collector_paused
-
         comparison_id, rank = parse_task_id(task)
-        lease_s = self.settings.job_lease_seconds
         with self.db.write() as session:
-            attempt = TaskRepository(session).claim(comparison_id, rank, utcnow(), lease_s, self.worker)
+            attempt = TaskRepository(session).claim(
+                comparison_id, rank, utcnow(), self.settings.job_lease_seconds, self.worker
+            )
         if attempt is None:
             logger.info("task %s is not claimable (finished, deleted, or running under a live lease)", task)
             return False
+        self._execute(comparison_id, rank, attempt)
+        return True
+
+    def _execute(self, comparison_id: str, rank: int, attempt: int) -> None:
+        """Run a claimed attempt to its end: its result, or why it failed, recorded; never raises."""
+        from parity.process_policy import collector_paused
+
         logger.info("comparison %s rank %d claimed: attempt %d", comparison_id, rank, attempt)
+        lease_s = self.settings.job_lease_seconds
         try:
             timeout = self.settings.job_timeout_seconds
             with (
@@ -106,9 +135,6 @@ class TaskRunner:
                 self.cache.checkout() as blobs,  # what the task fetched: kept on success, dropped on failure
             ):
                 self._run(comparison_id, rank, attempt, lease, blobs)
-            # The last rank to finish made the comparison succeeded: it indexes the calls (others find it
-            # still running, and index nothing).
-            _index_calls(self.db, comparison_id)
         except LeaseLost as exc:
             logger.warning("comparison %s rank %d: %s; this attempt stops", comparison_id, rank, exc)
         except Exception as exc:
@@ -119,7 +145,6 @@ class TaskRunner:
             # The log keeps the full text; the task's error is read by every user of the API.
             message = redact_paths(message or type(exc).__name__, self.settings)
             finish_failed(self.db, comparison_id, rank, attempt, message)
-        return True
 
     def _run(self, comparison_id: str, rank: int, attempt: int, lease: _Lease, blobs: Checkout) -> None:
         with self.db.read() as session:
@@ -165,14 +190,13 @@ class TaskRunner:
                 )
                 return
             out_dir.mkdir()
-            progress = _Progress(self.db, comparison_id, rank, attempt, lease)
             try:
                 report = compare_rank(
                     RankPair(rank, npu_json, bench_json),
                     engine_options,
                     xlsx_path=out_dir / "report.xlsx",
                     advisor_path=out_dir / "advisor.txt",
-                    progress=progress,
+                    progress=lease.progress,
                     read_dump=read_dump,  # the columns parsed at complete, when there are some
                 )
             except Exception as exc:
@@ -202,17 +226,6 @@ class TaskRunner:
         return root
 
 
-def _index_calls(db: Database, job_id: str) -> None:
-    """The comparison's calls for the web pages and API history (``services/calls.py``); a failure only
-    leaves them to be built on the first page view."""
-    from parity.server.services.calls import index_comparison
-
-    try:
-        index_comparison(db, job_id)
-    except Exception:
-        logger.warning("comparison %s: calls not indexed; the first view builds them", job_id, exc_info=True)
-
-
 def _is_parity_error(exc: BaseException) -> bool:
     from parity.shared.errors import ParityError
 
@@ -220,12 +233,19 @@ def _is_parity_error(exc: BaseException) -> bool:
 
 
 class _Lease:
-    """Renews the claimed attempt's lease from a daemon thread every third of its length, for as long as the
-    ``with`` block runs, so a live worker keeps its task however long the engine or the final writes take.
+    """The claimed attempt's heartbeat: a daemon thread renews its lease and writes its progress, for as long
+    as the ``with`` block runs, so a live worker keeps its task however long the engine or the final writes
+    take.
 
-    A renewal that finds the attempt no longer holding the task sets ``lost``; ``check`` (called with each
-    progress report) then stops the work. A renewal that fails (the database is briefly unreachable) is only
-    logged: the next one may succeed, and the attempt guard on every write keeps a newer attempt safe.
+    The engine thread only notes its progress in memory (``progress``): a database write on that thread
+    waits for SQLite's write lock whenever another worker stores its rows, which kept two workers from
+    computing side by side (1.01x from 1 to 2 workers). The thread writes at most twice a second while the
+    progress moves, and every third of the lease in any case, one UPDATE for both.
+
+    A write that finds the attempt no longer holding the task (reclaimed, failed, or its comparison deleted)
+    sets ``lost``; ``check`` (called with each progress report) then stops the work. A write that fails (the
+    database is briefly unreachable) is only logged: the next one may succeed, and the attempt guard on
+    every write keeps a newer attempt safe.
     """
 
     def __init__(
@@ -238,7 +258,8 @@ class _Lease:
         self.why_lost = f"attempt {attempt} no longer holds the task"
         self.lost = threading.Event()
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"parity-lease-{comparison_id[:8]}-{rank}",
+        self._fraction = 0.0  # set by the engine thread; a float store is atomic under the GIL
+        self._thread = threading.Thread(target=self._beat, name=f"parity-lease-{comparison_id[:8]}-{rank}",
                                         daemon=True)  # fmt: skip
 
     def __enter__(self) -> _Lease:
@@ -256,10 +277,17 @@ class _Lease:
             raise LeaseLost(self.why_lost)
         self.deadline.check()
 
-    def _renew(self) -> None:
+    def progress(self, done: int, total: int) -> None:
+        """The engine's ``progress(done, total)``: stop early if the attempt is lost, else note it."""
+        self.check()  # rather than finish work whose result would be dropped
+        if total:
+            self._fraction = min(max(done / total, 0.0), 1.0) * 0.9  # the last tenth: reports and rows
+
+    def _beat(self) -> None:
         # Wakes at the deadline too: the task is failed then, even when the engine is inside one long unit
         # of work and will not call ``check`` for a while; the attempt guard drops whatever it records later.
-        while not self._done.wait(self.deadline.cap(self.seconds / 3)):
+        written, renewed = 0.0, time.monotonic()
+        while not self._done.wait(self.deadline.cap(min(PROGRESS_INTERVAL_S, self.seconds / 3))):
             if self.deadline.passed():
                 try:
                     message = self.deadline.message()
@@ -271,57 +299,25 @@ class _Lease:
                 self.why_lost = "it ran past its time limit"
                 self.lost.set()
                 return
+            fraction = self._fraction
+            if fraction == written and time.monotonic() - renewed < self.seconds / 3:
+                continue
             try:
                 with self.db.write() as session:
                     held = TaskRepository(session).renew_lease(
-                        self.comparison_id,
-                        self.rank,
-                        self.attempt,
-                        utcnow() + timedelta(seconds=self.seconds),
-                    )
+                        self.comparison_id, self.rank, self.attempt,
+                        utcnow() + timedelta(seconds=self.seconds), progress=fraction,
+                    )  # fmt: skip
             except Exception:
                 logger.warning("comparison %s rank %d: lease renewal failed; retrying", self.comparison_id,
                                self.rank, exc_info=True)  # fmt: skip
                 continue
+            written, renewed = fraction, time.monotonic()
             if not held:
                 logger.warning("comparison %s rank %d: attempt %d lost its lease", self.comparison_id,
                                self.rank, self.attempt)  # fmt: skip
                 self.lost.set()
                 return
-
-
-class _Progress:
-    """Throttled progress writes for one task: the engine may call back per row, the database hears twice
-    a second."""
-
-    def __init__(self, db: Database, comparison_id: str, rank: int, attempt: int, lease: _Lease) -> None:
-        self.db, self.comparison_id, self.rank, self.attempt, self.lease = (
-            db,
-            comparison_id,
-            rank,
-            attempt,
-            lease,
-        )
-        self._last = time.monotonic()
-
-    def __call__(self, done: int, total: int) -> None:
-        self.lease.check()  # stop early, rather than finish work whose result would be dropped
-        now = time.monotonic()
-        if now - self._last < PROGRESS_INTERVAL_S or not total:
-            return
-        self._last = now
-        t = ComparisonTask
-        with self.db.write() as session:
-            result = session.execute(
-                update(t)
-                .where(t.comparison_id == self.comparison_id, t.rank == self.rank, t.attempt == self.attempt,
-                       t.status == "running")
-                .values(progress=min(max(done / total, 0.0), 1.0) * 0.9)  # the last tenth: reports and rows
-            )  # fmt: skip
-        if getattr(result, "rowcount", 1) == 0:
-            # The comparison (or one of its runs) was deleted, or the task was failed or reclaimed: stop now
-            # rather than at the next lease renewal, a third of a lease away.
-            raise LeaseLost("the comparison was deleted or the task is no longer this attempt's")
 
 
 def _stage(blobs: Checkout, run_id: str, files: Iterable[RunFile], dest: Path, label: str) -> int:
@@ -370,11 +366,22 @@ def _held_task(session: Session, comparison_id: str, rank: int, attempt: int) ->
 def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
                      rows: Sequence[Any], summary: dict[str, Any], header: list[str], *,
                      scores: Sequence[float | None] | None = None) -> None:  # fmt: skip
-    """Store one rank's rows and summary, as that rank finishes; merge if it is the last one."""
+    """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one.
+
+    Everything that takes CPU (the cells as JSON, the rank's calls) is built before the write transaction:
+    on SQLite that transaction holds the one write lock every other worker waits for.
+    """
+    from parity.server.services.calls import rank_calls
+
+    records = _row_records(comparison_id, rank, rows, scores)
+    keyed = ((r["index"], r["api"], r["status"], r["name"], r["cells"]) for r in records)
+    calls, _ = rank_calls(comparison_id, rank, header, keyed)
+    began = time.perf_counter()
     with db.write() as session:
         task = _held_task(session, comparison_id, rank, attempt)
+        waited = time.perf_counter() - began  # for the write lock, on SQLite: what two workers share
         if task is not None:
-            _insert_rows(session, comparison_id, rank, rows, scores)
+            _replace_rank(session, comparison_id, rank, records, calls)
             task.status, task.progress, task.finished_at, task.lease_expires_at = (
                 "succeeded",
                 1.0,
@@ -391,7 +398,9 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
         store.delete_prefix(comparison_key(comparison_id))
         return
     if task is not None:
-        logger.info("comparison %s rank %d succeeded: %d rows", comparison_id, rank, len(rows))
+        took = time.perf_counter() - began
+        logger.info("comparison %s rank %d succeeded: %d rows stored in %.2f s (%.2f s of it waiting for the "
+                    "database)", comparison_id, rank, len(rows), took, waited)  # fmt: skip
 
 
 def finish_failed(db: Database, comparison_id: str, rank: int, attempt: int, message: str) -> None:
@@ -461,6 +470,10 @@ def merge_comparison(session: Session, comparison_id: str) -> None:
     c.summary = comparison_summary(
         [t.summary or {} for t in done], skipped=[t.rank for t in tasks if t.status == "skipped"]
     )
+    # The ranks stored their calls with their rows; their counts make the calls ready for the pages.
+    session.execute(delete(ComparisonCounts).where(ComparisonCounts.comparison_id == comparison_id))
+    counts = {status: n for status, n in c.summary["status_counts"].items() if n}
+    session.add(ComparisonCounts(comparison_id=comparison_id, counts=counts))
     logger.info(
         "comparison %s succeeded: %d rows over %d rank(s)", comparison_id, c.summary["rows"], len(done)
     )
@@ -504,26 +517,55 @@ def _row_name(cells: list[Any]) -> str:
     return ""
 
 
-def _insert_rows(session: Session, comparison_id: str, rank: int, rows: Sequence[Any],
-                 scores: Sequence[float | None] | None = None) -> None:  # fmt: skip
-    table = ComparisonRow.__table__
-    session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == comparison_id,
-                                                ComparisonRow.rank == rank))  # fmt: skip
-    batch: list[dict[str, Any]] = []
+def _row_records(comparison_id: str, rank: int, rows: Sequence[Any],
+                 scores: Sequence[float | None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One rank's ``comparison_rows`` records (cells as JSON text, non-finite numbers as text)."""
+    dumps = orjson.dumps
+    records = []
     for index, row in enumerate(rows):
         status = row.status.value
-        score = scores[index] if scores is not None else None  # the localization score of the row's call
-        batch.append({
+        records.append({
             "comparison_id": comparison_id, "rank": rank, "index": index, "api": row.api, "status": status,
             "highlight": row.highlight.value if row.highlight is not None else None,
             "name": _row_name(row.cells), "failing": status in _FAILING,
-            "cells": json.dumps(json_cells(row.cells), separators=(",", ":")), "score": score,
+            "cells": dumps(json_cells(row.cells), default=_numpy_scalar).decode(),
+            "score": scores[index] if scores is not None else None,  # the localization score of its call
         })  # fmt: skip
-        if len(batch) >= ROW_BATCH:
-            session.execute(insert(table), batch)
-            batch = []
-    if batch:
-        session.execute(insert(table), batch)
+    return records
+
+
+def _numpy_scalar(value: Any) -> Any:
+    """orjson's fallback: a NumPy scalar cell as the Python number it holds."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"a cell of type {type(value).__name__} is not JSON")
+
+
+def _replace_rank(session: Session, comparison_id: str, rank: int, records: Sequence[dict[str, Any]],
+                  calls: Sequence[dict[str, Any]]) -> None:  # fmt: skip
+    """The rank's rows and calls, in place of whatever an earlier attempt left."""
+    for model in (ComparisonRow, ComparisonCall):
+        session.execute(delete(model).where(model.comparison_id == comparison_id, model.rank == rank))
+    for table, batch in ((ComparisonRow.__table__, records), (ComparisonCall.__table__, calls)):
+        _bulk_insert(session, table, batch)
+
+
+def _bulk_insert(session: Session, table: Table, records: Sequence[dict[str, Any]]) -> None:
+    """INSERT ``records`` (dicts of plain values, one per row) straight through the driver's executemany.
+
+    SQLAlchemy's own executemany spends as long walking the parameters as the driver spends inserting (half
+    of a rank's time under SQLite's write lock); these records need no type processing.
+    """
+    if not records:
+        return
+    conn = session.connection()
+    compiled = insert(table).compile(dialect=conn.dialect, column_keys=list(records[0]))
+    sql = str(compiled)
+    order = compiled.positiontup
+    for start in range(0, len(records), ROW_BATCH):
+        batch = records[start : start + ROW_BATCH]
+        params = [tuple(r[k] for k in order) for r in batch] if order is not None else list(batch)
+        conn.exec_driver_sql(sql, params)  # type: ignore[arg-type]
 
 
 def _plain(doc: dict[str, Any]) -> dict[str, Any]:

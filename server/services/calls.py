@@ -2,9 +2,10 @@
 
 The comparison page's chart and heatmap and an API's history across comparisons all read these instead of
 the comparison's rows: a 1,000,000-row comparison has some tens of thousands of calls, and the rows' cells
-are JSON text that would have to be parsed again for every view. ``index_comparison`` builds them once, from
-the stored rows (the one source the reports and the table also use), when the job succeeds; a page that
-finds a succeeded comparison without them (finished before revision 0005) builds them then.
+are JSON text that would have to be parsed again for every view. Each rank task stores its rank's calls with
+its rows (``rank_calls``, from the same row records) and the merge step their counts; a page that finds a
+succeeded comparison without them (finished before that) builds them then, from the stored rows
+(``index_comparison``).
 
 Execution order is the order of the rows within a rank, which is the dump's order: the order the calls ran
 in, forward and backward interleaved, for Parity's dumps (the writer numbers entries as they are recorded).
@@ -108,6 +109,16 @@ def summarize_rows(
     return out, counts
 
 
+def rank_calls(
+    comparison_id: str, rank: int, header: Sequence[str], rows: Iterable[tuple[int, str, str, str, str]]
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """(``comparison_calls`` records, row counts per status) of one rank: what its task stores with its rows
+    (``jobs/runner.py``), and what ``index_comparison`` builds for a comparison finished without them."""
+    calls, counts = summarize_rows(header, rows)
+    records = [{"comparison_id": comparison_id, "rank": rank, "seq": seq, **c} for seq, c in enumerate(calls)]
+    return records, counts
+
+
 def index_comparison(db: Database, comparison_id: str) -> bool:
     """Build ``comparison_id``'s calls and counts from its rows; False when it has not succeeded (or is
     gone). Idempotent: a second call (two page views racing the worker) rewrites the same rows."""
@@ -127,13 +138,10 @@ def index_comparison(db: Database, comparison_id: str) -> bool:
                 .where(t.comparison_id == comparison_id, t.rank == rank)
                 .order_by(t.index)
             )
-            calls, counts = summarize_rows(headers[rank_key], result)
+            calls, counts = rank_calls(comparison_id, rank, headers[rank_key], result)
             for status, n in counts.items():
                 totals[status] = totals.get(status, 0) + n
-            records.extend(
-                {"comparison_id": comparison_id, "rank": rank, "seq": seq, **call}
-                for seq, call in enumerate(calls)
-            )
+            records.extend(calls)
     with db.write() as session:
         if session.get(Comparison, comparison_id) is None:
             return False

@@ -29,7 +29,7 @@ from parity.shared.compare.job import run_compare
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import json_cells
 from parity.shared.compare.spec import CompareSpec
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from tests.server.conftest import build_dump, dump_files, sha
 from tests.workers import validate_waiting
@@ -264,3 +264,96 @@ def test_a_rank_without_a_dump_json_on_one_side_is_skipped(server: Server, tmp_p
     assert done.summary.ranks == [0, 1] and done.summary.skipped_ranks == [2]
     assert [(t.rank, t.status) for t in done.tasks] == [(0, "succeeded"), (1, "succeeded"), (2, "skipped")]
     assert done.tasks[2].error == "no dump.json in the bench run"
+
+
+def test_each_rank_stores_the_calls_its_rows_give(server: Server, pair: tuple[str, str, Path, Path]) -> None:
+    """The calls and counts the rank tasks store with their rows (outside the merge, one rank at a time) are
+    the ones ``index_comparison`` builds from the stored rows afterwards."""
+    from parity.server.models import ComparisonCall, ComparisonCounts
+    from parity.server.services.calls import index_comparison
+
+    cid = _create(server, pair[0], pair[1])
+    _run_all(server, cid, [2, 0, 1], workers=2)
+
+    def stored() -> tuple[list[tuple[Any, ...]], dict[str, int]]:
+        with server.db.read() as session:
+            c = ComparisonCall
+            calls = session.execute(
+                select(c.rank, c.seq, c.api, c.backward, c.status, c.max_rel_err, c.one_minus_cos,
+                       c.first_row).where(c.comparison_id == cid).order_by(c.rank, c.seq)
+            ).all()  # fmt: skip
+            counts = session.get(ComparisonCounts, cid)
+            assert counts is not None
+            return [tuple(row) for row in calls], dict(counts.counts)
+
+    by_tasks = stored()
+    assert {call[0] for call in by_tasks[0]} == set(RANKS)
+    assert sum(by_tasks[1].values()) == len(server.rows(cid))
+    assert index_comparison(server.db, cid)
+    assert stored() == by_tasks
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_workers_claiming_the_next_task_at_once_each_get_a_different_one(
+    tmp_path: Path, backend: str
+) -> None:
+    """``claim_next`` (the local pool's pull): six claimants at once over four queued tasks of two comparisons
+    get four different tasks, the oldest comparison's first and its ranks in order, and two get none."""
+    from datetime import timedelta
+
+    from parity.server.models import Comparison, Run, utcnow
+    from parity.server.repositories import TaskRepository
+
+    from tests.server.conftest import fresh_postgres_database, postgres_url_or_skip
+
+    if backend == "postgres":
+        url = fresh_postgres_database(postgres_url_or_skip())
+    else:
+        url = f"sqlite:///{tmp_path / 'claims.db'}"
+    upgrade(url)
+    db = Database.connect(url)
+    try:
+        now = utcnow()
+        with db.write() as session:
+            session.add(Run(id="r1", name="n", project="p", device="npu", status="complete"))
+            session.flush()
+            for n, cid in enumerate(("c-old", "c-new")):
+                session.add(Comparison(id=cid, target_run_id="r1", bench_run_id="r1", options={},
+                                       status="queued"))  # fmt: skip
+                session.flush()
+                for rank in (0, 1):
+                    session.add(ComparisonTask(comparison_id=cid, rank=rank, status="queued", progress=0.0,
+                                               queued_at=now + timedelta(seconds=n)))  # fmt: skip
+        claimed: list[tuple[str, int] | None] = []
+        barrier = threading.Barrier(6)
+
+        def claim_next(worker: str) -> None:
+            barrier.wait()
+            with db.write() as session:
+                claimed.append(TaskRepository(session).claim_next(utcnow(), 60, worker))
+
+        threads = [threading.Thread(target=claim_next, args=(f"w{i}",)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = sorted(c for c in claimed if c is not None)
+        assert got == [("c-new:0", 1), ("c-new:1", 1), ("c-old:0", 1), ("c-old:1", 1)]
+        assert claimed.count(None) == 2
+        with db.read() as session:
+            tasks = session.scalars(select(ComparisonTask)).all()
+            assert {t.status for t in tasks} == {"running"} and len({t.worker for t in tasks}) == 4
+            assert {session.get_one(Comparison, cid).status for cid in ("c-old", "c-new")} == {"running"}
+        # One at a time, the oldest comparison's lowest rank comes first.
+        with db.write() as session:
+            session.execute(update(ComparisonTask).values(status="queued", attempt=0))
+        order = []
+        while True:
+            with db.write() as session:
+                nxt = TaskRepository(session).claim_next(utcnow(), 60, "w")
+            if nxt is None:
+                break
+            order.append(nxt[0])
+        assert order == ["c-old:0", "c-old:1", "c-new:0", "c-new:1"]
+    finally:
+        db.dispose()
