@@ -12,8 +12,11 @@ import gc
 import multiprocessing
 import os
 from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 #: What each forked tensor-metric worker needs at once: numba and the compiled kernel (from numba's cache).
 _METRIC_WORKER_MODULES = ["parity.shared.metrics.kernel", "parity.shared.metrics.parallel"]
@@ -54,6 +57,9 @@ def metric_executor(workers: int | None = None, *, processes: bool = False) -> I
     if n <= 1:
         yield None
         return
+    # Imported here: a compare with one worker (and every statistics compare's start-up) never pays for them.
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
     executor: Executor
     context: multiprocessing.context.BaseContext
     if processes:
