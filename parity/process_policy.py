@@ -9,7 +9,6 @@ decided here, once, by the entry point that owns the process, and handed to the 
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,17 +56,18 @@ def metric_executor(workers: int | None = None, *, processes: bool = False) -> I
     if n <= 1:
         yield None
         return
-    # Imported here: a compare with one worker (and every statistics compare's start-up) never pays for them.
-    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+    # Imported here, as multiprocessing below: a compare's start-up never pays for what it does not use.
+    from concurrent.futures import ThreadPoolExecutor
 
     executor: Executor
-    context: multiprocessing.context.BaseContext
     if processes:
-        if "forkserver" in multiprocessing.get_all_start_methods():
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        if method == "forkserver":
             preload_metric_workers()
-            context = multiprocessing.get_context("forkserver")
-        else:
-            context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context(method)
         executor = ProcessPoolExecutor(n, mp_context=context, initializer=_warm_up_metric_worker)
     else:
         executor = ThreadPoolExecutor(n, thread_name_prefix="parity-metrics")
@@ -91,5 +91,7 @@ def _warm_up_metric_worker() -> None:
 def preload_metric_workers() -> None:
     """Have the fork server import the tensor kernel once, so each metric worker forks with it loaded
     (about 0.5 s saved per worker); the fork server is process-wide, hence set here and not in the library."""
+    import multiprocessing
+
     if "forkserver" in multiprocessing.get_all_start_methods():
         multiprocessing.set_forkserver_preload(_METRIC_WORKER_MODULES)
