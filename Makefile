@@ -32,7 +32,9 @@ $(MSPROBE_STAMP): scripts/msprobe_venv.sh
 demo: venv
 	$(BIN)/python -m parity.demo
 
-test: venv msprobe-venv
+# The two venvs are independent (network and disk bound): built side by side, they cost the longer of the two.
+test:
+	$(MAKE) --no-print-directory -j2 venv msprobe-venv
 	bash scripts/test.sh
 
 # The inner loop: everything but the slow end-to-end tests and the PostgreSQL/Celery ones (no services).
