@@ -10,7 +10,8 @@ The workers belong to the caller: the entry point that owns the process (``parit
 builds the executor (``parity.process_policy.metric_executor``) and hands it in, or hands in none. This
 module only decides whether a compare is worth spreading: under :data:`SERIAL_BYTES` (both sides together)
 the pairs are compared one by one in the calling thread, whatever executor was given, because handing a
-few kilobytes to a worker costs more than comparing them.
+few kilobytes to a worker costs more than comparing them; and under :data:`COMPILED_FROM_BYTES` every pair
+takes the numpy pass, since importing numba would cost more than the compiled kernel saves.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ logger = logging.getLogger(__name__)
 
 #: Below this many bytes (both sides together) the pairs are compared one by one in the calling thread.
 SERIAL_BYTES = 16 * 2**20
+#: From this many bytes (both sides together) every pair runs on the compiled kernel, below it on the numpy
+#: pass (the same cells): numba's 0.5–1.5 s start-up against the numpy pass's ~50 ns an element more, at
+#: about 8M elements of float32 a side. One choice a compare, so many small pairs of a big dump still share
+#: one kernel load and no pair pays the numpy pass's speed in a compare that has loaded numba anyway.
+COMPILED_FROM_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +74,16 @@ def _open_side(path: Path, max_bytes: int | None) -> RawTensor | TensorMetrics:
 
 
 def compare_pair_files(
-    npu_file: Path | None, bench_file: Path | None, *, max_bytes: int | None = None
+    npu_file: Path | None,
+    bench_file: Path | None,
+    *,
+    max_bytes: int | None = None,
+    compiled: bool | None = None,
 ) -> TensorMetrics:
     """Metrics of one pair of tensor files, with §4.2's file cases (no data file, missing or unreadable file).
 
     A file that could only be read by running pickle raises :class:`UnsafeFileError`: refusing it must not
-    look like an ordinary "not found".
+    look like an ordinary "not found". ``compiled``: the kernel or the numpy pass (``tensor.run_segment``).
     """
     if npu_file is None:
         return TensorMetrics.all_cells(UNSUPPORTED, MSG_NO_NPU_FILE)
@@ -85,7 +95,7 @@ def compare_pair_files(
     bench = _open_side(Path(bench_file), max_bytes)
     if isinstance(bench, TensorMetrics):
         return bench
-    return compare_raw(npu, bench)
+    return compare_raw(npu, bench, compiled=compiled)
 
 
 def _job_bytes(job: TensorPairJob) -> int:
@@ -104,9 +114,10 @@ def _job_bytes(job: TensorPairJob) -> int:
 _Outcome = tuple[int, TensorMetrics | None, tuple[str | None, str, str | None] | None]
 
 
-def _run_job(job: TensorPairJob, max_bytes: int | None) -> _Outcome:
+def _run_job(job: TensorPairJob, max_bytes: int | None, compiled: bool | None = None) -> _Outcome:
     try:
-        return job.index, compare_pair_files(job.npu_file, job.bench_file, max_bytes=max_bytes), None
+        metrics = compare_pair_files(job.npu_file, job.bench_file, max_bytes=max_bytes, compiled=compiled)
+        return job.index, metrics, None
     except UnsafeFileError as exc:
         return job.index, None, (exc.file, exc.problem, exc.where)
 
@@ -131,9 +142,10 @@ def compare_tensor_files(
         return
     sizes = [_job_bytes(job) for job in jobs]
     total = sum(sizes)
+    compiled = total >= COMPILED_FROM_BYTES
     if executor is None or len(jobs) == 1 or total < SERIAL_BYTES:
         for job in jobs:
-            yield _deliver(_run_job(job, max_bytes), progress)
+            yield _deliver(_run_job(job, max_bytes, compiled), progress)
         return
     from concurrent.futures import FIRST_COMPLETED, wait  # the serial path above never needs them
 
@@ -147,7 +159,7 @@ def compare_tensor_files(
         next_job = 0
         while next_job < len(order) or pending:
             while next_job < len(order) and len(pending) < queued:
-                pending.add(executor.submit(_run_job, jobs[order[next_job]], max_bytes))
+                pending.add(executor.submit(_run_job, jobs[order[next_job]], max_bytes, compiled))
                 next_job += 1
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:

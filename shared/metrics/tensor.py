@@ -15,9 +15,10 @@ Sums are taken block by block (``_BLOCK`` elements, then added to running totals
 ``SEGMENT_ELEMENTS`` segments combined in order, so a tensor split across workers gives bit-identical results
 to the serial pass.
 
-The fused loop is compiled by numba (:mod:`.kernel`), imported only for a pair above
-``NUMPY_MAX_ELEMENTS``: a small pair takes ``numpy_pass``, the same accumulators bit for bit in plain numpy,
-so a compare of small tensors never pays numba's start-up (most of a small compare's time).
+The fused loop is compiled by numba (:mod:`.kernel`), imported only when it is used: ``numpy_pass`` gives
+the same accumulators bit for bit in plain numpy (in bounded chunks), so a compare of small tensors never pays
+numba's start-up (most of a small compare's time). ``parallel`` chooses once per compare, by its total size;
+a lone call chooses by the pair's size (``NUMPY_MAX_ELEMENTS``).
 """
 
 from __future__ import annotations
@@ -114,10 +115,13 @@ KIND_FP16 = 2  # uint16 bit patterns of IEEE float16 (numba has no float16 arith
 N_ACC = 11
 
 
-#: Pairs up to this many elements take the numpy pass; larger ones the compiled kernel (``.kernel``). The
-#: numpy pass costs about 30 ns an element against the kernel's 1 ns, but the kernel costs 0.5 s to 1.5 s
-#: a process to import and load: below 64k elements (256 KB of float32) numpy wins even with numba loaded.
+#: A pair of up to this many elements takes the numpy pass, a larger one the compiled kernel (``.kernel``),
+#: unless the caller chooses (``compiled=``; ``parallel`` chooses once per compare, by its total size). The
+#: numpy pass costs about 50 ns an element against the kernel's 1 ns, but the kernel costs 0.5 s to 1.5 s a
+#: process to import and load.
 NUMPY_MAX_ELEMENTS = 1 << 16
+#: Elements the numpy pass holds at once (a whole number of blocks): its temporaries stay near 3 MB.
+NUMPY_CHUNK = 64 * _BLOCK
 
 
 def _as_float64(arr: np.ndarray, kind: int) -> np.ndarray:
@@ -129,63 +133,67 @@ def _as_float64(arr: np.ndarray, kind: int) -> np.ndarray:
     return arr.astype(np.float64)
 
 
-def _sequential_sum(values: np.ndarray) -> float:
-    """The kernel's sum to the last bit: left to right within blocks of ``_BLOCK``, then the block sums left
-    to right (``cumsum`` adds strictly in order; ``+ 0.0`` gives the kernel's sign of an all-zero sum)."""
+def _block_sums(values: np.ndarray) -> np.ndarray:
+    """Each ``_BLOCK``'s sum, added left to right as the kernel does (``cumsum`` adds strictly in order)."""
     size = values.size
     full = size - size % _BLOCK
     parts = np.cumsum(values[:full].reshape(-1, _BLOCK), axis=1)[:, -1] if full else values[:0]
-    if full < size:
-        parts = np.append(parts, np.cumsum(values[full:])[-1])
-    return float(np.cumsum(parts)[-1]) + 0.0 if parts.size else 0.0
+    return np.append(parts, np.cumsum(values[full:])[-1]) if full < size else parts
 
 
 def numpy_pass(n: np.ndarray, b: np.ndarray, n_kind: int, b_kind: int, re_in_f32: bool, start: int,
                stop: int) -> np.ndarray:  # fmt: skip
-    """``kernel.fused_pass`` in numpy: the same accumulators, bit for bit (a test holds them equal), with
-    about twenty array passes instead of one; for small pairs, where not importing numba is the saving."""
+    """``kernel.fused_pass`` in numpy: the same accumulators, bit for bit (tests hold them equal), in about
+    twenty array passes over chunks of ``NUMPY_CHUNK`` elements; for compares too small to repay numba."""
     acc = np.zeros(N_ACC)
-    acc[A_FIRST_MISMATCH] = -1.0
-    x, y = _as_float64(n[start:stop], n_kind), _as_float64(b[start:stop], b_kind)
-    with np.errstate(all="ignore"):
-        finite = np.isfinite(x) & np.isfinite(y)
-        skipped = 0
-        if not finite.all():
-            # Non-finite at the same place with the same class count as 0 against 0; any other pairing is a
-            # mismatch, left out of every sum, count and maximum (zeroed here, its ratio hits taken back).
-            mismatch = ~finite & ~((np.isnan(x) & np.isnan(y)) | (x == y))
-            skipped = int(np.count_nonzero(mismatch))
-            if skipped:
-                acc[A_FIRST_MISMATCH] = start + int(np.argmax(mismatch))
-            x, y = np.where(finite, x, 0.0), np.where(finite, y, 0.0)
-        d = x - y
-        ad = np.abs(d)
-        if re_in_f32:
-            xf, yf = x.astype(np.float32), y.astype(np.float32)
-            zero = yf == np.float32(0.0)
-            eps = np.float32(_EPS32)
-            xf, yf = np.where(zero, xf + eps, xf), np.where(zero, yf + eps, yf)
-            re32 = np.abs((xf - yf) / yf)
-            lt1 = np.count_nonzero(re32 < np.float32(0.001))
-            lt5 = np.count_nonzero(re32 < np.float32(0.005))
-            re = re32.astype(np.float64)
-        else:
-            zero = y == 0.0
-            xd, yd = np.where(zero, x + _EPS64, x), np.where(zero, y + _EPS64, y)
-            re = np.abs((xd - yd) / yd)
-            lt1, lt5 = np.count_nonzero(re < 0.001), np.count_nonzero(re < 0.005)
-        acc[A_DOT] = _sequential_sum(x * y)
-        acc[A_NN] = _sequential_sum(x * x)
-        acc[A_BB] = _sequential_sum(y * y)
-        acc[A_DD] = _sequential_sum(d * d)
-    # The kernel keeps the first largest value (strictly greater replaces it), and a NaN once one appears.
-    acc[A_MAX_ABS], acc[A_MAX_ABS_IDX] = 0.0, -1.0
-    if ad.size:
+    acc[A_MAX_ABS_IDX] = acc[A_FIRST_MISMATCH] = -1.0
+    sums: list[list[np.ndarray]] = [[], [], [], []]
+    for lo in range(start, stop, NUMPY_CHUNK):  # chunks start on block boundaries, as the kernel's blocks
+        hi = min(lo + NUMPY_CHUNK, stop)
+        x, y = _as_float64(n[lo:hi], n_kind), _as_float64(b[lo:hi], b_kind)
+        with np.errstate(all="ignore"):
+            finite = np.isfinite(x) & np.isfinite(y)
+            skipped = 0
+            if not finite.all():
+                # Non-finite at the same place with the same class count as 0 against 0; any other pairing
+                # is a mismatch, left out of every sum, count and maximum (zeroed, its ratio hits taken back).
+                mismatch = ~finite & ~((np.isnan(x) & np.isnan(y)) | (x == y))
+                skipped = int(np.count_nonzero(mismatch))
+                if skipped and acc[A_FIRST_MISMATCH] < 0:
+                    acc[A_FIRST_MISMATCH] = lo + int(np.argmax(mismatch))
+                x, y = np.where(finite, x, 0.0), np.where(finite, y, 0.0)
+            d = x - y
+            ad = np.abs(d)
+            if re_in_f32:
+                xf, yf = x.astype(np.float32), y.astype(np.float32)
+                zero = yf == np.float32(0.0)
+                eps = np.float32(_EPS32)
+                xf, yf = np.where(zero, xf + eps, xf), np.where(zero, yf + eps, yf)
+                re32 = np.abs((xf - yf) / yf)
+                lt1 = np.count_nonzero(re32 < np.float32(0.001))
+                lt5 = np.count_nonzero(re32 < np.float32(0.005))
+                re = re32.astype(np.float64)
+            else:
+                zero = y == 0.0
+                xd, yd = np.where(zero, x + _EPS64, x), np.where(zero, y + _EPS64, y)
+                re = np.abs((xd - yd) / yd)
+                lt1, lt5 = np.count_nonzero(re < 0.001), np.count_nonzero(re < 0.005)
+            for k, products in enumerate((x * y, x * x, y * y, d * d)):
+                sums[k].append(_block_sums(products))
+        # The kernel keeps the first largest value (strictly greater replaces it), and a NaN once one appears.
         k = int(np.argmax(ad))  # the first maximum, or the first NaN
-        if ad[k] > 0.0 or ad[k] != ad[k]:
-            acc[A_MAX_ABS], acc[A_MAX_ABS_IDX] = ad[k], start + k
-        acc[A_MAX_RE] = max(float(np.max(re)), 0.0) if not np.isnan(re).any() else math.nan
-    acc[A_LT1], acc[A_LT5], acc[A_MISMATCH] = lt1 - skipped, lt5 - skipped, skipped
+        top, best = float(ad[k]), float(acc[A_MAX_ABS])
+        if top > best or (top != top and best == best):
+            acc[A_MAX_ABS], acc[A_MAX_ABS_IDX] = top, lo + k
+        top, best = (math.nan if np.isnan(re).any() else float(np.max(re))), float(acc[A_MAX_RE])
+        if top > best or (top != top and best == best):
+            acc[A_MAX_RE] = top
+        acc[A_LT1] += lt1 - skipped
+        acc[A_LT5] += lt5 - skipped
+        acc[A_MISMATCH] += skipped
+    for slot, parts in zip((A_DOT, A_NN, A_BB, A_DD), sums, strict=True):
+        if parts:  # the block sums added in order; ``+ 0.0`` gives the kernel's sign of an all-zero sum
+            acc[slot] = float(np.cumsum(np.concatenate(parts))[-1]) + 0.0
     return acc
 
 
@@ -270,10 +278,11 @@ def segments(size: int) -> list[tuple[int, int]]:
     return [(s, min(s + SEGMENT_ELEMENTS, size)) for s in range(0, size, SEGMENT_ELEMENTS)] or [(0, 0)]
 
 
-def run_segment(pair: PreparedPair, start: int, stop: int) -> np.ndarray:
-    """Accumulators of one segment of a prepared pair: the numpy pass for a small pair, else the compiled
-    kernel (imported at the first large pair; it releases the GIL while it runs)."""
-    if pair.size <= NUMPY_MAX_ELEMENTS:
+def run_segment(pair: PreparedPair, start: int, stop: int, *, compiled: bool | None = None) -> np.ndarray:
+    """Accumulators of one segment of a prepared pair: on the compiled kernel (imported at its first use; it
+    releases the GIL while it runs) or the numpy pass; ``compiled=None`` takes the kernel for a pair of more
+    than ``NUMPY_MAX_ELEMENTS``."""
+    if not (compiled if compiled is not None else pair.size > NUMPY_MAX_ELEMENTS):
         return numpy_pass(pair.n, pair.b, pair.n_kind, pair.b_kind, pair.re_in_f32, start, stop)
     from parity.shared.metrics.kernel import fused_pass
 
@@ -359,12 +368,13 @@ def _zero_d(n: np.ndarray, b: np.ndarray) -> TensorMetrics:
     )
 
 
-def compare_raw(npu: RawTensor, bench: RawTensor) -> TensorMetrics:
-    """Metrics of one loaded pair (as :func:`parity.shared.tensor_io.open_tensor` returns them)."""
+def compare_raw(npu: RawTensor, bench: RawTensor, *, compiled: bool | None = None) -> TensorMetrics:
+    """Metrics of one loaded pair (as :func:`parity.shared.tensor_io.open_tensor` returns them); ``compiled``
+    as in :func:`run_segment` (the cells are the same either way)."""
     prepared = validate(npu, bench)
     if isinstance(prepared, TensorMetrics):
         return prepared
-    parts = [run_segment(prepared, start, stop) for start, stop in segments(prepared.size)]
+    parts = [run_segment(prepared, start, stop, compiled=compiled) for start, stop in segments(prepared.size)]
     return finish(prepared, combine_partials(parts))
 
 

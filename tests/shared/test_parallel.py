@@ -115,9 +115,9 @@ def test_largest_pairs_are_submitted_first(tmp_path: Path, monkeypatch: pytest.M
     submitted: list[int] = []
     real = parallel._run_job
 
-    def spy(job: TensorPairJob, max_bytes: int | None) -> object:
+    def spy(job: TensorPairJob, max_bytes: int | None, compiled: bool | None = None) -> object:
         submitted.append(job.index)
-        return real(job, max_bytes)
+        return real(job, max_bytes, compiled)
 
     monkeypatch.setattr(parallel, "_run_job", spy)
     with metric_executor(2) as executor:
@@ -159,3 +159,32 @@ def test_the_engine_gives_the_same_rows_with_and_without_a_pool(
     assert [row.cells for row in pooled.rows] == [row.cells for row in serial.rows]
     assert [row.status for row in pooled.rows] == [row.status for row in serial.rows]
     assert len(serial.rows) == 10
+
+
+def test_numba_is_loaded_only_for_a_compare_large_enough(tmp_path: Path) -> None:
+    """One choice a compare (``COMPILED_FROM_BYTES``): a few pairs of 70k elements (each above the numpy
+    pass's default per-pair limit) in a small compare stay on numpy; the same pairs with the threshold at 0
+    load the kernel; the cells are the same."""
+    import json
+    import subprocess
+    import sys
+
+    jobs = _write_pairs(tmp_path, [70_000, 70_000, 100])
+    code = (
+        "import json, sys\n"
+        "from parity.shared.metrics import parallel\n"
+        "jobs = [parallel.TensorPairJob(i, n, b) for i, n, b in json.loads(sys.argv[1])]\n"
+        "parallel.COMPILED_FROM_BYTES = int(sys.argv[2])\n"
+        "out = sorted(parallel.compare_tensor_files(jobs), key=lambda item: item[0])\n"
+        "print('numba' in sys.modules)\n"
+        "print(repr([m for _, m in out]))\n"
+    )
+    spec = json.dumps([(job.index, str(job.npu_file), str(job.bench_file)) for job in jobs])
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code, spec, str(threshold)], capture_output=True, text=True, check=True
+        ).stdout.splitlines()  # fmt: skip
+        for threshold in (parallel.COMPILED_FROM_BYTES, 0)
+    ]
+    assert [run[0] for run in runs] == ["False", "True"]
+    assert runs[0][1] == runs[1][1]

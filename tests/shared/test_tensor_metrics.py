@@ -387,9 +387,12 @@ def test_numpy_pass_equals_the_kernel_on_hypothesis_pairs(pair: tuple[Any, Any, 
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_numpy_pass_equals_the_kernel_across_blocks(seed: int) -> None:
+def test_numpy_pass_equals_the_kernel_across_blocks(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Several ``_BLOCK``s, raw bfloat16 and float16 bits, zeros of both signs, NaN/Inf at the same and at
-    different places, and a segment that does not start at 0: the same accumulators, the same cells."""
+    different places, a segment that does not start at 0, and (odd seeds) the numpy pass taking its input in
+    chunks of two blocks: the same accumulators, the same cells."""
+    if seed % 2:
+        monkeypatch.setattr(tm, "NUMPY_CHUNK", 2 * tm._BLOCK)
     rng = np.random.default_rng(seed)
     for _ in range(40):
         size = int(rng.integers(1, 5 * tm._BLOCK))
