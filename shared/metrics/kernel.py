@@ -1,13 +1,15 @@
-"""The compiled half of tensor mode: one fused numba pass per segment of a large tensor pair.
+"""The compiled half of tensor mode: one fused numba pass per segment of a tensor pair.
 
 Kept apart from :mod:`parity.shared.metrics.tensor` because numba is the dearest import of a compare:
-importing it and loading the cached kernel cost 0.5 s to 1.5 s a process, more than a whole compare of a
-small pair. ``tensor`` imports this module only for a pair large enough to repay that
-(:data:`~parity.shared.metrics.tensor.NUMPY_MAX_ELEMENTS`); smaller pairs take the numpy pass there, which
-gives the same accumulators.
+importing it and loading the cached kernel cost 0.5 s to 1.5 s a process, more than a whole compare of
+small pairs. ``tensor`` imports this module only when a compare is large enough to repay that; otherwise
+its numpy pass gives the same accumulators.
 
 ``cache=True`` keeps the compiled machine code on disk (``__pycache__`` beside this file, or numba's user
-cache dir where that is read-only), so only the first process after an install compiles it.
+cache dir where that is read-only), so only the first process after an install compiles it. numba keys that
+cache to this file alone: the constants imported from ``tensor`` are baked into the machine code, so after
+changing one of them, touch this file (or clear its cache). A stale kernel would not go unseen: the tests
+hold it equal, bit for bit, to the numpy pass, which reads the constants afresh.
 """
 
 from __future__ import annotations
