@@ -4,6 +4,7 @@ ClientError          anything the client raises on purpose
  +-- ConfigError     config.json or a constructor argument is unknown or invalid (names the field)
  +-- CaptureError    the debugger was used in a way it cannot honour (e.g. L0 without a model)
  +-- UploadError     a dump could not be uploaded to, or fetched from, a Parity server
+      +-- RunInvalid  the server's validation refused the run's dump (names the file and the entry)
 """
 
 from __future__ import annotations
@@ -34,3 +35,8 @@ class CaptureError(ClientError):
 
 class UploadError(ClientError):
     """Talking to a Parity server failed: unreachable, a request refused, or an unexpected answer."""
+
+
+class RunInvalid(UploadError):
+    """The server's workers validated the uploaded run and refused it: a dump.json does not parse. The
+    message is the server's, naming the file and the entry; the run stays on the server as ``invalid``."""

@@ -333,8 +333,10 @@ class ParityClient:
         return self._call(FilesPublic, "GET", f"/runs/{quote(run_id, safe='')}/files").data
 
     def complete_run(self, run_id: str) -> RunPublic:
-        """``POST /runs/{id}/complete``: the server validates every dump.json and closes the run."""
-        return self._call(RunPublic, "POST", f"/runs/{quote(run_id, safe='')}/complete")
+        """``POST /runs/{id}/complete``: the server queues the validation of every dump.json and answers at
+        once with the run ``validating`` (or ``complete`` when it already was); a worker then makes it
+        ``complete`` or ``invalid``. :func:`parity.client.upload.complete_run` also waits for that."""
+        return self._call(RunPublic, "POST", f"/runs/{quote(run_id, safe='')}/complete", ok=(200, 202))
 
     def delete_run(self, run: str, *, with_comparisons: bool = False) -> None:
         """``DELETE /runs/{id or name}`` with its files; a run that comparisons use is refused (409) unless

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from parity.client.errors import UploadError
+from parity.client.errors import RunInvalid, UploadError
 from parity.client.rest import ParityClient, sha256_file
 from parity.shared.contract import RunPublic
 from parity.shared.dump.layout import DEBUG_JSON, DUMP_JSON, find_dump_ranks, stored_prefix
@@ -261,8 +261,10 @@ def upload_dump(
     jobs: int = 4,
     retry_budget_s: float = 30.0,
     on_progress: Callable[[UploadProgress], None] | None = None,
+    wait_s: float = 3600.0,
 ) -> RunPublic:
-    """Upload (or finish uploading) ``dump_dir`` as run ``name`` and complete it; returns the complete run.
+    """Upload (or finish uploading) ``dump_dir`` as run ``name`` and complete it; returns the complete run
+    (validated by a server worker, waited for up to ``wait_s``: see :func:`complete_run`).
 
     Names are unique in a project, so a run of that name is never made twice. An ``uploading`` one is
     resumed: only the files it lacks are sent. A ``complete`` one that holds exactly this dump (same paths,
@@ -274,10 +276,12 @@ def upload_dump(
     """
     files = collect_files(dump_dir)
     run = find_resumable(api, name, project)
-    if run is not None and run.status == "complete":
+    if run is not None and run.status in ("complete", "validating"):
         stored = {f.path: f.sha256 for f in api.list_files(run.id)}
         check_same_dump(run, stored, _hash_all(files, jobs))
         log.info("run %s (%s) already holds this dump: nothing to send", run.id, name)
+        if run.status == "validating":  # an earlier upload stopped waiting for its validation
+            return complete_run(api, run.id, retry_budget_s=retry_budget_s, wait_s=wait_s)
         return run
     if run is not None:
         remote = RunFiles.resume(api, run)
@@ -314,5 +318,39 @@ def upload_dump(
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
-    run_id = run.id
-    return retry_call(lambda: api.complete_run(run_id), what="complete run", budget_s=retry_budget_s)
+    return complete_run(api, run.id, retry_budget_s=retry_budget_s, wait_s=wait_s)
+
+
+#: Polls of a validating run: the first soon (a small dump validates in about a second), then less often.
+FIRST_POLL_S, MAX_POLL_S = 0.2, 2.0
+
+
+def complete_run(
+    api: ParityClient, run_id: str, *, retry_budget_s: float = 30.0, wait_s: float = 3600.0,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> RunPublic:  # fmt: skip
+    """Complete the run and wait until a server worker has validated it: the run ``complete``.
+
+    Raises :class:`RunInvalid` when the run turned out ``invalid`` (the message is the server's, naming
+    the file and the entry), :class:`UploadError` when it is still ``validating`` after ``wait_s`` seconds
+    (it completes on its own later; ``parity runs show`` tells). ``wait_s`` 0 returns the run as ``complete``
+    answered (``validating``) without waiting.
+    """
+    run = retry_call(lambda: api.complete_run(run_id), what="complete run", budget_s=retry_budget_s)
+    if wait_s <= 0:  # the caller follows the validation itself
+        return run
+    deadline = time.monotonic() + wait_s
+    pause = FIRST_POLL_S
+    while run.status == "validating":
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise UploadError(
+                f"run {run_id} ({run.name!r}) is still validating after {wait_s:g} s; it becomes complete "
+                f"once a server worker has read its dump.json files (parity runs show {run_id})"
+            )
+        sleep(min(pause, remaining))
+        pause = min(pause * 2, MAX_POLL_S)
+        run = retry_call(lambda: api.get_run(run_id), what="read run", budget_s=retry_budget_s)
+    if run.status != "complete":
+        raise RunInvalid(f"run {run_id} ({run.name!r}) is {run.status}: {run.error or 'no reason given'}")
+    return run

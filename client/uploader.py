@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-from parity.client.errors import UploadError
+from parity.client.errors import RunInvalid, UploadError
 from parity.client.rest import ApiError, ParityClient
-from parity.client.upload import RunFiles, rank_files, retry_call
+from parity.client.upload import RunFiles, complete_run, rank_files, retry_call
 from parity.shared.contract import RunPublic
 
 __all__ = ["BackgroundUploader", "UploadStats"]
@@ -309,8 +309,17 @@ class BackgroundUploader:
         assert self._api is not None
         api = self._api
         run_id = self.run.id
+
+        def wait(seconds: float) -> None:
+            if self._abort.wait(seconds):
+                raise UploadError(f"run {run_id} is still validating on the server; it completes by itself")
+
         try:
-            self.run = self._call("complete run", lambda: api.complete_run(run_id))
+            self.run = complete_run(api, run_id, retry_budget_s=self._budget(), wait_s=self.close_timeout_s,
+                                    sleep=wait)  # fmt: skip
+        except RunInvalid as exc:
+            self._warn(str(exc))
+            return
         except UploadError as exc:
             self._warn(f"run {run_id} could not be completed: {exc}; finish it with: {resume}")
             return

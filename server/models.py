@@ -60,7 +60,11 @@ class Base(DeclarativeBase):
 
 
 class Run(Base):
-    """One uploaded dump (every step and rank of one training run)."""
+    """One uploaded dump (every step and rank of one training run).
+
+    Status: ``uploading`` → (complete asked) ``validating`` → ``complete`` | ``invalid`` (``error`` names the
+    file and entry); an ``invalid`` run may take more files and be completed again.
+    """
 
     __tablename__ = "runs"
 
@@ -80,6 +84,11 @@ class Run(Base):
     auto_compare: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     # Never deleted by the retention sweep (revision 0006).
     keep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Revision 0009: the claim on the run's validation (status ``validating``), the rank tasks' protocol on
+    # the run row. Attempt counts the claims; the lease says until when a worker holds it (NULL: not claimed).
+    validation_attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    validation_lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    validation_worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
     __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 

@@ -59,6 +59,11 @@ class Settings(BaseSettings):
         description="a temp file or an unrecorded blob untouched for this long is left over from a crash "
         "and is removed by the sweep (younger ones may belong to an upload in flight)",
     )  # fmt: skip
+    worker_cache_bytes: int = Field(
+        default=8 * 1024**3, gt=0,
+        description="each worker's local copies of S3 blobs are kept under this many bytes (a rank pair's "
+        "files must fit; files of finished work are evicted first); unused with a file store",
+    )  # fmt: skip
     reserve_bytes: int = Field(
         default=8 * 1024**2, ge=0,
         description="space the server keeps in a reserve file in the data folder and gives up when the "
@@ -126,9 +131,7 @@ def parse_tokens(value: str) -> dict[str, bool]:
             )
         roles[token] = TOKEN_ROLES[role] if sep else True
     if not roles:
-        raise ValueError(
-            f"PARITY_TOKENS={value!r} names no token; unset it to run without authentication"
-        )
+        raise ValueError(f"PARITY_TOKENS={value!r} names no token; unset it to run without authentication")
     return roles
 
 

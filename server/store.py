@@ -2,7 +2,7 @@
 
 ``file:///path`` keeps blobs as plain files under one root, so workers read (hard-link) them in place.
 ``s3://bucket/prefix`` uses boto3 with the usual ``AWS_*`` variables (``AWS_ENDPOINT_URL`` for a local
-S3-compatible server); workers download what they need first.
+S3-compatible server); workers stream the blobs they need into a bounded cache (``blob_cache.BlobCache``).
 
 Uploads are written to a local temp file first (``new_temp``) and made visible with ``publish``, which is
 atomic on both stores, so a reader never sees half a file and a refused upload leaves nothing behind. Each
@@ -64,6 +64,10 @@ class BlobStore(Protocol):
     def iter_bytes(self, key: str) -> Iterator[bytes]: ...
 
     def exists(self, key: str) -> bool: ...
+
+    def size(self, key: str) -> int | None:
+        """The blob's size in bytes, or None when there is no such blob."""
+        ...
 
     def delete_prefix(self, prefix: str) -> None:
         """Remove every blob under ``prefix/`` (a run's files, a comparison's reports)."""
@@ -172,6 +176,12 @@ class FileStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def size(self, key: str) -> int | None:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError:
+            return None
+
     def delete_prefix(self, prefix: str) -> None:
         shutil.rmtree(self._path(prefix.rstrip("/")), ignore_errors=True)
 
@@ -242,17 +252,27 @@ class S3Store:
             raise StoreError(f"s3 download of {key} from {self.url} failed: {exc}") from exc
 
     def iter_bytes(self, key: str) -> Iterator[bytes]:
-        body = self._s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-        yield from body.iter_chunks(CHUNK)
+        """The object streamed in ``CHUNK``-sized pieces (one GET; never the whole object in memory)."""
+        try:
+            body = self._s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except Exception as exc:
+            raise StoreError(f"s3 download of {key} from {self.url} failed: {exc}") from exc
+        try:
+            yield from body.iter_chunks(CHUNK)
+        finally:
+            body.close()
 
     def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
         from botocore.exceptions import ClientError
 
         try:
-            self._s3.head_object(Bucket=self.bucket, Key=self._key(key))
+            head = self._s3.head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError:
-            return False
-        return True
+            return None
+        return int(head["ContentLength"])
 
     def delete_prefix(self, prefix: str) -> None:
         full = self._key(prefix.rstrip("/")) + "/"

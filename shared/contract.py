@@ -65,7 +65,7 @@ __all__ = [
 API_PREFIX = "/api/v1"
 
 Device = Literal["npu", "gpu", "cpu", "other"]
-RunStatus = Literal["uploading", "complete", "invalid"]
+RunStatus = Literal["uploading", "validating", "complete", "invalid"]
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
 #: A rank task: ``skipped`` when the rank is in both runs but a side has no dump.json for it.
 TaskStatus = Literal["queued", "running", "succeeded", "failed", "skipped"]

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--project", default=None, help="only runs of this project")
     listing.add_argument("--name", default=None, help="only runs of exactly this name")
     listing.add_argument("--name-contains", default=None, metavar="TEXT", help="only names holding TEXT")
-    listing.add_argument("--status", default=None, choices=("uploading", "complete", "invalid"))
+    listing.add_argument("--status", default=None, choices=("uploading", "validating", "complete", "invalid"))
     listing.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
                          help="only runs with this tag (repeatable: all of them)")
     listing.add_argument("--limit", type=int, default=50, help="at most this many runs (default: 50)")

@@ -7,7 +7,8 @@ resumes it (still ``uploading``), does nothing (``complete`` with this very dump
 with anything else); see :func:`parity.client.upload.upload_dump`. On a terminal a progress bar is redrawn in
 place; elsewhere (a CI log) a line is written at each tenth of the bytes; ``--quiet`` shows nothing but errors
 and, on stdout, the run id. The work is :func:`parity.client.upload.upload_dump`; this module parses
-arguments and prints.
+arguments and prints. Once every file is sent it completes the run and waits (``--wait``) until the server's
+workers have validated it: exit 0 with the run ``complete``, or 2 with their error naming the file and entry.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
                         help="run tag (repeatable)")
     parser.add_argument("--jobs", type=int, default=4, help="files uploaded in parallel (default: 4)")
+    parser.add_argument("--wait", type=float, default=3600.0, metavar="SECONDS",
+                        help="how long to wait for the server's workers to validate the run (default: 3600; "
+                        "0: return once it is validating)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress and no summary: only errors, and the run id on stdout")
 
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         with server_args.connect(args) as api:
             done = upload_dump(
                 api, args.dump_dir, name=args.name, project=args.project, device=args.device, tags=tags,
-                jobs=args.jobs, on_progress=progress,
+                jobs=args.jobs, on_progress=progress, wait_s=args.wait,
             )  # fmt: skip
     finally:
         progress.close()

@@ -1,6 +1,7 @@
 """The Celery job backend (``PARITY_JOB_BACKEND=celery``, ``PARITY_CELERY_BROKER_URL=redis://...``).
 
-The server only sends task ids (``{comparison}:{rank}``, one message per rank of a comparison); workers
+The server only sends ids: a rank task's (``{comparison}:{rank}``, one message per rank of a comparison) or a
+run's validation (``validate:{run}``, task ``parity.run.validate``, sent by ``complete``); workers
 started with ``celery -A parity.server.jobs.celery_app worker`` (configured by the same ``PARITY_*``
 variables: database, store, broker) run them with ``TaskRunner``, the same as the local pool's processes.
 A message delivered twice is harmless: the runner's claim lets only one delivery run a task, so messages are
@@ -32,6 +33,7 @@ from parity.server.settings import Settings
 logger = logging.getLogger(__name__)
 
 TASK_NAME = "parity.compare.rank"
+VALIDATE_TASK_NAME = "parity.run.validate"
 #: At most this many lapsed tasks are sent again per look at the leases.
 LEASE_SCAN_LIMIT = 1000
 
@@ -58,7 +60,41 @@ def make_celery(settings: Settings) -> Celery:
     def run_rank(task_id: str) -> None:
         _runner(settings).run(task_id)
 
+    @app.task(name=VALIDATE_TASK_NAME)  # type: ignore[untyped-decorator]
+    def validate_run(run_id: str) -> None:
+        from parity.server.jobs.validation import Validator
+
+        Validator.beside(_runner(settings), _Sender(app)).run(run_id)
+
     return app
+
+
+class _Sender:
+    """A worker's ``JobQueue`` for the tasks it queues itself (the comparison against a project's baseline,
+    once a run it validated is complete): sent through the worker's own app."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def submit(self, task_id: str) -> None:
+        send(self.app, task_id)
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def send(app: Celery, job_id: str) -> None:
+    """One message for a rank task (``{comparison}:{rank}``) or a run's validation (``validate:{run}``)."""
+    from parity.server.jobs.validation import validated_run
+
+    run_id = validated_run(job_id)
+    if run_id is not None:
+        app.tasks[VALIDATE_TASK_NAME].apply_async(args=[run_id])
+    else:
+        app.tasks[TASK_NAME].apply_async(args=[job_id])
 
 
 _runners: dict[int, Any] = {}
@@ -88,12 +124,15 @@ class CeleryQueue:
         self._resent: dict[str, datetime | None] = {}
 
     def submit(self, task_id: str) -> None:
-        self.app.tasks[TASK_NAME].apply_async(args=[task_id])
+        send(self.app, task_id)
 
     def start(self) -> None:
+        from parity.server.jobs.validation import ValidationRepository, validation_id
+
         # Tasks queued while no server could send them (or whose message was lost) are sent again.
         with self.db.read() as session:
-            queued = TaskRepository(session).queued(limit=100_000)
+            queued = [validation_id(r) for r in ValidationRepository(session).waiting(limit=100_000)]
+            queued += TaskRepository(session).queued(limit=100_000)
         for task_id in queued:
             self.submit(task_id)
         if queued:
@@ -110,8 +149,15 @@ class CeleryQueue:
 
     def resend_lapsed(self) -> list[str]:
         """Send the id of every running task whose lease has passed and was not yet sent for that lapse."""
+        from parity.server.jobs.validation import ValidationRepository, validation_id
+
         with self.db.read() as session:
-            lapsed = TaskRepository(session).expired_leases(utcnow(), LEASE_SCAN_LIMIT)
+            now = utcnow()
+            lapsed = [
+                (validation_id(run_id), lease)
+                for run_id, lease in ValidationRepository(session).lapsed(now, LEASE_SCAN_LIMIT)
+            ]
+            lapsed += TaskRepository(session).expired_leases(now, LEASE_SCAN_LIMIT)  # fmt: skip
         sent = [task_id for task_id, lease in lapsed
                 if task_id not in self._resent or self._resent[task_id] != lease]  # fmt: skip
         for task_id in sent:

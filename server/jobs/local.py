@@ -55,15 +55,38 @@ def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake
     _die_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from parity.server.jobs.runner import TaskRunner
+    from parity.server.jobs.validation import Validator
 
     runner = TaskRunner(Settings(**settings_data), worker=name)
+    validator = Validator.beside(runner, _Wake(wake))
     while True:
+        run_id = validator.next_waiting()  # first: a comparison of the run may be waiting for it
+        if run_id is not None:
+            validator.run(run_id)
+            continue
         task = runner.next_queued()
         if task is None:
             wake.wait(POLL_SECONDS)
             wake.clear()
             continue
         runner.run(task)  # a lost race for the claim is fine: the next look finds the next task
+
+
+class _Wake:
+    """A worker's ``JobQueue`` for what it queues itself (a comparison against the baseline once a run it
+    validated is complete): the task is in the table already, the other workers only need waking."""
+
+    def __init__(self, wake: Event) -> None:
+        self._wake = wake
+
+    def submit(self, task_id: str) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 class LocalProcessQueue:
@@ -85,10 +108,13 @@ class LocalProcessQueue:
     def start(self) -> None:
         # Only one server runs a given database's local pool, so whatever is still "running" was
         # interrupted by the death of the previous server: it runs again, without waiting for its lease.
+        from parity.server.jobs.validation import ValidationRepository
+
         with self.db.write() as session:
             requeued = TaskRepository(session).requeue_running()
+            requeued += ValidationRepository(session).requeue()
         if requeued:
-            logger.warning("%d rank task(s) interrupted by the last shutdown are queued again", requeued)
+            logger.warning("%d task(s) interrupted by the last shutdown are queued again", requeued)
         self._stopping.clear()
         self._thread = threading.Thread(target=self._supervise, name="parity-jobs", daemon=True)
         self._thread.start()
@@ -129,8 +155,12 @@ class LocalProcessQueue:
             self._recover(name, f"worker process exited with code {proc.exitcode}")
 
     def _recover(self, worker: str, why: str) -> None:
-        """Queue again (or fail, past MAX_ATTEMPTS) the task a dead worker held."""
+        """Queue again (or fail, past MAX_ATTEMPTS) the task or validation a dead worker held."""
         from parity.server.jobs.runner import finish_failed
+        from parity.server.jobs.validation import recover
+
+        recover(self.db, worker, why, MAX_ATTEMPTS)
+        self._wake.set()
 
         with self.db.read() as session:
             t = ComparisonTask
@@ -147,11 +177,14 @@ class LocalProcessQueue:
             self._wake.set()
 
     def _shutdown_children(self) -> None:
+        from parity.server.jobs.validation import ValidationRepository
+
         for name, proc in list(self._children.items()):
             proc.kill()
             proc.join(timeout=10)
             with self.db.write() as session:
                 requeued = TaskRepository(session).requeue_running(name)
+                requeued += ValidationRepository(session).requeue(name)
             if requeued:
                 logger.info("worker %s stopped with the server; its task is queued again", name)
         self._children.clear()

@@ -2,8 +2,9 @@
 
 A comparison fans out into one task per rank pair (``comparison_tasks``). A task is claimed (queued →
 running, ``attempt`` + 1) under a lease that a background thread renews while it works; it lays out that
-rank's files only (hard links into a file store, so nothing is copied; downloads from S3, bounded to one
-rank pair) in a staging folder of its own, runs the shared pipeline's ``compare_rank`` on it, stores the
+rank's files only (hard links into a file store, so nothing is copied; on S3 hard links into the worker's
+bounded cache, ``blob_cache``, which streams in only the blobs the task names) in a staging folder of its
+own, runs the shared pipeline's ``compare_rank`` on it, stores the
 rank's xlsx and advisor, then, in one transaction guarded by its attempt, its rows and its summary document.
 The staging folder is removed on success and on failure. The task that finds every other rank finished
 merges the ranks' summaries into the comparison's (``merge_comparison``), under a lock on the comparison
@@ -30,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from parity.server.blob_cache import Checkout, MissingBlob, worker_cache
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.jobs.limits import Deadline, redact_paths
@@ -73,6 +75,7 @@ class TaskRunner:
         self.worker = worker or worker_name()
         self.db = Database.connect(settings.resolved_database_url)
         self.store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
+        self.cache = worker_cache(settings, self.store)
 
     def close(self) -> None:
         self.db.dispose()
@@ -97,8 +100,12 @@ class TaskRunner:
         logger.info("comparison %s rank %d claimed: attempt %d", comparison_id, rank, attempt)
         try:
             timeout = self.settings.job_timeout_seconds
-            with _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout) as lease, collector_paused():
-                self._run(comparison_id, rank, attempt, lease)
+            with (
+                _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout) as lease,
+                collector_paused(),
+                self.cache.checkout() as blobs,  # what the task fetched: kept on success, dropped on failure
+            ):
+                self._run(comparison_id, rank, attempt, lease, blobs)
             # The last rank to finish made the comparison succeeded: it indexes the calls (others find it
             # still running, and index nothing).
             _index_calls(self.db, comparison_id)
@@ -114,7 +121,7 @@ class TaskRunner:
             finish_failed(self.db, comparison_id, rank, attempt, message)
         return True
 
-    def _run(self, comparison_id: str, rank: int, attempt: int, lease: _Lease) -> None:
+    def _run(self, comparison_id: str, rank: int, attempt: int, lease: _Lease, blobs: Checkout) -> None:
         with self.db.read() as session:
             c = session.get(Comparison, comparison_id)
             if c is None:
@@ -143,8 +150,8 @@ class TaskRunner:
         staging = Path(tempfile.mkdtemp(prefix=prefix, dir=self._tmp_root()))
         try:
             npu_dir, bench_dir, out_dir = staging / "npu", staging / "bench", staging / "out"
-            _stage(self.store, target_id, target_files, npu_dir, "target")
-            _stage(self.store, bench_id, bench_files, bench_dir, "bench")
+            _stage(blobs, target_id, target_files, npu_dir, "target")
+            _stage(blobs, bench_id, bench_files, bench_dir, "bench")
             npu_json, bench_json = (
                 npu_dir / rank_dir_name(rank) / DUMP_JSON,
                 bench_dir / rank_dir_name(rank) / DUMP_JSON,
@@ -317,26 +324,26 @@ class _Progress:
             raise LeaseLost("the comparison was deleted or the task is no longer this attempt's")
 
 
-def _stage(store: BlobStore, run_id: str, files: Iterable[RunFile], dest: Path, label: str) -> int:
-    """Lay one rank's files out as ``dest/rank{R}/...``: hard links into a file store (read in place, no
-    bytes copied, and the engine never sees a symlink), downloads from a remote one."""
+def _stage(blobs: Checkout, run_id: str, files: Iterable[RunFile], dest: Path, label: str) -> int:
+    """Lay one rank's files out as ``dest/rank{R}/...``: hard links to the blobs of a file store (read in
+    place, no bytes copied, and the engine never sees a symlink) or to the worker cache's downloads."""
+    from parity.shared.dump.sidecar import SIDECAR_NAME
+
     count = 0
     for f in files:
         rel = f.path.split("/", 1)[1]  # drop "stepN/"
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        local = store.local_path(f.blob)
-        if local is not None:
-            if not local.is_file():
-                raise JobError(f"{label} run {run_id}: {f.path} is missing from the store")
-            _link(local, target)
-        else:
-            store.download(f.blob, target)
+        try:
+            _link(blobs.path(f.blob, f.size), target)
+        except MissingBlob:
+            raise JobError(f"{label} run {run_id}: {f.path} is missing from the store") from None
         count += 1
         if target.name == DUMP_JSON:
-            from parity.shared.dump.sidecar import SIDECAR_NAME
-
-            _stage_sidecar(store, f.blob, target.with_name(SIDECAR_NAME))
+            # The dump's parsed columns, when its run's validation stored them (runs before had none).
+            sidecar = blobs.find(sidecar_key(f.blob))
+            if sidecar is not None:
+                _link(sidecar, target.with_name(SIDECAR_NAME))
     return count
 
 
@@ -345,17 +352,6 @@ def _link(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
-
-
-def _stage_sidecar(store: BlobStore, blob: str, target: Path) -> None:
-    """The dump's parsed columns, when its run's complete stored them (runs completed before had none)."""
-    key = sidecar_key(blob)
-    local = store.local_path(key)
-    if local is not None:
-        if local.is_file():
-            _link(local, target)
-    elif store.exists(key):
-        store.download(key, target)
 
 
 # -- finishing a task -------------------------------------------------------------------------------------
@@ -440,8 +436,9 @@ def merge_comparison(session: Session, comparison_id: str) -> None:
     # (with its summary document) each time would make the merge checks O(R^2).
     t = ComparisonTask
     unfinished, progress = session.execute(
-        select(func.count(), func.coalesce(func.sum(t.progress), 0.0))
-        .where(t.comparison_id == comparison_id, t.status.not_in(TERMINAL))
+        select(func.count(), func.coalesce(func.sum(t.progress), 0.0)).where(
+            t.comparison_id == comparison_id, t.status.not_in(TERMINAL)
+        )
     ).one()
     if unfinished:
         total = session.scalar(select(func.count()).where(t.comparison_id == comparison_id)) or 1

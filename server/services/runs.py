@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -23,15 +22,19 @@ from parity.server.errors import (
     StoreError,
     Unprocessable,
 )
+from parity.server.jobs.base import JobQueue, NullQueue
 from parity.server.models import Run, RunFile, RunTag, utcnow
 from parity.server.repositories import RunRepository, RunStats, serialize_on
 from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic
 from parity.server.services.paths import check_sha256, check_upload_path
-from parity.server.store import BlobStore, run_key, sidecar_key, upload_key
+from parity.server.store import BlobStore, run_key, upload_key
 from parity.shared.contract import split_tag
 from sqlalchemy.exc import IntegrityError
 
 logger = logging.getLogger(__name__)
+
+#: Run states that take no more files: validating (the files being validated are the run's) and complete.
+FROZEN = frozenset({"validating", "complete"})
 
 #: Body bytes gathered before one hand-off to a thread that hashes and writes them (hashlib releases the GIL).
 WRITE_BATCH = 1024 * 1024
@@ -109,12 +112,14 @@ class UploadResult:
 
 class RunService:
     def __init__(
-        self, db: Database, store: BlobStore, max_upload_bytes: int, reserve: Reserve | None = None
-    ) -> None:
+        self, db: Database, store: BlobStore, max_upload_bytes: int, reserve: Reserve | None = None,
+        queue: JobQueue | None = None,
+    ) -> None:  # fmt: skip
         self.db = db
         self.store = store
         self.max_upload_bytes = max_upload_bytes
         self.reserve = reserve
+        self.queue: JobQueue = queue or NullQueue()
 
     # -- runs -------------------------------------------------------------------------------------------
     def create(self, body: RunCreate) -> RunPublic:
@@ -228,8 +233,8 @@ class RunService:
                 if existing.sha256 != sha256:
                     raise Conflict(f"run {run_id}: {path} already exists with sha256 {existing.sha256}")
                 return run_id, UploadResult(FilePublic(path=path, size=existing.size, sha256=sha256), False)
-            if run.status == "complete":
-                raise Conflict(f"run {run_id}: already complete, {path} cannot be added")
+            if run.status in FROZEN:
+                raise Conflict(f"run {run_id}: already {run.status}, {path} cannot be added")
         return run_id, None
 
     async def upload(
@@ -321,8 +326,8 @@ class RunService:
                 repo = RunRepository(session)
                 # FOR SHARE: a concurrent delete or complete of the run waits until this row is in.
                 run = self._require(repo, run_id, for_update=True, shared=True)
-                if run.status == "complete":
-                    raise Conflict(f"run {run_id}: already complete, {path} cannot be added")
+                if run.status in FROZEN:
+                    raise Conflict(f"run {run_id}: already {run.status}, {path} cannot be added")
                 session.add(RunFile(run_id=run_id, path=path, size=size, sha256=sha256, blob=key, step=step,
                                     rank=rank, created_at=utcnow()))  # fmt: skip
                 session.flush()
@@ -348,53 +353,28 @@ class RunService:
 
     # -- complete ---------------------------------------------------------------------------------------
     def complete(self, ref: str) -> RunPublic:
-        """Validate every dump.json with the shared reader, in a child process (see ``jobs.validation``);
-        a broken one is a 422 naming file and problem."""
-        with self.db.read() as session:
-            repo = RunRepository(session)
-            run = self._require(repo, ref)
-            run_id = run.id
-            if run.status == "complete":
-                return run_public(run, repo.stats([run.id])[run.id])
-            dump_files = {
-                f.path: f.blob for f in repo.files(run_id) if f.path.rsplit("/", 1)[-1] == "dump.json"
-            }
-        if not dump_files:
-            raise Unprocessable(f"run {run_id}: no dump.json uploaded")
+        """Queue the validation of every dump.json on the job backend and return at once (``validating``).
 
-        from parity.server.jobs.validation import validate_dumps
+        A worker parses the files (``jobs.validation``), never this process, and makes the run ``complete``
+        or ``invalid`` with the error naming file and entry. A run already complete or validating is
+        returned as it is; an ``invalid`` one is validated again (files may have been added since). From
+        here on no file can be added: an upload's transaction and this one lock the run row, so the files
+        validated are exactly those recorded before.
+        """
+        from parity.server.jobs.validation import validation_id
 
-        with tempfile.TemporaryDirectory(prefix="parity-validate-") as tmp:
-            local_files: list[tuple[str, Path]] = []
-            for rel, blob in dump_files.items():
-                local = self.store.local_path(blob)
-                if local is None:
-                    local = Path(tmp) / rel.replace("/", "__")
-                    self.store.download(blob, local)
-                local_files.append((rel, local))
-            sidecars = Path(tmp) / "sidecars"
-            sidecars.mkdir()
-            problem = validate_dumps(local_files, sidecars)  # parsed in a child process, never in this one
-            if problem is None:
-                # Parsed once: the compare tasks read these instead of parsing the files again.
-                for i, blob in enumerate(dump_files.values()):
-                    self.store.put_file(sidecars / f"{i}.columns", sidecar_key(blob))
         with self.db.write() as session:
             repo = RunRepository(session)
-            run = self._require(repo, run_id, for_update=True)
-            if run.status != "complete" and problem is None:
-                # A dump.json uploaded while the others were being read has not been validated.
-                now = {f.path for f in repo.files(run_id) if f.path.rsplit("/", 1)[-1] == "dump.json"}
-                if now != set(dump_files):
-                    added = ", ".join(sorted(now - set(dump_files)))
-                    raise Conflict(f"run {run_id}: {added} arrived during validation; complete again")
-            if problem is not None:
-                run.error = problem
-            elif run.status != "complete":
-                run.status, run.error, run.completed_at = "complete", None, utcnow()
-        if problem is not None:
-            raise Unprocessable(problem)
-        logger.info("run %s complete (%d dump.json files)", run_id, len(dump_files))
+            run = self._require(repo, ref, for_update=True)
+            run_id = run.id
+            if run.status in ("complete", "validating"):
+                return run_public(run, repo.stats([run_id])[run_id])
+            if not any(f.path.rsplit("/", 1)[-1] == "dump.json" for f in repo.files(run_id)):
+                raise Unprocessable(f"run {run_id}: no dump.json uploaded")
+            run.status, run.error = "validating", None
+            run.validation_lease_expires_at, run.validation_worker = None, None
+        self.queue.submit(validation_id(run_id))  # after the commit: a worker always finds the run validating
+        logger.info("run %s validating", run_id)
         return self.get(run_id)
 
 

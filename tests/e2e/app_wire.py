@@ -19,6 +19,8 @@ from parity.client.rest import ParityClient
 from parity.server.main import create_app
 from parity.server.settings import Settings
 
+from tests.workers import validation_thread
+
 URL = "http://parity"
 
 #: Returns a response or an exception to inject instead of sending the request on, or None to send it.
@@ -58,8 +60,13 @@ class AppWire(httpx.BaseTransport):
 
 @contextmanager
 def app_wire(data_dir: Path, *, workers: int = 1) -> Iterator[AppWire]:
-    """The app started (migrations, store, job queue with ``workers`` compare processes) and its wire."""
+    """The app started (migrations, store, job queue with ``workers`` worker processes) and its wire; with
+    ``workers=0``, runs are still validated (by a thread of this process) and comparisons stay queued."""
     settings = Settings(data_dir=data_dir, database_url=None, store_url=None, workers=workers, tokens=None,
                         job_backend="local")  # fmt: skip
     with TestClient(create_app(settings), base_url=URL) as app:
-        yield AppWire(app)
+        if workers:
+            yield AppWire(app)
+            return
+        with validation_thread(settings):  # runs complete as on a server; comparisons stay queued
+            yield AppWire(app)

@@ -109,6 +109,33 @@ def test_not_a_dump_is_one_line_error(tmp_path: Path, api: ParityClient, capsys)
     assert api.find_runs() == []
 
 
+def test_a_dump_the_server_refuses_is_one_line_naming_file_and_entry(
+    tmp_path: Path, api: ParityClient, capsys
+) -> None:
+    """``complete`` answers at once; ``parity upload`` waits for the server's workers to validate the run and
+    prints their error when it is invalid; the run stays on the server as ``invalid``."""
+    write_rank(tmp_path / "dump" / "step0" / "rank0")
+    rank1 = write_rank(tmp_path / "dump" / "step0" / "rank1")
+    (rank1 / "dump.json").write_text('{"task": "tensor", "level": "L1", "data": {"Torch.add.0.forward": 5}}')
+    capsys.readouterr()
+    assert upload(str(tmp_path / "dump"), "--name", "bad") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    problem = "step0/rank1/dump.json: entry 'Torch.add.0.forward': must be an object"
+    assert f"is invalid: {problem}" in err, err
+    (run,) = api.find_runs(name="bad")
+    assert run.status == "invalid" and run.error == problem
+
+
+def test_wait_0_returns_once_the_run_is_validating(tmp_path: Path, wire: AppWire, api: ParityClient) -> None:
+    write_rank(tmp_path / "dump" / "step0" / "rank0")
+    assert upload(str(tmp_path / "dump"), "--name", "nowait", "--wait", "0") == 0
+    last = wire.requests[-1]
+    (run,) = api.find_runs(name="nowait")
+    # The command sent complete and read nothing after it; the workers finish the validation on their own.
+    assert last == ("POST", f"/api/v1/runs/{run.id}/complete")
+    assert run.status in ("validating", "complete")
+
+
 def test_resume_sends_only_missing_files(tmp_path: Path, wire: AppWire, api: ParityClient) -> None:
     root = tmp_path / "dump"
     write_rank(root / "step0" / "rank0")

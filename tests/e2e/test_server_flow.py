@@ -15,11 +15,13 @@ import openpyxl
 import pytest
 from parity.client.rest import ParityClient
 from parity.client.uploader import BackgroundUploader
+from parity.server.settings import Settings
 
 from parity.cli import main
 from parity.demo import ServerProcess
 from tests.e2e.conftest import local_files, write_model_dump
 from tests.factories import DumpBuilder
+from tests.workers import validation_thread
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -154,7 +156,7 @@ def test_commands_send_the_token(tmp_path: Path, unique: str, capsys: pytest.Cap
     root = write_model_dump(tmp_path / "dump")
     with ServerProcess(
         tmp_path / "data", env={"PARITY_TOKENS": "rw-tok,ro-tok:ro", "PARITY_WORKERS": "0"}
-    ) as srv:
+    ) as srv, validation_thread(Settings(data_dir=tmp_path / "data")):  # the one worker, in this process
         base = ["upload", str(root), "--server", srv.url, "--name", f"tok-{unique}"]
         assert main(base) == 2
         assert "HTTP 401" in capsys.readouterr().err

@@ -165,7 +165,9 @@ def test_uploads_every_file_and_completes(
     for rank_prefix in ("step0/rank0/", "step0/rank1/", "step1/rank0/"):
         mine = [p for p in puts if rank_prefix in p]
         assert mine[-1].endswith("/dump.json") and len(mine) == 3
-    assert sent[-1] == ("POST", f"/api/v1/runs/{run.id}/complete")
+    # The run is completed last, then read until the server's workers have validated it.
+    after = sent[sent.index(("POST", f"/api/v1/runs/{run.id}/complete")):]
+    assert after[1:] == [("GET", f"/api/v1/runs/{run.id}")] * (len(after) - 1)
     assert up.stats.files_uploaded == len(stored) == 9 and up.stats.files_failed == 0
     assert uploader_warnings(caplog) == []
 

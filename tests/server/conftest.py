@@ -197,8 +197,23 @@ def upload_run(api: httpx.Client, root: Path, **fields: Any) -> dict[str, Any]:
         resp = put(api, run["id"], path, data)
         assert resp.status_code == 201, resp.text
     resp = api.post(f"/runs/{run['id']}/complete")
-    assert resp.status_code == 200, resp.text
-    return dict(resp.json())
+    assert resp.status_code == 202, resp.text
+    return wait_run(api, run["id"])
+
+
+def wait_run(
+    api: httpx.Client, run_id: str, status: str = "complete", timeout: float = 120
+) -> dict[str, Any]:
+    """The run once a worker has validated it (``complete`` or ``invalid``); fails unless it is ``status``."""
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = dict(api.get(f"/runs/{run_id}").json())
+        if body["status"] not in ("validating", "uploading"):
+            assert body["status"] == status, body
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"run {run_id} was not validated in {timeout}s: {body}")
 
 
 def wait_comparison(api: httpx.Client, cid: str, timeout: float = 180) -> dict[str, Any]:

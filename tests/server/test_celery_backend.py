@@ -36,7 +36,9 @@ from tests.server.conftest import (
     service_url_or_skip,
     upload_run,
     wait_comparison,
+    wait_run,
 )
+from tests.server.test_validation import big_dump, upload_big, validation_claim, wait_claimed
 
 CELERY_APP = "parity.server.jobs.celery_app"
 QUEUE_KEY = "celery"  # Celery's default queue: a Redis list holding the messages no worker has taken yet
@@ -161,8 +163,10 @@ def test_a_job_waits_queued_for_a_worker(
     data_dir = tmp_path / "data"
     env = celery_env(redis_url)
     srv: ServerProcess = spawn(ServerProcess(data_dir, env))
+    validator: WorkerProcess = spawn(WorkerProcess(srv.env, tmp_path / "validator.log"))
     with srv.client() as api:
-        target, bench = upload_pair(api, tmp_path)
+        target, bench = upload_pair(api, tmp_path)  # the runs validated by a worker, which then stops
+        validator.stop()
         cid = post_comparison(api, target, bench)["id"]
         # The server sent one task id per rank to Redis and nobody took them: the job stays queued.
         assert broker.llen(QUEUE_KEY) == 2
@@ -355,3 +359,26 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
             lease.check()
     with db.read() as session:
         assert session.get_one(ComparisonTask, (cid, 0)).attempt == 2  # the lost attempt wrote nothing
+
+
+def test_a_celery_worker_killed_mid_validation_has_it_taken_over(
+    tmp_path: Path, redis_url: str, broker: redis.Redis, spawn: Callable[[LoggedProcess], Any]
+) -> None:
+    """Real Redis and Celery workers: the first is killed while it validates; the server's lease watcher
+    sends ``validate:{run}`` again once its lease passed, and the second worker validates it (attempt 2)."""
+    root = big_dump(tmp_path / "big")
+    data_dir = tmp_path / "data"
+    env = {**celery_env(redis_url), "PARITY_JOB_LEASE_SECONDS": str(LEASE_S)}
+    srv: ServerProcess = spawn(ServerProcess(data_dir, env))
+    first: WorkerProcess = spawn(WorkerProcess(srv.env, tmp_path / "worker1.log"))
+    with srv.client() as api:
+        run_id = upload_big(api, root)
+        wait_claimed(data_dir, run_id)
+        first.kill()
+        assert api.get(f"/runs/{run_id}").json()["status"] == "validating", first.log()[-3000:]
+        second: WorkerProcess = spawn(WorkerProcess(srv.env, tmp_path / "worker2.log"))
+        run = wait_run(api, run_id)
+        assert run["status"] == "complete", second.log()[-3000:]
+        assert validation_claim(data_dir, run_id)[0] == 2
+        assert f"validation of run {run_id} claimed: attempt 2" in second.log(), second.log()[-3000:]
+        assert f"task validate:{run_id}: its worker's lease passed" in srv.log(), srv.log()[-3000:]

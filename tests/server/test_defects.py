@@ -24,18 +24,20 @@ from parity.server.store import FileStore, open_store
 from parity.shared.compare import job
 
 from tests.server.conftest import build_dump, dump_files, sha
+from tests.workers import validate_waiting
 
 
 async def _body(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-def _upload_run(runs: RunService, root: Path, device: str) -> str:
+def _upload_run(runs: RunService, root: Path, device: str, settings: Settings) -> str:
     run = runs.create(RunCreate(name=f"run-{device}", device=device))  # type: ignore[arg-type]
     for path, data in dump_files(root):
         result = anyio.run(runs.upload, run.id, path, sha(data), str(len(data)), _body(data))
         assert result.created
     runs.complete(run.id)
+    validate_waiting(settings)  # what a worker of the job backend does next
     return run.id
 
 
@@ -49,8 +51,8 @@ def test_comparison_deleted_while_running_leaves_no_reports(
     assert isinstance(store, FileStore)
     runs, comparisons = RunService(db, store, 1 << 30), ComparisonService(db, store, NullQueue())
     try:
-        target = _upload_run(runs, build_dump(tmp_path / "npu", perturb=0.5), "npu")
-        bench = _upload_run(runs, build_dump(tmp_path / "gpu"), "gpu")
+        target = _upload_run(runs, build_dump(tmp_path / "npu", perturb=0.5), "npu", settings)
+        bench = _upload_run(runs, build_dump(tmp_path / "gpu"), "gpu", settings)
         cid = comparisons.create(ComparisonCreate(target_run=target, bench_run=bench)).id
         real = job.compare_rank
         deleted: list[str] = []

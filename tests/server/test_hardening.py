@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from parity.server.settings import Settings, load_settings
 from parity.shared.compare import job
 
 from tests.server.conftest import REPO, build_dump, dump_files, sha
+from tests.workers import validation_thread
 
 API = "/api/v1"
 
@@ -34,7 +36,8 @@ def settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), raise_server_exceptions=False) as test_client:
+    with TestClient(create_app(settings), raise_server_exceptions=False) as test_client, \
+            validation_thread(settings):  # fmt: skip
         yield test_client
 
 
@@ -52,7 +55,11 @@ def upload(client: TestClient, run_id: str, root: Path, replace: dict[str, bytes
                           headers={"X-Content-SHA256": sha(data)})  # fmt: skip
         assert resp.status_code == 201, resp.text
     resp = client.post(f"{API}/runs/{run_id}/complete")
-    assert resp.status_code == 200, resp.text
+    assert resp.status_code == 202, resp.text
+    deadline = time.monotonic() + 60
+    while client.get(f"{API}/runs/{run_id}").json()["status"] == "validating" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.get(f"{API}/runs/{run_id}").json()["status"] == "complete"
 
 
 # -- 1. metadata nested 300 deep ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from parity.shared.compare import job
 
 from tests.server.conftest import build_dump
 from tests.server.test_hardening import API, new_run, upload
+from tests.workers import validation_thread
 
 
 def _expanded_tensor() -> bytes:
@@ -38,7 +39,8 @@ def settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), raise_server_exceptions=False) as test_client:
+    with TestClient(create_app(settings), raise_server_exceptions=False) as test_client, \
+            validation_thread(settings):  # fmt: skip
         yield test_client
 
 

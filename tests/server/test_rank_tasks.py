@@ -32,6 +32,7 @@ from parity.shared.compare.spec import CompareSpec
 from sqlalchemy import select
 
 from tests.server.conftest import build_dump, dump_files, sha
+from tests.workers import validate_waiting
 
 RANKS = (0, 1, 2)
 
@@ -53,6 +54,7 @@ class Server:
         for path, data in dump_files(root):
             anyio.run(self.runs.upload, run.id, path, sha(data), str(len(data)), _body(data))
         self.runs.complete(run.id)
+        validate_waiting(self.settings)  # what a worker of the job backend does next
         return run.id
 
     def rows(self, cid: str) -> list[tuple[int, int, str, str, Any]]:

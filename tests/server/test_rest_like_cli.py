@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from tests.factories import stats_leaf, write_raw_dump
-from tests.server.conftest import ServerProcess, new_run, put, upload_run, wait_comparison
+from tests.server.conftest import ServerProcess, new_run, put, upload_run, wait_comparison, wait_run
 
 
 def _entry(out: tuple[float, float, float, float], requires_grad: bool = False) -> dict[str, Any]:
@@ -80,7 +80,9 @@ def test_a_run_name_works_wherever_an_id_does(api: httpx.Client, tmp_path: Path)
     assert api.get(f"/runs/{name}").json()["id"] == run["id"]
     assert [f["path"] for f in api.get(f"/runs/{name}/files").json()["data"]] == ["step0/rank0/dump.json"]
     done = api.post(f"/runs/{name}/complete")
-    assert done.status_code == 200 and done.json()["id"] == run["id"] and done.json()["status"] == "complete"
+    assert done.status_code == 202 and done.json()["id"] == run["id"]
+    assert done.json()["status"] == "validating"
+    assert wait_run(api, name)["id"] == run["id"]
 
     # The same name in another project: a name alone is now ambiguous, an id never is.
     other = new_run(api, name=name, project=f"{project}-b")

@@ -27,6 +27,7 @@ from sqlalchemy import update
 
 from tests.server.conftest import REPO, build_dump
 from tests.server.test_hardening import API, new_run, upload
+from tests.workers import validation_thread
 
 OLD = time.time() - 7200  # older than the default grace of an hour
 
@@ -66,7 +67,7 @@ def test_orphaned_blobs_go_and_recorded_or_young_ones_stay(world: World, tmp_pat
     from parity.server.schemas import RunCreate
 
     run = world.runs.create(RunCreate(name="r", device="npu"))
-    with TestClient(create_app(world.settings)) as client:
+    with TestClient(create_app(world.settings)) as client, validation_thread(world.settings):
         upload(client, run.id, build_dump(tmp_path / "dump"))
     recorded = [world.store.root / key for key in _blob_keys(world, run.id)]
     sidecars = list((world.store.root / "runs" / run.id).rglob("*.columns"))

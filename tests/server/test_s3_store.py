@@ -1,16 +1,34 @@
-"""The S3 store against moto's standalone S3 server: uploads, validation, a compare job, deletion."""
+"""The S3 store against moto's standalone S3 server: uploads, validation, a compare job, deletion; the
+worker cache (streamed downloads of the blobs a task names, under a byte cap, dropped after a failure)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import anyio
 import boto3
 import pytest
+from parity.server.blob_cache import BlobCache
+from parity.server.db import Database
+from parity.server.jobs.base import NullQueue
+from parity.server.jobs.runner import TaskRunner
+from parity.server.migrate import upgrade
+from parity.server.models import ComparisonRow
+from parity.server.schemas import ComparisonCreate, RunCreate
+from parity.server.services.comparisons import ComparisonService
+from parity.server.services.runs import RunService
+from parity.server.settings import Settings
+from parity.server.store import open_store
+from sqlalchemy import select
 
 from tests.server.conftest import (
     ServerProcess,
     build_dump,
+    dump_files,
     free_port,
     new_run,
     put,
@@ -18,6 +36,7 @@ from tests.server.conftest import (
     upload_run,
     wait_comparison,
 )
+from tests.workers import validate_waiting
 
 BUCKET = "parity-test"
 
@@ -107,3 +126,127 @@ def test_s3_racing_uploads_keep_one_object_matching_its_row(s3_env: dict[str, st
         assert not list((tmp_path / "data" / "tmp").glob("upload-*"))
     finally:
         srv.stop()
+
+
+# -- the worker cache: only the blobs a task names, streamed in, bounded, dropped after a failure -----------
+@dataclass
+class InProcess:
+    """A server's services and one worker's runner on ``store_url``, in this process."""
+
+    settings: Settings
+    db: Database
+    runs: RunService
+    comparisons: ComparisonService
+    runner: TaskRunner
+
+    @classmethod
+    def open(cls, data_dir: Path, store_url: str | None, cache_bytes: int = 1 << 30) -> InProcess:
+        settings = Settings(data_dir=data_dir, store_url=store_url, workers=0, worker_cache_bytes=cache_bytes)
+        upgrade(settings.resolved_database_url)
+        db = Database.connect(settings.resolved_database_url)
+        store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
+        return cls(settings, db, RunService(db, store, 1 << 30), ComparisonService(db, store, NullQueue()),
+                   TaskRunner(settings, worker="test"))  # fmt: skip
+
+    def upload(self, root: Path, device: str) -> str:
+        run = self.runs.create(RunCreate(name=f"run-{device}", device=device))  # type: ignore[arg-type]
+        for path, data in dump_files(root):
+            anyio.run(self.runs.upload, run.id, path, sha(data), str(len(data)), _body(data))
+        self.runs.complete(run.id)
+        validate_waiting(self.settings)
+        return run.id
+
+    def compare(self, target: str, bench: str) -> tuple[str, list[tuple[Any, ...]]]:
+        c = self.comparisons.create(ComparisonCreate(target_run=target, bench_run=bench))
+        for task in c.tasks:
+            self.runner.run(f"{c.id}:{task.rank}")
+        with self.db.read() as session:
+            t = ComparisonRow
+            rows = session.execute(select(t.rank, t.idx, t.api, t.status, t.cells)
+                                   .where(t.comparison_id == c.id).order_by(t.rank, t.idx)).all()  # fmt: skip
+        return self.comparisons.get(c.id).status, [tuple(r) for r in rows]
+
+    def close(self) -> None:
+        self.runner.close()
+        self.db.dispose()
+
+
+async def _body(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+@pytest.fixture
+def aws(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in s3_env.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_a_compare_on_s3_reads_through_a_bounded_cache_and_gives_the_file_stores_rows(
+    aws: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ranks = (0, 1, 2)
+    npu = build_dump(tmp_path / "npu", perturb=0.5, ranks=ranks)
+    gpu = build_dump(tmp_path / "gpu", ranks=ranks)
+    on_files = InProcess.open(tmp_path / "files", None)
+    file_status, file_rows = on_files.compare(on_files.upload(npu, "npu"), on_files.upload(gpu, "gpu"))
+    # What one task reads: a rank pair's files and the two dump.json sidecars written by the validation.
+    sidecar = max(p.stat().st_size for p in (tmp_path / "files" / "blobs").rglob("*.columns"))
+    task_bytes = 2 * sidecar + sum(p.stat().st_size for root in (npu, gpu)
+                                   for p in (root / "step0" / "rank0").rglob("*") if p.is_file())  # fmt: skip
+    cap = 2 * task_bytes  # about two ranks' worth, less than the whole step's 3
+
+    on_disk: list[int] = []
+    fetched: list[tuple[BlobCache, int]] = []
+    download = BlobCache._download
+
+    def measured(self: BlobCache, key: str, path: Path, size: int) -> None:
+        download(self, key, path, size)
+        on_disk.append(sum(p.stat().st_size for p in self.files()))
+        fetched.append((self, size))
+
+    monkeypatch.setattr(BlobCache, "_download", measured)
+    on_s3 = InProcess.open(tmp_path / "s3", f"s3://{BUCKET}/cache-{uuid.uuid4().hex[:8]}", cache_bytes=cap)
+    try:
+        s3_status, s3_rows = on_s3.compare(on_s3.upload(npu, "npu"), on_s3.upload(gpu, "gpu"))
+        assert s3_status == file_status == "succeeded"
+        assert s3_rows == file_rows and len(s3_rows) > 0
+        assert on_disk and max(on_disk) <= cap  # streamed in as each task asked, evicted to stay under cap
+        by_tasks = sum(size for cache, size in fetched if cache is on_s3.runner.cache)
+        assert by_tasks > cap  # the step's files would not have fit: the finished ranks' were evicted
+        assert on_s3.runner.cache.used_bytes <= cap
+        assert not list((tmp_path / "s3" / "tmp").glob("task-*"))  # staging removed
+    finally:
+        on_s3.close()
+        on_files.close()
+
+
+def test_a_failed_task_leaves_the_cache_empty_and_a_blob_too_large_is_named(
+    aws: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from parity.shared.compare import job
+
+    npu, gpu = build_dump(tmp_path / "npu", perturb=0.5), build_dump(tmp_path / "gpu")
+    server = InProcess.open(tmp_path / "s3", f"s3://{BUCKET}/fail-{uuid.uuid4().hex[:8]}")
+    try:
+        target, bench = server.upload(npu, "npu"), server.upload(gpu, "gpu")
+        server.runner.cache.clear()  # the validation's dump.json copies: a fresh worker's empty cache
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            assert server.runner.cache.files(), "the task's blobs were fetched before the engine ran"
+            raise RuntimeError("the engine failed")
+
+        monkeypatch.setattr(job, "compare_rank", broken)
+        status, _ = server.compare(target, bench)
+        assert status == "failed"
+        assert server.runner.cache.files() == [] and server.runner.cache.used_bytes == 0
+        assert not list((tmp_path / "s3" / "tmp").glob("task-*"))
+        monkeypatch.undo()
+
+        server.runner.cache.cap_bytes = 1000  # smaller than the rank's tensors
+        c = server.comparisons.create(ComparisonCreate(target_run=target, bench_run=bench, ranks=[0]))
+        server.runner.run(f"{c.id}:0")
+        failed = server.comparisons.get(c.id)
+        assert failed.status == "failed" and "PARITY_WORKER_CACHE_BYTES=1000" in (failed.error or "")
+        assert server.runner.cache.files() == []
+    finally:
+        server.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProcess, build_dump, dump_files, new_run, put, sha
+from tests.server.conftest import ServerProcess, build_dump, dump_files, new_run, put, sha, wait_run
 
 LIMIT = 4096
 RW, RO = "secret-rw", "secret-ro"
@@ -97,22 +97,42 @@ def test_unknown_run_is_404_and_complete_run_is_409(api: httpx.Client, tmp_path:
     run = new_run(api)
     for path, data in dump_files(root):
         assert put(api, run["id"], path, data).status_code == 201
-    assert api.post(f"/runs/{run['id']}/complete").status_code == 200
+    queued = api.post(f"/runs/{run['id']}/complete")
+    assert queued.status_code == 202 and queued.json()["status"] == "validating"
+    # While a worker validates it, the run takes no file: the files validated are the run's.
+    early = put(api, run["id"], "step0/rank0/extra.json", b"{}")
+    assert early.status_code == 409 and "validating" in early.json()["detail"]
+    wait_run(api, run["id"])
+    again = api.post(f"/runs/{run['id']}/complete")
+    assert again.status_code == 200 and again.json()["status"] == "complete"
     late = put(api, run["id"], "step0/rank0/extra.json", b"{}")
     assert late.status_code == 409 and "complete" in late.json()["detail"]
 
 
-def test_broken_dump_json_is_422_at_complete(api: httpx.Client) -> None:
+def test_a_broken_dump_json_makes_the_run_invalid_naming_file_and_entry(api: httpx.Client) -> None:
+    run = new_run(api)
+    good = b'{"task": "statistics", "level": "L1", "dump_data_dir": null, "data": {}}'
+    assert put(api, run["id"], "step0/rank0/dump.json", good).status_code == 201
+    broken = (
+        b'{"task": "statistics", "level": "L1", "data": {"Torch.add.0.forward": {"output": [{"Max": 1}]}}}'
+    )
+    assert put(api, run["id"], "step0/rank1/dump.json", broken).status_code == 201
+    assert api.post(f"/runs/{run['id']}/complete").status_code == 202
+    got = wait_run(api, run["id"], status="invalid")
+    assert got["error"].startswith("step0/rank1/dump.json: "), got["error"]
+    assert "Torch.add.0.forward" in got["error"]  # the entry
+    assert "/blobs/" not in got["error"]  # the server's own paths are not shown
+    # Nothing of the invalid run is published: no parsed columns, and no comparison can use it.
+    assert api.post("/comparisons", json={"target_run": run["id"], "bench_run": run["id"]}).status_code == 409
+
+
+def test_a_malformed_dump_json_is_named_with_its_line(api: httpx.Client) -> None:
     run = new_run(api)
     broken = b'{\n "task": "tensor",\n "data": {,\n}'
     assert put(api, run["id"], "step0/rank0/dump.json", broken).status_code == 201
-    resp = api.post(f"/runs/{run['id']}/complete")
-    assert resp.status_code == 422
-    detail = resp.json()["detail"]
-    assert detail.startswith("step0/rank0/dump.json: line 3 column"), detail
-    assert "/blobs/" not in detail  # the server's own paths are not shown
-    got = api.get(f"/runs/{run['id']}").json()
-    assert got["status"] == "uploading" and got["error"] == detail
+    assert api.post(f"/runs/{run['id']}/complete").status_code == 202
+    error = wait_run(api, run["id"], status="invalid")["error"]
+    assert error.startswith("step0/rank0/dump.json: line 3 column"), error
 
 
 def test_complete_without_dump_json_is_422(api: httpx.Client) -> None:

@@ -9,8 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from parity.server.settings import Settings
 
 from tests.server.conftest import ServerProcess, build_dump, upload_run
+from tests.workers import validation_thread
 
 RW, RO = "rw-secret-token", "ro-secret-token"
 
@@ -20,7 +22,8 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
     root = tmp_path_factory.mktemp("signin")
     server = ServerProcess(root / "srv", {"PARITY_TOKENS": f"{RW},{RO}:ro", "PARITY_WORKERS": "0"}).start()
     try:
-        with server.client(RW) as api:
+        # No worker on the server: the run is validated by one in this process, on the same data folder.
+        with server.client(RW) as api, validation_thread(Settings(data_dir=root / "srv")):
             run = upload_run(api, build_dump(root / "dump"), name="guarded-run", project="p")
         yield server, run
     finally:

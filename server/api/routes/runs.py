@@ -14,7 +14,6 @@ from fastapi.responses import JSONResponse
 from parity.server.api.deps import (
     JSON_BODY_LIMIT,
     MAX_OFFSET,
-    BaselineServiceDep,
     ComparisonServiceDep,
     RunServiceDep,
 )
@@ -119,10 +118,15 @@ async def _body(request: Request, path: str) -> AsyncIterator[bytes]:
         raise BadRequest(f"{path}: the client disconnected before the body was complete") from None
 
 
-@router.post("/{run_id}/complete", summary="Validate every dump.json and mark the run complete")
-def complete_run(run_id: str, runs: RunServiceDep, baselines: BaselineServiceDep) -> RunPublic:
-    was_complete = runs.get(run_id).status == "complete"
+@router.post(
+    "/{run_id}/complete", summary="Queue the validation of every dump.json (complete once it passes)",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses={200: {"model": RunPublic, "description": "the run was already complete"}},
+)  # fmt: skip
+def complete_run(run_id: str, runs: RunServiceDep, response: Response) -> RunPublic:
+    """202 with the run ``validating`` (a worker validates it: ``GET /runs/{id}`` shows ``complete``, or
+    ``invalid`` with ``error`` naming the file and entry); 200 when it was already complete."""
     run = runs.complete(run_id)
-    if not was_complete:  # a repeated complete queues nothing more
-        baselines.compare_with_baseline(run_id)
+    if run.status == "complete":
+        response.status_code = status.HTTP_200_OK
     return run
