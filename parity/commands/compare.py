@@ -121,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="processes for tensor metrics (default: automatic)",
+        help="threads for tensor metrics (default: one per core; 1: none, in the main thread)",
     )
     parser.add_argument(
         "--no-highlight",
@@ -167,16 +167,17 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"parity compare: note: {note}\n")
     spec = load_compare_spec(args.input_path)
 
-    from parity.process_policy import collector_paused, preload_metric_workers
+    from parity.process_policy import collector_paused, metric_executor
     from parity.shared.compare.job import run_compare
     from parity.shared.compare.options import CompareOptions
     from parity.shared.report.advisor import suspect_lines
 
-    preload_metric_workers()
-    options = CompareOptions(fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, workers=args.workers)
     bar = ProgressBar("compare") if args.progress else None
     try:
-        with collector_paused():
+        with collector_paused(), metric_executor(args.workers) as executor:
+            options = CompareOptions(
+                fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, executor=executor
+            )
             outputs = run_compare(
                 spec,
                 args.output_path,

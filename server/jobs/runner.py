@@ -164,7 +164,7 @@ class TaskRunner:
         engine_options = CompareOptions(
             fuzzy_match=bool(options.get("fuzzy_match", False)),
             stack_mode=bool(options.get("stack_mode", False)),
-            workers=1,  # the backend already runs one task per worker slot
+            # no executor: the backend runs one task per worker slot, so each computes its metrics itself
         )
         prefix = f"task-{comparison_id[:8]}-r{rank}-"
         if attempt > 1:

@@ -167,7 +167,7 @@ def compare_rank(
     served as it is. ``read_dump`` replaces ``load_dump`` for both sides (see ``engine.compare_dumps``).
     Raises ``CompareInputError``/``DumpError`` for bad inputs, ``ReportError`` when a file cannot be written.
     """
-    from parity.shared.compare import engine  # imported here: the engine pulls in numba, the plan need not
+    from parity.shared.compare import engine  # imported here: the plan needs none of the engine
 
     started = time.perf_counter()
     extra = {"read_dump": read_dump} if read_dump is not None else {}

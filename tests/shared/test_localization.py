@@ -25,7 +25,7 @@ from parity.shared.report.advisor import advisor_text
 
 from tests.factories import DumpBuilder, stats_leaf, write_raw_dump
 
-OPTIONS = CompareOptions(workers=1)
+OPTIONS = CompareOptions()
 
 
 def _chain(rng: np.random.Generator, n_calls: int, noise: float, fault_at: int | None, fault: float,
