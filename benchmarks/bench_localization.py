@@ -172,7 +172,7 @@ def speed(repeat: int) -> str:
         whole = []
         for _ in range(repeat):
             started = time.process_time()
-            engine.compare_dumps(npu, bench, CompareOptions(workers=1))
+            engine.compare_dumps(npu, bench, CompareOptions())
             whole.append(time.process_time() - started)
         engine.localize = judge
         alone = []

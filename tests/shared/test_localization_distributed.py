@@ -65,7 +65,7 @@ def test_the_rank_whose_op_is_faulty_diverged_first(tmp_path: Path) -> None:
     spec = tmp_path / "compare.json"
     spec.write_text(json.dumps({"npu_path": str(tmp_path / "target" / "step0"),
                                 "bench_path": str(tmp_path / "bench" / "step0")}))  # fmt: skip
-    outputs = run_compare(load_compare_spec(spec), tmp_path / "out", CompareOptions(workers=1))
+    outputs = run_compare(load_compare_spec(spec), tmp_path / "out", CompareOptions())
     firsts = {r.rank: r.first_divergence.api if r.first_divergence else None for r in outputs.results}
     assert firsts[1] == "Functional.gelu.0.forward"
     assert firsts[0] is not None and firsts[0].startswith("Distributed.all_reduce."), firsts  # received
