@@ -49,6 +49,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_compare.py
 	$(BIN)/python benchmarks/bench_dump_overhead.py
 	$(BIN)/python benchmarks/bench_server.py
+	$(BIN)/python benchmarks/bench_localization.py
 
 clean:
 	rm -rf $(VENV) $(MSPROBE_VENV) $(MSPROBE_VENV)-wheels demo-output parity-data .pytest_cache

@@ -4,9 +4,14 @@
 
 Tensor mode: >= 1.5 GB of fp32 tensors in >= 100 API pairs of mixed sizes (1 KB to 100 MB) written as two
 msprobe-layout dumps (dump.json + dump_tensor_data/*.pt, as tests/factories.py writes them), compared
-through ``parity.shared.metrics.parallel.compare_tensor_files`` (auto, forced process pool, one worker) and
-through the whole engine ``parity.shared.compare.engine.compare_dumps``. MB/s counts **both sides' bytes**
-over the wall time, as msprobe's docs do (msprobe measured ~78 MB/s here).
+through ``parity.shared.metrics.parallel.compare_tensor_files`` (on the thread pool ``parity compare`` builds,
+on a process pool, on none) and through the whole engine ``parity.shared.compare.engine.compare_dumps``.
+MB/s counts **both sides' bytes** over the wall time, as msprobe's docs do (msprobe measured ~78 MB/s here).
+
+Through the CLI, the whole pair and a pair of about 1 KB (the fixed cost: start-up and imports) are timed
+side by side with msprobe 8.3.3's own ``msprobe -f pytorch compare`` on the same files, when its venv exists
+(``make msprobe-venv``: ``.venv-msprobe``, or ``PARITY_MSPROBE_VENV``); without it, against the ~78 MB/s
+above. The fixed cost of md5 mode is timed on a 1 KB md5 pair.
 
 Statistics mode: 20,000 APIs (~60,000 rows a side) through ``compare_dumps`` (rows/s = NPU rows / time),
 compact and again with the ``indent=1`` layout msprobe writes, and the whole CLI run to xlsx
@@ -39,6 +44,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1e6
+#: msprobe 8.3.3 in a venv of its own (scripts/msprobe_venv.sh), as tests/interop finds it
+MSPROBE_VENV = Path(os.environ.get("PARITY_MSPROBE_VENV") or ROOT / ".venv-msprobe")
 
 # Per-side tensor sizes in bytes (fp32): 104 pairs, 802 MB a side, 1.6 GB both sides.
 FULL_SIZES = [100 << 20] * 3 + [50 << 20] * 3 + [25 << 20] * 6 + [10 << 20] * 10 + [4 << 20] * 20 + [
@@ -158,8 +165,9 @@ def generate_statistics_dumps(out: Path, apis: int, *, indent1: bool = False) ->
         (out / side / "dump.json").write_text(dumps_indent1(doc) if indent1 else json.dumps(doc))
 
 
-def generate_tiny_tensor_dumps(out: Path) -> None:
-    """A tensor-mode pair of about 1 KB a side: what a compare costs when there is nothing to compare."""
+def generate_tiny_dumps(out: Path) -> None:
+    """A tensor-mode pair and an md5-mode pair of about 1 KB a side (``out/tensor``, ``out/md5``): what a
+    compare costs when there is nothing to compare."""
     import numpy as np
 
     sys.path.insert(0, str(ROOT))
@@ -167,8 +175,10 @@ def generate_tiny_tensor_dumps(out: Path) -> None:
 
     x = np.arange(64, dtype=np.float32)
     for side, shift in (("npu", 0.0), ("bench", 1e-3)):
-        DumpBuilder("tensor").api("Torch.add.0.forward", inputs=[x], outputs=[x + np.float32(shift)]).write(
-            out / side
+        y = x + np.float32(shift)
+        DumpBuilder("tensor").api("Torch.add.0.forward", inputs=[x], outputs=[y]).write(out / "tensor" / side)
+        DumpBuilder("statistics", md5=True).api("Torch.add.0.forward", inputs=[x], outputs=[y]).write(
+            out / "md5" / side
         )
 
 
@@ -182,6 +192,8 @@ def bench_tensor(base: Path, quick: bool, repeat: int, workers: int | None) -> l
     os.sync()  # 1.6 GB just written: its writeback must not run during the measurement
     from parity.shared.metrics.parallel import TensorPairJob, compare_tensor_files
 
+    from parity.process_policy import metric_executor
+
     doc = json.loads((out / "npu" / "dump.json").read_text())
     names = [entry["output"][0]["data_name"] for entry in doc["data"].values()]
     jobs = [TensorPairJob(i, out / "npu" / "dump_tensor_data" / n, out / "bench" / "dump_tensor_data" / n)
@@ -191,46 +203,86 @@ def bench_tensor(base: Path, quick: bool, repeat: int, workers: int | None) -> l
     rows = [("tensor data", f"{len(jobs)} pairs, {total / MB:.0f} MB both sides "
              f"(fp32, 1 KB..{largest / MB:.0f} MB a tensor)")]  # fmt: skip
 
-    def run(n_workers: int | None, **kw: Any) -> Callable[[], int]:
-        return lambda: sum(1 for _ in compare_tensor_files(jobs, workers=n_workers, **kw))
+    def run(n_workers: int | None, processes: bool = False) -> Callable[[], int]:
+        def go() -> int:
+            with metric_executor(n_workers, processes=processes) as executor:  # as the CLI builds it
+                return sum(1 for _ in compare_tensor_files(jobs, executor=executor))
+
+        return go
 
     run(workers)()  # warm: numba's on-disk cache, page cache
-    for label, n_workers, kw in (("auto", workers, {}), ("process pool", workers, {"in_process_bytes": 0}),
-                                 ("1 worker", 1, {})):  # fmt: skip
-        t, peak, n = timed(run(n_workers, **kw), repeat)
+    for label, n_workers, processes in (("threads (CLI)", workers, False), ("process pool", workers, True),
+                                        ("no pool", 1, False)):  # fmt: skip
+        t, peak, n = timed(run(n_workers, processes), repeat)
         assert n == len(jobs)
         rows.append((f"compare_tensor_files {label}", f"{total / MB / t:7.0f} MB/s  {t:6.2f} s  "
                      f"peak RSS {peak / 2**20:5.0f} MiB  ({total / MB / t / 78:.1f}x msprobe)"))  # fmt: skip
     rows.append(engine_row("compare_dumps (engine)", out, repeat, lambda t: f"{total / MB / t:7.0f} MB/s",
                            workers))  # fmt: skip
-    t = cli_seconds(out, repeat)
-    rate = f"{total / MB / t:7.0f} MB/s  {t:6.2f} s  ({total / MB / t / 78:.1f}x msprobe)"
-    rows.append((f"parity compare CLI, this pair ({total / MB:.0f} MB)", rate))
-    tiny = base / "tiny-tensor"
+    rows += cli_rows(f"this pair ({total / MB:.0f} MB)", out, repeat, mb=total / MB)
+    tiny = base / "tiny"
     subprocess.run([sys.executable, __file__, "--generate-tiny", str(tiny)], check=True)
-    t = cli_seconds(tiny, repeat)
-    size = sum(f.stat().st_size for f in tiny.rglob("*") if f.is_file() and f.suffix != ".xlsx")
-    rows.append((f"parity compare CLI, a {size / 1000:.0f} KB tensor pair", f"{t:6.2f} s  (fixed cost)"))
+    size = sum(f.stat().st_size for f in (tiny / "tensor").rglob("*") if f.is_file())
+    rows += cli_rows(f"a {size / 1000:.0f} KB tensor pair", tiny / "tensor", repeat, fixed=True)
+    size = sum(f.stat().st_size for f in (tiny / "md5").rglob("*") if f.is_file())
+    rows += cli_rows(f"a {size / 1000:.0f} KB md5 pair", tiny / "md5", repeat, fixed=True, msprobe=False)
     return rows
+
+
+def cli_rows(label: str, out: Path, repeat: int, *, mb: float | None = None, fixed: bool = False,
+             msprobe: bool = True) -> list[tuple[str, str]]:  # fmt: skip
+    """``parity compare`` on ``out``'s pair, and msprobe's compare beside it when its venv is there."""
+    ours = cli_seconds(out, repeat)
+    theirs = msprobe_seconds(out, max(1, repeat - 1)) if msprobe else None
+    rate = f"{mb / ours:7.0f} MB/s  " if mb else ""
+    note = "(fixed cost)" if fixed else f"({mb / ours / 78:.1f}x msprobe's 78 MB/s)" if mb else ""
+    if theirs is not None:
+        note = f"({theirs / ours:.1f}x msprobe{', fixed cost' if fixed else ''})"
+    rows = [(f"parity compare CLI, {label}", f"{rate}{ours:6.2f} s  {note}")]
+    if theirs is not None:
+        rate = f"{mb / theirs:7.0f} MB/s  " if mb else ""
+        rows.append((f"msprobe 8.3.3 compare, {label}", f"{rate}{theirs:6.2f} s  (same files, same machine)"))
+    return rows
+
+
+def _write_spec(out: Path) -> Path:
+    spec = out / "compare.json"
+    spec.write_text(json.dumps({"npu_path": str(out / "npu" / "dump.json"),
+                                "bench_path": str(out / "bench" / "dump.json")}))  # fmt: skip
+    return spec
 
 
 def cli_seconds(out: Path, repeat: int) -> float:
     """Median wall time of ``parity compare`` (a fresh process, as a user runs it) on ``out``'s two dumps."""
-    spec = out / "compare.json"
-    spec.write_text(json.dumps({"npu_path": str(out / "npu" / "dump.json"),
-                                "bench_path": str(out / "bench" / "dump.json")}))  # fmt: skip
-    cli_out = out / "cli-out"
+    spec = _write_spec(out)
+    command = [sys.executable, "-m", "parity", "compare", "-i", str(spec), "-o", str(out / "cli-out"),
+               "--no-progress"]  # fmt: skip
+    return _command_seconds(command, out / "cli-out", repeat)
 
-    def cli() -> None:
-        shutil.rmtree(cli_out, ignore_errors=True)
-        command = [sys.executable, "-m", "parity", "compare", "-i", str(spec), "-o", str(cli_out),
-                   "--no-progress"]  # fmt: skip
-        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+
+def msprobe_seconds(out: Path, repeat: int) -> float | None:
+    """Median wall time of msprobe 8.3.3's own compare on the same pair; None without its venv."""
+    msprobe = MSPROBE_VENV / "bin" / "msprobe"
+    if not msprobe.is_file():
+        return None
+    spec = _write_spec(out)
+    command = [str(msprobe), "-f", "pytorch", "compare", "-i", str(spec), "-o", str(out / "msprobe-out")]
+    return _command_seconds(command, out / "msprobe-out", repeat)
+
+
+def _command_seconds(command: list[str], output: Path, repeat: int) -> float:
+    # Byte-code caches allowed, as an installed package has them (pip compiles on install): a shell with
+    # PYTHONDONTWRITEBYTECODE=1 would otherwise compile ~70 of Parity's modules on every run (~0.1 s).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+    def run() -> None:
+        shutil.rmtree(output, ignore_errors=True)
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
         if proc.returncode != 0:
-            raise RuntimeError(f"parity compare exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+            raise RuntimeError(f"{command[0]} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
 
-    cli()  # warm: the page cache and numba's on-disk cache, as on a second run
-    return timed(cli, repeat)[0]
+    run()  # warm: the page cache and numba's on-disk cache, as on a second run
+    return timed(run, repeat)[0]
 
 
 def engine_row(label: str, out: Path, repeat: int, rate: Callable[[float], str],
@@ -238,12 +290,12 @@ def engine_row(label: str, out: Path, repeat: int, rate: Callable[[float], str],
     from parity.shared.compare.engine import compare_dumps
     from parity.shared.compare.options import CompareOptions
 
-    from parity.process_policy import collector_paused
-
-    options = CompareOptions(workers=workers)
+    from parity.process_policy import collector_paused, metric_executor
 
     def run() -> Any:
-        with collector_paused():  # the process policy of the entry points (CLI, worker)
+        # the process policy of the entry points (CLI, worker): the collector paused, a pool handed in
+        with collector_paused(), metric_executor(workers) as executor:
+            options = CompareOptions(executor=executor)
             return compare_dumps(out / "npu" / "dump.json", out / "bench" / "dump.json", options)
 
     t, peak, result = timed(run, repeat)
@@ -273,8 +325,7 @@ def bench_statistics(base: Path, quick: bool, repeat: int) -> list[tuple[str, st
     tiny = base / "statistics-tiny"
     generate_statistics_dumps(tiny, 3)
     size = (tiny / "npu" / "dump.json").stat().st_size
-    rows.append((f"parity compare CLI, a {size / 1000:.0f} KB statistics pair",
-                 f"{cli_seconds(tiny, repeat):6.2f} s  (fixed cost)"))  # fmt: skip
+    rows += cli_rows(f"a {size / 1000:.0f} KB statistics pair", tiny, repeat, fixed=True)
     return rows
 
 
@@ -292,7 +343,7 @@ def main() -> int:
         generate_tensor_dumps(args.generate_tensor, args.quick)
         return 0
     if args.generate_tiny:
-        generate_tiny_tensor_dumps(args.generate_tiny)
+        generate_tiny_dumps(args.generate_tiny)
         return 0
     if args.only is None:
         # Each mode in a fresh process, as the CLI and the job workers run every compare: the tensor phase's

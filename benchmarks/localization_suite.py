@@ -440,7 +440,7 @@ def compare(target: Path, bench: Path) -> tuple[list[str], str | None, dict[str,
     from parity.shared.compare.engine import compare_dumps
     from parity.shared.compare.options import CompareOptions
 
-    result = compare_dumps(target, bench, CompareOptions(workers=1))
+    result = compare_dumps(target, bench, CompareOptions())
     scores: dict[str, float] = {}
     for row, score in zip(result.rows, result.row_scores or [], strict=False):
         if score is not None:

@@ -1,19 +1,24 @@
 """Process policy for the programs that run compares: the ``parity compare`` command and the server's workers.
 
 ``parity.shared`` computes and never touches process-wide state; what a whole process should do while it
-compares (pause the cyclic garbage collector, preload the metric workers' fork server) is decided here, once,
-by the entry point that owns the process.
+compares (pause the cyclic garbage collector, which workers compute the tensor metrics, how those start) is
+decided here, once, by the entry point that owns the process, and handed to the library
+(``CompareOptions.executor``).
 """
 
 from __future__ import annotations
 
 import gc
-import multiprocessing
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 #: What each forked tensor-metric worker needs at once: numba and the compiled kernel (from numba's cache).
-_METRIC_WORKER_MODULES = ["parity.shared.metrics.parallel"]
+_METRIC_WORKER_MODULES = ["parity.shared.metrics.kernel", "parity.shared.metrics.parallel"]
 
 
 @contextmanager
@@ -37,8 +42,56 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+@contextmanager
+def metric_executor(workers: int | None = None, *, processes: bool = False) -> Iterator[Executor | None]:
+    """The workers tensor-mode metrics run on for one compare, shut down (waiting for them) on exit.
+
+    ``workers`` defaults to every core; one worker means none at all (the metrics run in the calling thread).
+    Threads by default: the compiled kernel releases the GIL, so threads run it truly in parallel, start at
+    once (lazily, at the first large pair) and share the memory-mapped tensors. ``processes`` gives each
+    worker a process of its own (forkserver, else spawn; never plain fork, as the caller may hold threads or
+    locks), for a caller that wants a crash or a leak kept away from itself.
+    """
+    n = workers if workers is not None else (os.cpu_count() or 1)
+    if n <= 1:
+        yield None
+        return
+    # Imported here, as multiprocessing below: a compare's start-up never pays for what it does not use.
+    from concurrent.futures import ThreadPoolExecutor
+
+    executor: Executor
+    if processes:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        if method == "forkserver":
+            preload_metric_workers()
+        context = multiprocessing.get_context(method)
+        executor = ProcessPoolExecutor(n, mp_context=context, initializer=_warm_up_metric_worker)
+    else:
+        executor = ThreadPoolExecutor(n, thread_name_prefix="parity-metrics")
+    try:
+        yield executor
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _warm_up_metric_worker() -> None:
+    """Load the compiled kernel (from numba's on-disk cache) once per worker process, before any pair."""
+    import numpy as np
+
+    from parity.shared.metrics.kernel import fused_pass
+
+    tiny = np.zeros(2, np.float32)
+    tiny.setflags(write=False)  # the signature memory-mapped dumps have
+    fused_pass(tiny, tiny, 0, 0, True, 0, 2)
+
+
 def preload_metric_workers() -> None:
     """Have the fork server import the tensor kernel once, so each metric worker forks with it loaded
     (about 0.5 s saved per worker); the fork server is process-wide, hence set here and not in the library."""
+    import multiprocessing
+
     if "forkserver" in multiprocessing.get_all_start_methods():
         multiprocessing.set_forkserver_preload(_METRIC_WORKER_MODULES)

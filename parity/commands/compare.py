@@ -121,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="processes for tensor metrics (default: automatic)",
+        help="threads for tensor metrics (default: one per core; 1: none, in the main thread)",
     )
     parser.add_argument(
         "--no-highlight",
@@ -151,7 +151,8 @@ def msprobe_flag_notes(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Parse compare.json, run the compare, print the top suspects and the report paths."""
+    """Parse compare.json, run the compare, print each rank's first divergence and top suspects (the advisor
+    file's lines: score, evidence, Excel row, user frame) and the report paths."""
     from parity.shared.compare.spec import load_compare_spec
     from parity.shared.errors import CompareInputError
 
@@ -166,16 +167,17 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"parity compare: note: {note}\n")
     spec = load_compare_spec(args.input_path)
 
-    from parity.process_policy import collector_paused, preload_metric_workers
+    from parity.process_policy import collector_paused, metric_executor
     from parity.shared.compare.job import run_compare
     from parity.shared.compare.options import CompareOptions
-    from parity.shared.report.advisor import one_line
+    from parity.shared.report.advisor import suspect_lines
 
-    preload_metric_workers()
-    options = CompareOptions(fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, workers=args.workers)
     bar = ProgressBar("compare") if args.progress else None
     try:
-        with collector_paused():
+        with collector_paused(), metric_executor(args.workers) as executor:
+            options = CompareOptions(
+                fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, executor=executor
+            )
             outputs = run_compare(
                 spec,
                 args.output_path,
@@ -196,15 +198,9 @@ def run(args: argparse.Namespace) -> int:
         shown = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
         out.write(f"{where}{len(result.rows)} rows ({shown or 'none'}), {result.mode.value} mode\n")
         if result.suspects:
-            out.write(f"{where}top suspects (inputs agree, outputs do not):\n")
-            for suspect in result.suspects[:TOP_SUSPECTS]:
-                out.write(
-                    f"  {suspect.rank}. [{suspect.direction}] {suspect.api}: {one_line(suspect.reason)}\n"
-                )
-                if suspect.stack:
-                    out.write(f"     at {one_line(suspect.stack)}\n")
-            if len(result.suspects) > TOP_SUSPECTS:
-                out.write(f"  ... and {len(result.suspects) - TOP_SUSPECTS} more (see the advisor file)\n")
+            # The advisor file's own lines (one formatter): the first divergence, then the ranked suspects.
+            for line in suspect_lines(result, limit=TOP_SUSPECTS):
+                out.write(f"  {line}\n" if line else "\n")
         else:
             out.write(f"{where}no suspect: {result.advice.text}\n")
     for rank in outputs.npu_only_ranks:

@@ -175,7 +175,7 @@ class TaskRunner:
         engine_options = CompareOptions(
             fuzzy_match=bool(options.get("fuzzy_match", False)),
             stack_mode=bool(options.get("stack_mode", False)),
-            workers=1,  # the backend already runs one task per worker slot
+            # no executor: the backend runs one task per worker slot, so each computes its metrics itself
         )
         # A slice's own folder name (s0 too), so a takeover below never removes a sibling slice's folder.
         prefix = f"task-{comparison_id[:8]}-r{rank}-" + (f"s{slice_}-" if part is not None else "")

@@ -1,9 +1,9 @@
 """The compare engine: two dumps in, one ``CompareResult`` out (compare.md §1.4-§7).
 
 A pure library: it reads files, computes and returns values; no HTTP, SQL or threads of its own (tensor mode
-hands its file pairs to ``parity.shared.metrics.parallel``, which owns the worker processes). The pipeline is
-read → rows → pair → cells and verdicts → tensor metrics (tensor mode) → highlight → messages and status →
-advice and suspects, each step one pass over plain lists.
+hands its file pairs to ``parity.shared.metrics.parallel``, on the executor the caller put in the options).
+The pipeline is read → rows → pair → cells and verdicts → tensor metrics (tensor mode) → highlight → messages
+and status → advice and suspects, each step one pass over plain lists.
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def _build_rows(
     b_names, b_leaf = bench_rows.names, bench_rows.columns.leaf
     tensor = mode is CompareMode.TENSOR
     no_npu_file = ""
-    if tensor:  # imported here: the metrics module pulls in numba, which md5 compares never need
+    if tensor:  # imported here: md5 compares never need the metrics module
         from parity.shared.metrics.tensor import MSG_NO_NPU_FILE
 
         no_npu_file = MSG_NO_NPU_FILE
@@ -354,7 +354,7 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
     """
     missing: list[tuple[int, Path]] = []
     if table.jobs:
-        # Imported here: statistics and md5 compares never pay for numba and torch.
+        # Imported here: statistics and md5 compares never pay for the tensor readers.
         from parity.shared.metrics.parallel import TensorPairJob, compare_tensor_files
 
         npu_dir, bench_dir = npu.tensor_dir, bench.tensor_dir
@@ -370,7 +370,8 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
         ]
         first = header.index("Cosine")
         total = len(jobs)
-        for done, (i, metrics) in enumerate(compare_tensor_files(jobs, workers=options.workers), start=1):
+        results = compare_tensor_files(jobs, executor=options.executor)
+        for done, (i, metrics) in enumerate(results, start=1):
             cells = table.rows[i].cells
             cells[first : first + 6] = [
                 _fc(metrics.cosine), _fc(metrics.euc_dist), _fc(metrics.max_abs_err),

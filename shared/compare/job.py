@@ -185,7 +185,7 @@ def compare_slice(
 
     A rank too large for one task is compared as slices on several workers, each storing its part.
     """
-    from parity.shared.compare import engine  # imported here: the engine pulls in numba, the plan need not
+    from parity.shared.compare import engine  # imported here: the plan needs none of the engine
 
     started = time.perf_counter()
     extra = {"read_dump": read_dump} if read_dump is not None else {}

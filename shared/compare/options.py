@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 
 @dataclass(frozen=True, slots=True)
@@ -11,9 +15,11 @@ class CompareOptions:
 
     ``fuzzy_match`` pairs rows ignoring call counts (§3.4) in every mode; ``stack_mode`` is ``-s``, honoured
     only when a stack path is given explicitly (otherwise a stack.json next to the NPU dump.json turns the
-    stack column on by itself); ``workers`` is the number of tensor-metric processes (None = automatic).
+    stack column on by itself). ``executor`` runs the tensor-mode metrics: the entry point that owns the
+    process builds it (``parity.process_policy.metric_executor``) and shuts it down; None runs them in the
+    calling thread. The rows are the same either way.
     """
 
     fuzzy_match: bool = False
     stack_mode: bool = False
-    workers: int | None = None
+    executor: Executor | None = field(default=None, compare=False, repr=False)

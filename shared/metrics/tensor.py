@@ -14,6 +14,11 @@ wrong Parity is not: +inf against -inf at one position is a NaN/Inf position mis
 Sums are taken block by block (``_BLOCK`` elements, then added to running totals) over fixed
 ``SEGMENT_ELEMENTS`` segments combined in order, so a tensor split across workers gives bit-identical results
 to the serial pass.
+
+The fused loop is compiled by numba (:mod:`.kernel`), imported only when it is used: ``numpy_pass`` gives
+the same accumulators bit for bit in plain numpy (in bounded chunks), so a compare of small tensors never pays
+numba's start-up (most of a small compare's time). ``parallel`` chooses once per compare, by its total size;
+a lone call chooses by the pair's size (``NUMPY_MAX_ELEMENTS``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit
 from parity.shared.tensor_io import RawTensor
 
 UNSUPPORTED = "unsupported"
@@ -111,126 +115,85 @@ KIND_FP16 = 2  # uint16 bit patterns of IEEE float16 (numba has no float16 arith
 N_ACC = 11
 
 
-@njit(cache=True, fastmath=False, nogil=True, inline="always")
-def _decode16(bits: int, kind: int) -> float:  # pragma: no cover - compiled
-    """Exact float value of a bfloat16 (kind 1) or float16 (kind 2) bit pattern."""
-    u = np.uint32(bits)
-    negative = (u >> 15) & 1
+#: A pair of up to this many elements takes the numpy pass, a larger one the compiled kernel (``.kernel``),
+#: unless the caller chooses (``compiled=``; ``parallel`` chooses once per compare, by its total size). The
+#: numpy pass costs about 50 ns an element against the kernel's 1 ns, but the kernel costs 0.5 s to 1.5 s a
+#: process to import and load.
+NUMPY_MAX_ELEMENTS = 1 << 16
+#: Elements the numpy pass holds at once (a whole number of blocks): its temporaries stay near 3 MB.
+NUMPY_CHUNK = 64 * _BLOCK
+
+
+def _as_float64(arr: np.ndarray, kind: int) -> np.ndarray:
+    """The elements as float64, exactly (bfloat16 and float16 bit patterns decoded)."""
     if kind == KIND_BF16:
-        exp = np.int64((u >> 7) & 0xFF)
-        man = np.int64(u & 0x7F)
-        if exp == 0xFF:
-            v = math.inf if man == 0 else math.nan
-        elif exp == 0:
-            v = math.ldexp(float(man), -133)
-        else:
-            v = math.ldexp(float(man + 128), int(exp - 134))
-    else:
-        exp = np.int64((u >> 10) & 0x1F)
-        man = np.int64(u & 0x3FF)
-        if exp == 0x1F:
-            v = math.inf if man == 0 else math.nan
-        elif exp == 0:
-            v = math.ldexp(float(man), -24)
-        else:
-            v = math.ldexp(float(man + 1024), int(exp - 25))
-    return -v if negative else v
+        return (arr.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if kind == KIND_FP16:
+        return arr.view(np.float16).astype(np.float64)
+    return arr.astype(np.float64)
 
 
-@njit(cache=True, fastmath=False, nogil=True)
-def _fused_pass(n, b, n_kind, b_kind, re_in_f32, start, stop):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Accumulate every tensor-mode statistic over ``n[start:stop]`` vs ``b[start:stop]`` in one pass.
+def _block_sums(values: np.ndarray) -> np.ndarray:
+    """Each ``_BLOCK``'s sum, added left to right as the kernel does (``cumsum`` adds strictly in order)."""
+    size = values.size
+    full = size - size % _BLOCK
+    parts = np.cumsum(values[:full].reshape(-1, _BLOCK), axis=1)[:, -1] if full else values[:0]
+    return np.append(parts, np.cumsum(values[full:])[-1]) if full < size else parts
 
-    NaN/Inf at identical positions (same class and, for inf, same sign) count as 0 == 0; any other
-    non-finite pairing is counted as a mismatch and left out.
-    """
+
+def numpy_pass(n: np.ndarray, b: np.ndarray, n_kind: int, b_kind: int, re_in_f32: bool, start: int,
+               stop: int) -> np.ndarray:  # fmt: skip
+    """``kernel.fused_pass`` in numpy: the same accumulators, bit for bit (tests hold them equal), in about
+    twenty array passes over chunks of ``NUMPY_CHUNK`` elements; for compares too small to repay numba."""
     acc = np.zeros(N_ACC)
-    acc[A_MAX_ABS_IDX] = -1.0
-    acc[A_FIRST_MISMATCH] = -1.0
-    eps32 = np.float32(_EPS32)
-    thr1_32 = np.float32(0.001)
-    thr5_32 = np.float32(0.005)
-    eps64 = _EPS64
-    max_abs = 0.0
-    max_abs_idx = -1
-    max_re = 0.0
-    lt1 = 0
-    lt5 = 0
-    mismatches = 0
-    first_mismatch = -1
-    dot = 0.0
-    nn = 0.0
-    bb = 0.0
-    dd = 0.0
-    i = start
-    while i < stop:
-        end = min(i + _BLOCK, stop)
-        s_dot = 0.0
-        s_nn = 0.0
-        s_bb = 0.0
-        s_dd = 0.0
-        for j in range(i, end):
-            x = _decode16(n[j], n_kind) if n_kind != KIND_NATIVE else float(n[j])
-            y = _decode16(b[j], b_kind) if b_kind != KIND_NATIVE else float(b[j])
-            if not (math.isfinite(x) and math.isfinite(y)):
-                if (math.isnan(x) and math.isnan(y)) or x == y:
-                    x = 0.0
-                    y = 0.0
-                else:
-                    mismatches += 1
-                    if first_mismatch < 0:
-                        first_mismatch = j
-                    continue
-            s_dot += x * y
-            s_nn += x * x
-            s_bb += y * y
+    acc[A_MAX_ABS_IDX] = acc[A_FIRST_MISMATCH] = -1.0
+    sums: list[list[np.ndarray]] = [[], [], [], []]
+    for lo in range(start, stop, NUMPY_CHUNK):  # chunks start on block boundaries, as the kernel's blocks
+        hi = min(lo + NUMPY_CHUNK, stop)
+        x, y = _as_float64(n[lo:hi], n_kind), _as_float64(b[lo:hi], b_kind)
+        with np.errstate(all="ignore"):
+            finite = np.isfinite(x) & np.isfinite(y)
+            skipped = 0
+            if not finite.all():
+                # Non-finite at the same place with the same class count as 0 against 0; any other pairing
+                # is a mismatch, left out of every sum, count and maximum (zeroed, its ratio hits taken back).
+                mismatch = ~finite & ~((np.isnan(x) & np.isnan(y)) | (x == y))
+                skipped = int(np.count_nonzero(mismatch))
+                if skipped and acc[A_FIRST_MISMATCH] < 0:
+                    acc[A_FIRST_MISMATCH] = lo + int(np.argmax(mismatch))
+                x, y = np.where(finite, x, 0.0), np.where(finite, y, 0.0)
             d = x - y
-            s_dd += d * d
-            ad = abs(d)
-            if ad > max_abs or (ad != ad and max_abs == max_abs):
-                max_abs = ad
-                max_abs_idx = j
+            ad = np.abs(d)
             if re_in_f32:
-                xf = np.float32(x)
-                yf = np.float32(y)
-                if yf == np.float32(0.0):
-                    xf = xf + eps32
-                    yf = yf + eps32
-                re32 = abs((xf - yf) / yf)
-                if re32 < thr1_32:
-                    lt1 += 1
-                if re32 < thr5_32:
-                    lt5 += 1
-                re = float(re32)
+                xf, yf = x.astype(np.float32), y.astype(np.float32)
+                zero = yf == np.float32(0.0)
+                eps = np.float32(_EPS32)
+                xf, yf = np.where(zero, xf + eps, xf), np.where(zero, yf + eps, yf)
+                re32 = np.abs((xf - yf) / yf)
+                lt1 = np.count_nonzero(re32 < np.float32(0.001))
+                lt5 = np.count_nonzero(re32 < np.float32(0.005))
+                re = re32.astype(np.float64)
             else:
-                xd = x
-                yd = y
-                if yd == 0.0:
-                    xd = xd + eps64
-                    yd = yd + eps64
-                re = abs((xd - yd) / yd)
-                if re < 0.001:
-                    lt1 += 1
-                if re < 0.005:
-                    lt5 += 1
-            if re > max_re or (re != re and max_re == max_re):
-                max_re = re
-        dot += s_dot
-        nn += s_nn
-        bb += s_bb
-        dd += s_dd
-        i = end
-    acc[A_DOT] = dot
-    acc[A_NN] = nn
-    acc[A_BB] = bb
-    acc[A_DD] = dd
-    acc[A_MAX_ABS] = max_abs
-    acc[A_MAX_ABS_IDX] = max_abs_idx
-    acc[A_MAX_RE] = max_re
-    acc[A_LT1] = lt1
-    acc[A_LT5] = lt5
-    acc[A_MISMATCH] = mismatches
-    acc[A_FIRST_MISMATCH] = first_mismatch
+                zero = y == 0.0
+                xd, yd = np.where(zero, x + _EPS64, x), np.where(zero, y + _EPS64, y)
+                re = np.abs((xd - yd) / yd)
+                lt1, lt5 = np.count_nonzero(re < 0.001), np.count_nonzero(re < 0.005)
+            for k, products in enumerate((x * y, x * x, y * y, d * d)):
+                sums[k].append(_block_sums(products))
+        # The kernel keeps the first largest value (strictly greater replaces it), and a NaN once one appears.
+        k = int(np.argmax(ad))  # the first maximum, or the first NaN
+        top, best = float(ad[k]), float(acc[A_MAX_ABS])
+        if top > best or (top != top and best == best):
+            acc[A_MAX_ABS], acc[A_MAX_ABS_IDX] = top, lo + k
+        top, best = (math.nan if np.isnan(re).any() else float(np.max(re))), float(acc[A_MAX_RE])
+        if top > best or (top != top and best == best):
+            acc[A_MAX_RE] = top
+        acc[A_LT1] += lt1 - skipped
+        acc[A_LT5] += lt5 - skipped
+        acc[A_MISMATCH] += skipped
+    for slot, parts in zip((A_DOT, A_NN, A_BB, A_DD), sums, strict=True):
+        if parts:  # the block sums added in order; ``+ 0.0`` gives the kernel's sign of an all-zero sum
+            acc[slot] = float(np.cumsum(np.concatenate(parts))[-1]) + 0.0
     return acc
 
 
@@ -315,9 +278,15 @@ def segments(size: int) -> list[tuple[int, int]]:
     return [(s, min(s + SEGMENT_ELEMENTS, size)) for s in range(0, size, SEGMENT_ELEMENTS)] or [(0, 0)]
 
 
-def run_segment(pair: PreparedPair, start: int, stop: int) -> np.ndarray:
-    """Accumulators of one segment of a prepared pair (releases the GIL while it runs)."""
-    return _fused_pass(pair.n, pair.b, pair.n_kind, pair.b_kind, pair.re_in_f32, start, stop)  # type: ignore[no-any-return]
+def run_segment(pair: PreparedPair, start: int, stop: int, *, compiled: bool | None = None) -> np.ndarray:
+    """Accumulators of one segment of a prepared pair: on the compiled kernel (imported at its first use; it
+    releases the GIL while it runs) or the numpy pass; ``compiled=None`` takes the kernel for a pair of more
+    than ``NUMPY_MAX_ELEMENTS``."""
+    if not (compiled if compiled is not None else pair.size > NUMPY_MAX_ELEMENTS):
+        return numpy_pass(pair.n, pair.b, pair.n_kind, pair.b_kind, pair.re_in_f32, start, stop)
+    from parity.shared.metrics.kernel import fused_pass
+
+    return fused_pass(pair.n, pair.b, pair.n_kind, pair.b_kind, pair.re_in_f32, start, stop)  # type: ignore[no-any-return]
 
 
 def finish(pair: PreparedPair, acc: np.ndarray, *, ndim: int = 1) -> TensorMetrics:
@@ -399,12 +368,13 @@ def _zero_d(n: np.ndarray, b: np.ndarray) -> TensorMetrics:
     )
 
 
-def compare_raw(npu: RawTensor, bench: RawTensor) -> TensorMetrics:
-    """Metrics of one loaded pair (as :func:`parity.shared.tensor_io.open_tensor` returns them)."""
+def compare_raw(npu: RawTensor, bench: RawTensor, *, compiled: bool | None = None) -> TensorMetrics:
+    """Metrics of one loaded pair (as :func:`parity.shared.tensor_io.open_tensor` returns them); ``compiled``
+    as in :func:`run_segment` (the cells are the same either way)."""
     prepared = validate(npu, bench)
     if isinstance(prepared, TensorMetrics):
         return prepared
-    parts = [run_segment(prepared, start, stop) for start, stop in segments(prepared.size)]
+    parts = [run_segment(prepared, start, stop, compiled=compiled) for start, stop in segments(prepared.size)]
     return finish(prepared, combine_partials(parts))
 
 

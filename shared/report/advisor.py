@@ -66,7 +66,7 @@ def suspect_lines(result: CompareResult, *, limit: int | None = None) -> list[st
         if suspect.stack:
             lines.append(f"   at {one_line(suspect.stack)}")
     if limit is not None and len(result.suspects) > limit:
-        lines.append(f"... and {len(result.suspects) - limit} more")
+        lines.append(f"... and {len(result.suspects) - limit} more (see the advisor file)")
     return lines
 
 

@@ -105,6 +105,13 @@ def test_single_rank_statistics_writes_reports_and_prints_suspects(tmp_path):
     assert text[0].startswith("Line: ") and text[1].startswith("Suspect Nodes: ")
     assert text[2].startswith("Expert Advice: ")
     assert any("Functional.linear.1.forward" in line for line in text[4:])
+    # The CLI prints the advisor file's own lines: the first divergence, then each suspect with its score,
+    # evidence and Excel row.
+    printed = [line.strip() for line in proc.stdout.splitlines()]
+    first = next(line for line in printed if line.startswith("First divergence: "))
+    assert "Functional.linear.1.forward (Excel row " in first and first in text
+    ranked = next(line for line in printed if line.startswith("1. "))
+    assert "(score " in ranked and "Excel row " in ranked and ranked in text
 
 
 def test_tensor_mode_identical_dumps_pass_and_compare_only_skips_the_advisor(tmp_path):

@@ -61,3 +61,24 @@ def test_the_collector_resumes_after_an_error_and_a_callers_choice_is_kept(
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_metric_executor_is_none_for_one_worker_and_a_shut_pool_after() -> None:
+    """The pool the CLI hands to the engine: none for ``-j 1``, threads by default, processes on request;
+    shut down when the compare is over, so nothing outlives it."""
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    from parity.process_policy import metric_executor
+
+    with metric_executor(1) as none:
+        assert none is None
+    with metric_executor(2) as threads:
+        assert isinstance(threads, ThreadPoolExecutor)
+        assert threads.submit(sum, [1, 2]).result() == 3
+    with pytest.raises(RuntimeError, match="shutdown"):
+        threads.submit(sum, [1])
+    with metric_executor(2, processes=True) as processes:
+        assert isinstance(processes, ProcessPoolExecutor)
+        assert processes.submit(sum, [1, 2]).result() == 3
+    with pytest.raises(RuntimeError, match="shutdown"):
+        processes.submit(sum, [1])

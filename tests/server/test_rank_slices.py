@@ -215,7 +215,7 @@ def test_a_failed_slice_is_retried_alone_and_stages_only_its_tensor_files(
     # What each slice reads, from the dumps themselves.
     root = tmp_path / "npu-tensor" / "step0" / "rank0"
     pair = RankPair(0, root / "dump.json", tmp_path / "gpu-tensor" / "step0" / "rank0" / "dump.json")
-    options = CompareOptions(workers=1)
+    options = CompareOptions()
     expected = [slice_tensor_files(pair, options, CallSlice(k, SLICES)) for k in range(SLICES)]
     assert all(npu and bench for npu, bench in expected)
     # The store loses one tensor file that only slice 1 reads.

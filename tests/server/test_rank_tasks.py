@@ -142,7 +142,7 @@ def test_the_same_rows_whatever_the_order_and_parallelism(
 
     # The CLI's pipeline on the same step directories gives the very same rows (NaN spelled alike).
     outputs = run_compare(CompareSpec(npu_path=npu / "step0", bench_path=gpu / "step0"), tmp_path / "cli",
-                          CompareOptions(workers=1))  # fmt: skip
+                          CompareOptions())  # fmt: skip
     cli_rows = [(result.rank, i, row.api, row.status.value, json_cells(row.cells))
                 for result in outputs.results for i, row in enumerate(result.rows)]  # fmt: skip
     assert rows == cli_rows

@@ -46,7 +46,7 @@ def test_tensor_mode_worked_example(tmp_path: Path) -> None:
     npu, bench = _tensor_pair(
         tmp_path, [("Torch.example.0.forward", [X], [N])], [("Torch.example.0.forward", [X], [B])]
     )
-    result = compare_dumps(npu, bench, CompareOptions(workers=1))
+    result = compare_dumps(npu, bench, CompareOptions())
     assert result.mode is CompareMode.TENSOR
     assert _cell(result, 1, "Cosine") == 0.99991
     assert _cell(result, 1, "EucDist") == pytest.approx(0.10050194027977731, rel=1e-12)
@@ -71,7 +71,7 @@ def test_tensor_mode_failing_output_is_the_advice_and_the_suspect(tmp_path: Path
         [("Torch.f.0.forward", [X], [np.array([1.0, -5.0])])],
         [("Torch.f.0.forward", [X], [np.array([1.0, 5.0])])],
     )
-    result = compare_dumps(npu, bench, CompareOptions(workers=1))
+    result = compare_dumps(npu, bench, CompareOptions())
     assert _cell(result, 1, "Accuracy Reached or Not") == "No"
     assert result.rows[1].status is RowStatus.FAIL
     assert (result.advice.line, result.advice.suspect_node) == (1, "Torch.f.0.forward.output.0")
@@ -84,7 +84,7 @@ def test_tensor_mode_unmatched_row(tmp_path: Path) -> None:
         [("Torch.f.0.forward", [], [X]), ("Torch.g.0.forward", [], [X])],
         [("Torch.f.0.forward", [], [X])],
     )
-    result = compare_dumps(npu, bench, CompareOptions(workers=1))
+    result = compare_dumps(npu, bench, CompareOptions())
     assert _cell(result, 1, "Cosine") == "unsupported"
     assert _cell(result, 1, "Accuracy Reached or Not") == "None"  # msprobe 8.3.3's cell
     assert _cell(result, 1, "Err_message") == (
@@ -99,7 +99,7 @@ def test_tensor_mode_int_vs_float_is_a_dtype_mismatch(tmp_path: Path) -> None:
         [("Torch.f.0.forward", [], [np.array([1, 2], dtype=np.int64)])],
         [("Torch.f.0.forward", [], [X])],
     )
-    result = compare_dumps(npu, bench, CompareOptions(workers=1))
+    result = compare_dumps(npu, bench, CompareOptions())
     assert _cell(result, 0, "Accuracy Reached or Not") == "No"
     assert _cell(result, 0, "Err_message") == "Dtype of NPU and bench do not match. "
     assert result.rows[0].status is RowStatus.FAIL
@@ -109,7 +109,7 @@ def test_tensor_mode_shape_mismatch_is_uncomparable(tmp_path: Path) -> None:
     npu, bench = _tensor_pair(
         tmp_path, [("Torch.f.0.forward", [], [np.ones(3)])], [("Torch.f.0.forward", [], [np.ones(4)])]
     )
-    result = compare_dumps(npu, bench, CompareOptions(workers=1))
+    result = compare_dumps(npu, bench, CompareOptions())
     assert _cell(result, 0, "Cosine") == "shape unmatched"
     assert _cell(result, 0, "Accuracy Reached or Not") == "Unmatched"
     assert result.rows[0].status is RowStatus.UNCOMPARABLE
@@ -117,7 +117,7 @@ def test_tensor_mode_shape_mismatch_is_uncomparable(tmp_path: Path) -> None:
 
 def test_tensor_mode_scalar_argument_has_no_data_file(tmp_path: Path) -> None:
     npu, bench = _tensor_pair(tmp_path, [("Torch.f.0.forward", [2], [X])], [("Torch.f.0.forward", [2], [X])])
-    result = compare_dumps(npu, bench, CompareOptions(workers=1))
+    result = compare_dumps(npu, bench, CompareOptions())
     assert _cell(result, 0, "Data_name") == repr(["-1", "-1"])
     assert "NPU does not have data file." in _cell(result, 0, "Err_message")
     assert result.rows[0].status is RowStatus.UNCOMPARABLE
@@ -127,7 +127,7 @@ def test_tensor_progress_counts_pairs(tmp_path: Path) -> None:
     npu, bench = _tensor_pair(tmp_path, [("Torch.f.0.forward", [X], [X])], [("Torch.f.0.forward", [X], [X])])
     seen: list[tuple[int, int]] = []
     compare_dumps(
-        npu, bench, CompareOptions(workers=1), progress=lambda done, total: seen.append((done, total))
+        npu, bench, CompareOptions(), progress=lambda done, total: seen.append((done, total))
     )
     assert seen == [(1, 2), (2, 2)]
 
@@ -221,7 +221,7 @@ def test_fuzzy_match_in_tensor_mode(tmp_path: Path) -> None:
     npu, bench = _tensor_pair(
         tmp_path, [("Torch.add.4.forward", [X], [X])], [("Torch.add.0.forward", [X], [X])]
     )
-    result = compare_dumps(npu, bench, CompareOptions(fuzzy_match=True, workers=1))
+    result = compare_dumps(npu, bench, CompareOptions(fuzzy_match=True))
     assert _cell(result, 1, "Bench Name") == "Torch.add.0.forward.output.0"
     assert _cell(result, 1, "Cosine") == 1.0 and _cell(result, 1, "Accuracy Reached or Not") == "Yes"
     assert "Fuzzy matching data, the comparison accuracy may be affected." in _cell(result, 1, "Err_message")

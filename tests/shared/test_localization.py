@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from parity.shared.compare.call_errors import row_error, row_errors
 from parity.shared.compare.engine import compare_dumps
+from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.localization import (
     CallEvidence,
     _first_divergence,
@@ -18,12 +20,12 @@ from parity.shared.compare.localization import (
     user_frame,
 )
 from parity.shared.compare.options import CompareOptions
-from parity.shared.compare.result import CompareResult, Suspect
+from parity.shared.compare.result import CompareResult, CompareRow, RowStatus, Suspect
 from parity.shared.report.advisor import advisor_text
 
 from tests.factories import DumpBuilder, stats_leaf, write_raw_dump
 
-OPTIONS = CompareOptions(workers=1)
+OPTIONS = CompareOptions()
 
 
 def _chain(rng: np.random.Generator, n_calls: int, noise: float, fault_at: int | None, fault: float,
@@ -105,6 +107,31 @@ def test_nan_in_an_output_whose_inputs_agree_is_the_top_suspect(tmp_path: Path) 
     assert "NaN/Inf positions" in result.suspects[0].reason
 
 
+def test_the_column_wise_statistics_errors_equal_the_row_rule() -> None:
+    """The vector path (eight finite numbers) and the row rule (everything else) give the same floats, on
+    a table that mixes both: NaN, inf, None, ints, msprobe's texts, unmatched rows, equal and zero values."""
+    header = full_header(CompareMode.STATISTICS, stack=False)
+    first = header.index("NPU max")
+    rng = np.random.default_rng(3)
+    odd: list[object] = [float("nan"), float("inf"), -float("inf"), None, 0, 3, "Nan", "N/A", 0.0, True]
+    rows = []
+    for k in range(400):
+        npu = rng.standard_normal(4) * 10.0 ** rng.integers(-8, 8)
+        bench = npu * (1 + rng.standard_normal(4) * 10.0 ** -rng.integers(1, 9))
+        stats: list[object] = [*npu.tolist(), *(bench if k % 5 else npu).tolist()]
+        if k % 3 == 0:
+            stats[int(rng.integers(8))] = odd[int(rng.integers(len(odd)))]
+        cells: list[object] = [None] * len(header)
+        cells[first : first + 8] = stats
+        status = RowStatus.UNMATCHED if k % 17 == 0 else RowStatus.PASS
+        rows.append(CompareRow(cells=cells, api=f"Torch.f.{k}.forward", status=status))  # type: ignore[arg-type]
+    pos = {name: i for i, name in enumerate(header)}
+    plain = [row_error(row, pos, CompareMode.STATISTICS) for row in rows]
+    vector = row_errors(rows, header, CompareMode.STATISTICS).tolist()
+    assert [None if v != v else v for v in vector] == plain
+    assert sum(v is None for v in plain) >= 20 and sum(v == 0.0 for v in plain) >= 50
+
+
 # ------------------------------------------------------------------------------------------------------
 # execution order
 
@@ -138,8 +165,9 @@ def test_an_error_that_does_not_carry_on_is_not_the_first_divergence() -> None:
     log = CallEvidence("Torch.norm.0.forward", 0, 0, 0, 0.0, 1e-1, score=5.0)
     fault = CallEvidence("Torch.f.0.forward", 1, 1, 1, 0.0, 1e-2, score=4.0)
     after = CallEvidence("Torch.g.0.forward", 2, 2, 2, 1e-2, 1e-2, score=-0.1)
-    assert _first_divergence([log, fault, after], [log, fault]) is fault
-    assert _first_divergence([log, fault], [log, fault]) is log  # nothing after either: the earliest
+    inputs = np.array([c.input_err for c in (log, fault, after)])
+    assert _first_divergence(inputs, [log, fault]) is fault
+    assert _first_divergence(inputs[:2], [log, fault]) is log  # nothing after either: the earliest
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -174,6 +202,74 @@ def test_row_scores_rank_the_faulty_call_first(tmp_path: Path) -> None:
     assert result.row_scores is not None and len(result.row_scores) == len(result.rows)
     best = max(range(len(result.rows)), key=lambda i: result.row_scores[i] or -1e9)  # type: ignore[index]
     assert result.rows[best].api == "Torch.f3.0.forward"
+
+
+def _training(n_calls: int, noise: float, fault_at: int | None, fault: float, *, seed: int = 0,
+              updates: bool = True) -> tuple[DumpBuilder, DumpBuilder]:  # fmt: skip
+    """A training step in miniature, each side computed from its own values: ``n_calls`` chained forward
+    calls, the loss (forward, and its backward fed the identical gradient 1), then one SGD update per call
+    (``w - 0.01 * grad``: small gains, as an optimizer has). The target run adds a fresh relative ``noise``
+    to every output and ``fault`` at forward call ``fault_at``; the first call is the only one whose inputs
+    are identical."""
+    rng, noise_rng = np.random.default_rng(seed), np.random.default_rng(seed + 1)
+    runs = (DumpBuilder(), DumpBuilder())
+    x0 = rng.standard_normal(512).astype(np.float32)
+    weights = [rng.standard_normal(512).astype(np.float32) for _ in range(n_calls)]
+    for side, run in enumerate(runs):
+        target = side == 0
+
+        def out(value: np.ndarray, extra: float = 0.0, *, target: bool = target) -> np.ndarray:
+            rel = (noise + extra) if target else 0.0
+            return (value * (1 + rel * noise_rng.standard_normal(value.shape))).astype(np.float32)
+
+        x = x0
+        for k in range(n_calls):
+            y = out(np.tanh(x * weights[k]), fault if k == fault_at else 0.0)
+            run.api(f"Torch.f{k}.0.forward", [x, weights[k]], [y])
+            x = y
+        loss = out(0.5 * x * x)
+        run.api("Torch.loss.0.forward", [x], [loss])
+        grad = out(x.copy())
+        run.api("Torch.loss.0.backward", [np.ones(512, dtype=np.float32)], [grad])
+        if updates:
+            for k in range(n_calls):
+                run.api(f"Tensor.add_.{k}.forward", [weights[k], grad], [out(weights[k] - 0.01 * grad)])
+    return runs
+
+
+def test_a_noisy_pair_without_a_fault_names_nothing_not_even_its_first_call(tmp_path: Path) -> None:
+    """The first call is the only one with identical inputs: its error alone is no yardstick for itself,
+    and the later calls' fresh background says it is noise."""
+    for noise in (1e-6, 1e-4):
+        result = _compare(tmp_path / f"{noise}", *_training(12, noise, None, 0.0))
+        assert result.suspects == [] and result.first_divergence is None
+
+
+def test_a_noisy_pair_with_a_fault_at_its_first_call_names_it(tmp_path: Path) -> None:
+    result = _compare(tmp_path, *_training(12, 1e-5, 0, 1e-3))
+    assert [s.api for s in result.suspects][:1] == ["Torch.f0.0.forward"]
+    assert result.first_divergence is not None and result.first_divergence.api == "Torch.f0.0.forward"
+
+
+def test_an_exact_pair_with_a_fault_at_its_first_call_names_it(tmp_path: Path) -> None:
+    """Without noise: named through the damped later calls, and, where nothing damps it (a forward chain
+    alone), through a call that computes exactly from identical inputs (the pair has no background)."""
+    result = _compare(tmp_path / "step", *_training(12, 0.0, 0, 1e-4))
+    assert [s.api for s in result.suspects][:1] == ["Torch.f0.0.forward"]
+    npu, bench = _training(12, 0.0, 0, 1e-4, updates=False)
+    side = np.linspace(-1, 1, 64, dtype=np.float32)
+    for run in (npu, bench):
+        run.api("Torch.exp.0.forward", [side], [np.exp(side)])  # identical data, identical result
+    result = _compare(tmp_path / "forward", npu, bench)
+    assert [s.api for s in result.suspects] == ["Torch.f0.0.forward"]
+
+
+def test_the_loss_backward_carrying_a_fault_does_not_hide_it(tmp_path: Path) -> None:
+    """The loss's backward is fed the identical gradient 1, but what its forward saved carries the fault's
+    error: it is no background sample, or the fault would be its own background."""
+    result = _compare(tmp_path, *_training(12, 0.0, 3, 1e-3))
+    assert [s.api for s in result.suspects][:1] == ["Torch.f3.0.forward"]
+    assert result.first_divergence is not None and result.first_divergence.api == "Torch.f3.0.forward"
 
 
 # ------------------------------------------------------------------------------------------------------

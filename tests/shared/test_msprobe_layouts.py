@@ -32,7 +32,7 @@ def write_dump(root: Path, mode: str, grad_entry: str) -> Path:
 
 
 def names_and_statuses(npu: Path, bench: Path) -> tuple[list[str], list[str], set[RowStatus]]:
-    result = compare_dumps(npu, bench, CompareOptions(workers=1))
+    result = compare_dumps(npu, bench, CompareOptions())
     header = result.header
     npu_col, bench_col = header.index("NPU Name"), header.index("Bench Name")
     rows = [r for r in result.rows if "parameters_grad" in r.api]

@@ -18,7 +18,7 @@ from tests.factories import DumpBuilder
 
 pytest.importorskip("parity.shared.metrics.parallel")  # tensor mode needs the metric workers
 
-OPTIONS = CompareOptions(workers=1)
+OPTIONS = CompareOptions()
 
 
 def _pair(root: Path, task: str) -> RankPair:

@@ -363,3 +363,82 @@ def test_int_and_bool_pairs_use_float64_relative_error() -> None:
     assert got.max_relative_err == 0.25 and got.max_abs_err == 1.0 and got.max_abs_err_index == 2
     flags = compare_arrays(np.array([True, False, True]), np.array([True, True, True]))
     assert flags.max_abs_err == 1.0 and flags.one_thousandth == _fmt(2 / 3)
+
+
+# --- the numpy pass of small pairs against the compiled kernel, bit for bit -------------------------
+
+
+def _assert_same_accumulators(prepared: tm.PreparedPair, start: int, stop: int) -> None:
+    from parity.shared.metrics.kernel import fused_pass
+
+    args = (prepared.n, prepared.b, prepared.n_kind, prepared.b_kind, prepared.re_in_f32, start, stop)
+    ours, kernel = tm.numpy_pass(*args), fused_pass(*args)
+    assert np.array_equal(ours, kernel, equal_nan=True), (ours, kernel)
+    assert np.array_equal(np.signbit(ours), np.signbit(kernel))  # -0.0 would print as "-0.0"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pairs())
+def test_numpy_pass_equals_the_kernel_on_hypothesis_pairs(pair: tuple[Any, Any, str, str]) -> None:
+    n, b, _, _ = pair
+    prepared = tm.validate(RawTensor(np.asarray(n)), RawTensor(np.asarray(b)))
+    if isinstance(prepared, tm.PreparedPair):
+        _assert_same_accumulators(prepared, 0, prepared.size)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_numpy_pass_equals_the_kernel_across_blocks(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several ``_BLOCK``s, raw bfloat16 and float16 bits, zeros of both signs, NaN/Inf at the same and at
+    different places, a segment that does not start at 0, and (odd seeds) the numpy pass taking its input in
+    chunks of two blocks: the same accumulators, the same cells."""
+    if seed % 2:
+        monkeypatch.setattr(tm, "NUMPY_CHUNK", 2 * tm._BLOCK)
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        size = int(rng.integers(1, 5 * tm._BLOCK))
+        n = rng.standard_normal(size) * 10.0 ** rng.integers(-3, 4)
+        b = n * (1 + rng.normal(0, rng.choice([1e-4, 3e-3, 1.0]), size))
+        b[rng.random(size) < 0.1] = 0.0
+        n[rng.random(size) < 0.1] = -0.0
+        both = rng.random(size) < 0.02
+        n[both], b[both] = np.nan, np.nan
+        if rng.random() < 0.3:
+            odd = rng.random(size) < 0.02
+            n[odd], b[odd] = np.inf, rng.choice([np.inf, -np.inf])
+        sides = []
+        for values in (n, b):
+            kind = rng.choice(["float32", "float64", "float16", "bfloat16", "int32"])
+            if kind == "bfloat16":
+                sides.append(_bf16_raw(values))
+            else:
+                with np.errstate(all="ignore"):
+                    sides.append(RawTensor(values.astype(kind)))
+        prepared = tm.validate(*sides)
+        assert isinstance(prepared, tm.PreparedPair)
+        _assert_same_accumulators(prepared, 0, prepared.size)
+        _assert_same_accumulators(prepared, size // 3, size)
+        acc = tm.numpy_pass(prepared.n, prepared.b, prepared.n_kind, prepared.b_kind, prepared.re_in_f32, 0,
+                            prepared.size)  # fmt: skip
+        from parity.shared.metrics.kernel import fused_pass
+
+        kernel = fused_pass(prepared.n, prepared.b, prepared.n_kind, prepared.b_kind, prepared.re_in_f32, 0,
+                            prepared.size)  # fmt: skip
+        assert tm.finish(prepared, acc) == tm.finish(prepared, kernel)
+
+
+def test_a_small_pair_never_imports_numba() -> None:
+    """The fixed cost of a small tensor compare: numba is loaded only for a pair above NUMPY_MAX_ELEMENTS."""
+    code = (
+        "import sys, numpy as np\n"
+        "from parity.shared.metrics.tensor import NUMPY_MAX_ELEMENTS, compare_arrays\n"
+        "x = np.linspace(-1, 1, NUMPY_MAX_ELEMENTS, dtype=np.float32)\n"
+        "compare_arrays(x, x * np.float32(1.001))\n"
+        "print('numba' in sys.modules)\n"
+        "compare_arrays(np.append(x, 1), np.append(x, 1))\n"
+        "print('numba' in sys.modules)\n"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]
