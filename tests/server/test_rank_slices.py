@@ -261,3 +261,37 @@ def test_a_failed_slice_is_retried_alone_and_stages_only_its_tensor_files(
     server.run_tasks([task_id(whole.id, r) for r in RANKS])
     assert server.rows(cid) == [row for row in server.rows(whole.id) if row[0] == 0]
     assert server.staging_left() == []
+
+
+def test_a_server_with_a_small_task_max_bytes_runs_slices_on_its_local_pool(tmp_path: Path) -> None:
+    """``parity server`` configured by its environment only: PARITY_TASK_MAX_BYTES splits the ranks, two
+    local workers run the slices, and the REST body shows each rank's slices; the summary is the CLI's."""
+    from parity.shared.compare.job import run_compare
+    from parity.shared.compare.spec import CompareSpec
+
+    from tests.server.conftest import ServerProcess, upload_run, wait_comparison
+
+    npu = _dump(tmp_path / "npu", "tensor", drift=0.02)
+    gpu = _dump(tmp_path / "gpu", "tensor", drift=0.0)
+    env = {"PARITY_TASK_MAX_BYTES": "12000", "PARITY_WORKERS": "2"}
+    srv = ServerProcess(tmp_path / "srv", env).start()
+    try:
+        with srv.client() as api:
+            target, bench = upload_run(api, npu)["id"], upload_run(api, gpu, device="gpu")["id"]
+            resp = api.post("/comparisons", json={"target_run": target, "bench_run": bench})
+            assert resp.status_code in (200, 201, 202), resp.text
+            body = wait_comparison(api, resp.json()["id"])
+    finally:
+        srv.stop()
+    assert body["status"] == "succeeded", body["error"]
+    slices = {t["rank"]: t["slices"] for t in body["tasks"]}
+    assert all(k > 1 for k in slices.values()) and set(slices) == set(RANKS)
+    assert sorted((t["rank"], t["slice"]) for t in body["tasks"]) == [
+        (r, k) for r in RANKS for k in range(slices[r])
+    ]
+    assert all(t["status"] == "succeeded" for t in body["tasks"])
+    cli = run_compare(CompareSpec(npu_path=npu / "step0", bench_path=gpu / "step0"), tmp_path / "cli",
+                      CompareOptions())  # fmt: skip
+    assert body["summary"]["rows"] == sum(len(r.rows) for r in cli.results)
+    failing = dict.fromkeys(api for result in cli.results for api in result.failing_apis())
+    assert body["summary"]["failing_apis"] == list(failing) and failing
