@@ -10,7 +10,7 @@ import math
 import random
 import shutil
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,14 @@ from parity.shared.compare.slices import CallSlice
 from sqlalchemy import select
 
 from tests.factories import DumpBuilder
-from tests.server.conftest import dump_files, fresh_postgres_database, postgres_url_or_skip, sha
+from tests.server.conftest import (
+    LoggedProcess,
+    dump_files,
+    fresh_postgres_database,
+    postgres_url_or_skip,
+    sha,
+)
+from tests.server.test_celery_backend import broker, redis_url, spawn  # noqa: F401 - fixtures
 from tests.workers import validate_waiting
 
 RANKS = (0, 1)
@@ -295,3 +302,38 @@ def test_a_server_with_a_small_task_max_bytes_runs_slices_on_its_local_pool(tmp_
     assert body["summary"]["rows"] == sum(len(r.rows) for r in cli.results)
     failing = dict.fromkeys(api for result in cli.results for api in result.failing_apis())
     assert body["summary"]["failing_apis"] == list(failing) and failing
+
+
+def test_celery_runs_slices_and_gives_what_one_task_per_rank_gives(
+    tmp_path: Path,
+    redis_url: str,  # noqa: F811 - the fixtures imported above
+    broker: Any,  # noqa: F811
+    spawn: Callable[[LoggedProcess], Any],  # noqa: F811
+) -> None:
+    """A real Redis and ``celery worker``: the slices of each rank (task ids ``COMPARISON:RANK.SLICE``) give
+    the summary, rows and advisor text that the local pool gives with one task per rank."""
+    from tests.server.conftest import ServerProcess, upload_run
+    from tests.server.test_celery_backend import WorkerProcess, celery_env, outcome, post_comparison
+
+    npu = _dump(tmp_path / "npu", "tensor", drift=0.02)
+    gpu = _dump(tmp_path / "gpu", "tensor", drift=0.0)
+    data_dir = tmp_path / "data"
+    env = {**celery_env(redis_url), "PARITY_TASK_MAX_BYTES": "12000"}
+    srv: ServerProcess = spawn(ServerProcess(data_dir, env))
+    worker = spawn(WorkerProcess(srv.env, tmp_path / "worker.log"))
+    with srv.client() as api:
+        target, bench = upload_run(api, npu)["id"], upload_run(api, gpu, device="gpu")["id"]
+        cid = post_comparison(api, target, bench)["id"]
+        by_slices = outcome(api, cid)
+        tasks = api.get(f"/comparisons/{cid}").json()["tasks"]
+    assert all(t["slices"] > 1 for t in tasks), tasks
+    assert f"comparison {cid} rank 0 slice 1 claimed" in worker.log()  # its id went through the broker
+    worker.stop()
+    srv.stop()
+
+    local: ServerProcess = spawn(
+        ServerProcess(data_dir, {"PARITY_JOB_BACKEND": "local", "PARITY_WORKERS": "1"})
+    )
+    with local.client() as api:
+        by_ranks = outcome(api, post_comparison(api, target, bench, ranks=[0, 1])["id"])
+    assert by_slices == by_ranks
