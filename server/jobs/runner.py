@@ -61,6 +61,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TENSOR_DIR = "dump_tensor_data"
+#: How a finishing task locks its comparison row: ``FOR NO KEY UPDATE`` on PostgreSQL, which serialises the
+#: finishers as ``FOR UPDATE`` did but not against the ``KEY SHARE`` lock that inserting a rank's rows
+#: (foreign keys to the comparison) takes: with ``FOR UPDATE`` two ranks finishing at once each held that
+#: share and waited for the other's (deadlock detected, seen with two workers on PostgreSQL). SQLite ignores
+#: it.
+COMPARISON_LOCK: dict[str, bool] = {"key_share": True}
 
 ROW_BATCH = 5000
 PROGRESS_INTERVAL_S = 0.5
@@ -472,7 +478,7 @@ def finish_slice(db: Database, comparison_id: str, rank: int, slice_: int, attem
         task = _held_task(session, comparison_id, rank, attempt, slice_)
         if task is None:
             raise LeaseLost(f"attempt {attempt} no longer holds the task")
-        if session.get(Comparison, comparison_id, with_for_update=True) is None:
+        if session.get(Comparison, comparison_id, with_for_update=COMPARISON_LOCK) is None:
             raise LeaseLost("the comparison was deleted")
         t = ComparisonTask
         others = session.scalars(
@@ -567,7 +573,7 @@ def merge_comparison(session: Session, comparison_id: str) -> None:
     row, the order a claim takes them in too), so of two tasks finishing at once the second sees the first
     one's committed state, and exactly one of them merges.
     """
-    c = session.get(Comparison, comparison_id, with_for_update=True)
+    c = session.get(Comparison, comparison_id, with_for_update=COMPARISON_LOCK)
     if c is None:
         return
     # Two aggregates first: with R ranks, each of the R finishing tasks looks, and loading every task
