@@ -286,6 +286,11 @@ def test_close_times_out_instead_of_hanging(
     up.close(timeout=0.2)
     waited = time.monotonic() - start
     gate.set()
+    # The aborted thread still sends what it had started; let it end before the app it talks to stops
+    # (a request crossing TestClient's shutdown can hang its portal thread).
+    assert up._thread is not None
+    up._thread.join(timeout=10)
+    assert not up._thread.is_alive()
     assert waited < 5
     assert any("not finished after" in w for w in uploader_warnings(caplog))
 
