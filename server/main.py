@@ -137,7 +137,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.token_roles = settings.token_roles()
         app.state.run_service = RunService(db, store, settings.max_upload_bytes, reserve, queue)
-        app.state.comparison_service = ComparisonService(db, store, queue)
+        app.state.comparison_service = ComparisonService(
+            db, store, queue, task_max_bytes=settings.task_max_bytes
+        )
         app.state.baseline_service = BaselineService(db, app.state.run_service, app.state.comparison_service)
         app.state.call_service = CallService(db)
         app.state.session_signer = SessionSigner(

@@ -195,6 +195,10 @@ class ComparisonTask(Base):
         ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
     )
     rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # A rank pair over PARITY_TASK_MAX_BYTES is ``slices`` tasks, slice k comparing the k-th share of its
+    # calls (revision 0010); the slice that finds the others done joins them and holds the rank's result.
+    slice: Mapped[int] = mapped_column(Integer, primary_key=True, default=0, server_default="0")
+    slices: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # queued → running → succeeded | failed | skipped (a side has no dump.json for this rank)
     status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

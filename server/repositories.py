@@ -136,6 +136,16 @@ class RunRepository:
             stmt = stmt.where(RunFile.rank.in_(list(ranks)))
         return list(self.session.scalars(stmt.order_by(RunFile.path)))
 
+    def rank_bytes(self, run_ids: Sequence[str], step: int, ranks: Sequence[int]) -> dict[int, int]:
+        """The bytes of the files of each of ``ranks`` in step ``step`` of ``run_ids``, together."""
+        f = RunFile
+        stmt = (
+            select(f.rank, func.sum(f.size))
+            .where(f.run_id.in_(list(run_ids)), f.step == step, f.rank.in_(list(ranks)))
+            .group_by(f.rank)
+        )
+        return {int(rank): int(size or 0) for rank, size in self.session.execute(stmt)}
+
     def step_ranks(self, run_id: str) -> dict[int, set[int]]:
         out: dict[int, set[int]] = defaultdict(set)
         rows = self.session.execute(
@@ -221,19 +231,22 @@ class ComparisonRepository:
 #: Statements ``claim_next`` tries before it gives up on a busy queue (PostgreSQL only needs more than one).
 CLAIM_NEXT_LOOKS = 4
 
-#: A task's id on the job backends: ``{comparison id}:{rank}`` (ids, never objects, travel to workers).
+#: A task's id on the job backends: ``{comparison id}:{rank}``, or ``{comparison id}:{rank}.{slice}`` for a
+#: slice past the first of a rank split into slices (ids, never objects, travel to workers).
 TaskId = str
 
 
-def task_id(comparison_id: str, rank: int) -> TaskId:
-    return f"{comparison_id}:{rank}"
+def task_id(comparison_id: str, rank: int, slice_: int = 0) -> TaskId:
+    return f"{comparison_id}:{rank}" if slice_ == 0 else f"{comparison_id}:{rank}.{slice_}"
 
 
-def parse_task_id(value: TaskId) -> tuple[str, int]:
-    comparison_id, sep, rank = value.rpartition(":")
-    if not sep or not rank.lstrip("-").isdigit():
-        raise ValueError(f"not a task id: {value!r} (expected COMPARISON:RANK)")
-    return comparison_id, int(rank)
+def parse_task_id(value: TaskId) -> tuple[str, int, int]:
+    """``(comparison id, rank, slice)`` of a task id."""
+    comparison_id, sep, key = value.rpartition(":")
+    rank, dot, slice_ = key.partition(".")
+    if not sep or not rank.lstrip("-").isdigit() or (dot and not slice_.isdigit()):
+        raise ValueError(f"not a task id: {value!r} (expected COMPARISON:RANK or COMPARISON:RANK.SLICE)")
+    return comparison_id, int(rank), int(slice_ or 0)
 
 
 class TaskRepository:
@@ -244,18 +257,18 @@ class TaskRepository:
 
     def for_comparison(self, comparison_id: str) -> list[ComparisonTask]:
         stmt = select(ComparisonTask).where(ComparisonTask.comparison_id == comparison_id)
-        return list(self.session.scalars(stmt.order_by(ComparisonTask.rank)))
+        return list(self.session.scalars(stmt.order_by(ComparisonTask.rank, ComparisonTask.slice)))
 
     def for_comparisons(self, comparison_ids: Sequence[str]) -> dict[str, list[ComparisonTask]]:
         out: dict[str, list[ComparisonTask]] = defaultdict(list)
         if comparison_ids:
             stmt = select(ComparisonTask).where(ComparisonTask.comparison_id.in_(list(comparison_ids)))
-            for task in self.session.scalars(stmt.order_by(ComparisonTask.rank)):
+            for task in self.session.scalars(stmt.order_by(ComparisonTask.rank, ComparisonTask.slice)):
                 out[task.comparison_id].append(task)
         return out
 
     def claim(
-        self, comparison_id: str, rank: int, now: datetime, lease_seconds: float, worker: str
+        self, comparison_id: str, rank: int, now: datetime, lease_seconds: float, worker: str, slice_: int = 0
     ) -> int | None:
         """Make the task running under a lease and return its new attempt number, if it is queued or running
         under a lease that has passed (its worker died); else None. One conditional UPDATE, so exactly one
@@ -263,7 +276,7 @@ class TaskRepository:
         t = ComparisonTask
         result = self.session.execute(
             update(t)
-            .where(t.comparison_id == comparison_id, t.rank == rank, _task_claimable(now))
+            .where(t.comparison_id == comparison_id, t.rank == rank, t.slice == slice_, _task_claimable(now))
             .values(status="running", attempt=t.attempt + 1, started_at=now, progress=0.0, error=None,
                     worker=worker, lease_expires_at=now + timedelta(seconds=lease_seconds))
             .execution_options(synchronize_session=False)
@@ -277,7 +290,9 @@ class TaskRepository:
             .values(status="running", started_at=now)
             .execution_options(synchronize_session=False)
         )
-        return self.session.scalar(select(t.attempt).where(t.comparison_id == comparison_id, t.rank == rank))
+        return self.session.scalar(
+            select(t.attempt).where(t.comparison_id == comparison_id, t.rank == rank, t.slice == slice_)
+        )
 
     def claim_next(self, now: datetime, lease_seconds: float, worker: str) -> tuple[TaskId, int] | None:
         """Claim the oldest queued task, in one statement: (its id, its new attempt), or None when none is
@@ -285,9 +300,9 @@ class TaskRepository:
         pick the same task, and the loser waited for the write lock twice before its next look."""
         t = ComparisonTask
         oldest = (
-            select(t.comparison_id, t.rank)
+            select(t.comparison_id, t.rank, t.slice)
             .where(t.status == "queued")
-            .order_by(t.queued_at, t.comparison_id, t.rank)
+            .order_by(t.queued_at, t.comparison_id, t.rank, t.slice)
             .limit(1)
         )
         if self.session.get_bind().dialect.name == "postgresql":
@@ -297,10 +312,12 @@ class TaskRepository:
         picked = oldest.cte("picked")
         claim = (
             update(t)
-            .where(t.comparison_id == picked.c.comparison_id, t.rank == picked.c.rank, t.status == "queued")
+            .where(t.comparison_id == picked.c.comparison_id, t.rank == picked.c.rank)
+            .where(t.slice == picked.c.slice)
+            .where(t.status == "queued")
             .values(status="running", attempt=t.attempt + 1, started_at=now, progress=0.0, error=None,
                     worker=worker, lease_expires_at=now + timedelta(seconds=lease_seconds))
-            .returning(t.comparison_id, t.rank, t.attempt)
+            .returning(t.comparison_id, t.rank, t.slice, t.attempt)
             .execution_options(synchronize_session=False)
         )  # fmt: skip
         claimed = self.session.execute(claim).first()
@@ -316,17 +333,18 @@ class TaskRepository:
                 break
         if claimed is None:
             return None
-        comparison_id, rank, attempt = claimed
+        comparison_id, rank, slice_, attempt = claimed
         self.session.execute(
             update(Comparison)
             .where(Comparison.id == comparison_id, Comparison.status == "queued")
             .values(status="running", started_at=now)
             .execution_options(synchronize_session=False)
         )
-        return task_id(comparison_id, rank), attempt
+        return task_id(comparison_id, rank, slice_), attempt
 
     def renew_lease(
-        self, comparison_id: str, rank: int, attempt: int, until: datetime, *, progress: float | None = None
+        self, comparison_id: str, rank: int, attempt: int, until: datetime, *, progress: float | None = None,
+        slice_: int = 0,
     ) -> bool:
         """Extend ``attempt``'s lease (and record its ``progress``, given one); False when that attempt no
         longer holds the task."""
@@ -336,7 +354,7 @@ class TaskRepository:
             values["progress"] = progress
         result = self.session.execute(
             update(t)
-            .where(t.comparison_id == comparison_id, t.rank == rank)
+            .where(t.comparison_id == comparison_id, t.rank == rank, t.slice == slice_)
             .where(t.attempt == attempt, t.status == "running")
             .values(**values)
             .execution_options(synchronize_session=False)
@@ -347,25 +365,25 @@ class TaskRepository:
         """(task id, lease expiry) of the running tasks whose lease has passed: their worker is gone."""
         t = ComparisonTask
         stmt = (
-            select(t.comparison_id, t.rank, t.lease_expires_at)
+            select(t.comparison_id, t.rank, t.slice, t.lease_expires_at)
             .where(t.status == "running", _task_lease_passed(now))
-            .order_by(t.queued_at, t.comparison_id, t.rank)
+            .order_by(t.queued_at, t.comparison_id, t.rank, t.slice)
             .limit(limit)
         )
-        return [(task_id(cid, rank), lease) for cid, rank, lease in self.session.execute(stmt)]
+        return [(task_id(cid, rank, k), lease) for cid, rank, k, lease in self.session.execute(stmt)]
 
     def queued(self, limit: int, exclude: Sequence[TaskId] = ()) -> list[TaskId]:
         """Queued tasks, oldest comparison first, ranks in order."""
         t = ComparisonTask
         stmt = (
-            select(t.comparison_id, t.rank)
+            select(t.comparison_id, t.rank, t.slice)
             .where(t.status == "queued")
-            .order_by(t.queued_at, t.comparison_id, t.rank)
+            .order_by(t.queued_at, t.comparison_id, t.rank, t.slice)
         )
         skip = set(exclude)
         out: list[TaskId] = []
-        for cid, rank in self.session.execute(stmt.limit(limit + len(skip))):
-            tid = task_id(cid, rank)
+        for cid, rank, k in self.session.execute(stmt.limit(limit + len(skip))):
+            tid = task_id(cid, rank, k)
             if tid not in skip:
                 out.append(tid)
         return out[:limit]

@@ -64,6 +64,11 @@ class Settings(BaseSettings):
         description="each worker's local copies of S3 blobs are kept under this many bytes (a rank pair's "
         "files must fit; files of finished work are evicted first); unused with a file store",
     )  # fmt: skip
+    task_max_bytes: int = Field(
+        default=2 * 1024**3, gt=0,
+        description="a rank pair whose files (both runs' dump.json, stack.json and tensor files) pass this "
+        "many bytes is compared as ceil(bytes / this) tasks, each taking a share of the rank's API calls",
+    )  # fmt: skip
     reserve_bytes: int = Field(
         default=8 * 1024**2, ge=0,
         description="space the server keeps in a reserve file in the data folder and gives up when the "

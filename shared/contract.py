@@ -265,6 +265,8 @@ class RankTaskPublic(_Response):
     alone with ``POST /comparisons/{id}/retry``)."""
 
     rank: int
+    slice: int = 0  # of ``slices``: a rank past PARITY_TASK_MAX_BYTES is compared as slices of its calls
+    slices: int = 1
     status: TaskStatus
     progress: float
     attempt: int

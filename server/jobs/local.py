@@ -164,11 +164,13 @@ class LocalProcessQueue:
         with self.db.read() as session:
             t = ComparisonTask
             held = session.execute(
-                select(t.comparison_id, t.rank, t.attempt).where(t.status == "running", t.worker == worker)
-            ).all()
-        for comparison_id, rank, attempt in held:
+                select(t.comparison_id, t.rank, t.slice, t.attempt).where(t.status == "running",
+                                                                          t.worker == worker)
+            ).all()  # fmt: skip
+        for comparison_id, rank, slice_, attempt in held:
             if attempt >= MAX_ATTEMPTS:
-                finish_failed(self.db, comparison_id, rank, attempt, f"{why} (attempt {attempt})")
+                message = f"{why} (attempt {attempt})"
+                finish_failed(self.db, comparison_id, rank, attempt, message, slice_=slice_)
                 continue
             with self.db.write() as session:
                 TaskRepository(session).requeue_running(worker)

@@ -18,6 +18,7 @@ alone (``POST /comparisons/{id}/retry``). Any error is recorded on the task; not
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -28,7 +29,7 @@ import time
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from parity.server.blob_cache import Checkout, MissingBlob, worker_cache
@@ -48,11 +49,24 @@ from parity.server.repositories import RunRepository, TaskId, TaskRepository, pa
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store, sidecar_key
 from parity.shared.compare.result import FAILING_STATUSES, json_cells
+from parity.shared.compare.slices import CallSlice
 from parity.shared.dump.layout import DUMP_JSON, rank_dir_name, step_dir_name
 from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
+if TYPE_CHECKING:
+    from parity.shared.compare.job import RankPair, RankReport
+    from parity.shared.compare.options import CompareOptions
+
 logger = logging.getLogger(__name__)
+
+TENSOR_DIR = "dump_tensor_data"
+#: How a finishing task locks its comparison row: ``FOR NO KEY UPDATE`` on PostgreSQL, which serialises the
+#: finishers as ``FOR UPDATE`` did but not against the ``KEY SHARE`` lock that inserting a rank's rows
+#: (foreign keys to the comparison) takes: with ``FOR UPDATE`` two ranks finishing at once each held that
+#: share and waited for the other's (deadlock detected, seen with two workers on PostgreSQL). SQLite ignores
+#: it.
+COMPARISON_LOCK: dict[str, bool] = {"key_share": True}
 
 ROW_BATCH = 5000
 PROGRESS_INTERVAL_S = 0.5
@@ -104,37 +118,37 @@ class TaskRunner:
             claimed = TaskRepository(session).claim_next(utcnow(), lease_s, self.worker)
         if claimed is None:
             return False
-        comparison_id, rank = parse_task_id(claimed[0])
-        self._execute(comparison_id, rank, claimed[1])
+        comparison_id, rank, slice_ = parse_task_id(claimed[0])
+        self._execute(comparison_id, rank, slice_, claimed[1])
         return True
 
     def run(self, task: TaskId) -> bool:
         """Run task ``task`` to completion or record why it failed; never raises. False: not claimable."""
-        comparison_id, rank = parse_task_id(task)
+        comparison_id, rank, slice_ = parse_task_id(task)
         with self.db.write() as session:
             attempt = TaskRepository(session).claim(
-                comparison_id, rank, utcnow(), self.settings.job_lease_seconds, self.worker
+                comparison_id, rank, utcnow(), self.settings.job_lease_seconds, self.worker, slice_
             )
         if attempt is None:
             logger.info("task %s is not claimable (finished, deleted, or running under a live lease)", task)
             return False
-        self._execute(comparison_id, rank, attempt)
+        self._execute(comparison_id, rank, slice_, attempt)
         return True
 
-    def _execute(self, comparison_id: str, rank: int, attempt: int) -> None:
+    def _execute(self, comparison_id: str, rank: int, slice_: int, attempt: int) -> None:
         """Run a claimed attempt to its end: its result, or why it failed, recorded; never raises."""
         from parity.process_policy import collector_paused
 
-        logger.info("comparison %s rank %d claimed: attempt %d", comparison_id, rank, attempt)
+        logger.info("comparison %s rank %d%s claimed: attempt %d", comparison_id, rank, _of(slice_), attempt)
         lease_s = self.settings.job_lease_seconds
         try:
             timeout = self.settings.job_timeout_seconds
             with (
-                _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout) as lease,
+                _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout, slice_) as lease,
                 collector_paused(),
                 self.cache.checkout() as blobs,  # what the task fetched: kept on success, dropped on failure
             ):
-                self._run(comparison_id, rank, attempt, lease, blobs)
+                self._run(comparison_id, rank, slice_, attempt, lease, blobs)
         except LeaseLost as exc:
             logger.warning("comparison %s rank %d: %s; this attempt stops", comparison_id, rank, exc)
         except Exception as exc:
@@ -144,13 +158,16 @@ class TaskRunner:
                 logger.exception("comparison %s rank %d failed", comparison_id, rank)
             # The log keeps the full text; the task's error is read by every user of the API.
             message = redact_paths(message or type(exc).__name__, self.settings)
-            finish_failed(self.db, comparison_id, rank, attempt, message)
+            finish_failed(self.db, comparison_id, rank, attempt, message, slice_=slice_)
 
-    def _run(self, comparison_id: str, rank: int, attempt: int, lease: _Lease, blobs: Checkout) -> None:
+    def _run(self, comparison_id: str, rank: int, slice_: int, attempt: int, lease: _Lease, blobs: Checkout
+             ) -> None:  # fmt: skip
         with self.db.read() as session:
             c = session.get(Comparison, comparison_id)
-            if c is None:
+            task = session.get(ComparisonTask, (comparison_id, rank, slice_))
+            if c is None or task is None:
                 raise LeaseLost("the comparison was deleted")
+            part = CallSlice(slice_, task.slices) if task.slices > 1 else None
             runs = RunRepository(session)
             step = c.step if c.step is not None else 0
             target_files = runs.step_files(c.target_run_id, step, [rank])
@@ -166,7 +183,8 @@ class TaskRunner:
             stack_mode=bool(options.get("stack_mode", False)),
             # no executor: the backend runs one task per worker slot, so each computes its metrics itself
         )
-        prefix = f"task-{comparison_id[:8]}-r{rank}-"
+        # A slice's own folder name (s0 too), so a takeover below never removes a sibling slice's folder.
+        prefix = f"task-{comparison_id[:8]}-r{rank}-" + (f"s{slice_}-" if part is not None else "")
         if attempt > 1:
             # A worker killed mid-rank could not remove its staging folder: the attempt that takes the rank
             # over does (the stale attempt's result is dropped anyway), keeping the disk bounded.
@@ -175,6 +193,9 @@ class TaskRunner:
         staging = Path(tempfile.mkdtemp(prefix=prefix, dir=self._tmp_root()))
         try:
             npu_dir, bench_dir, out_dir = staging / "npu", staging / "bench", staging / "out"
+            if part is not None:  # a slice fetches the rank's tensor files its calls read, after its dumps
+                target_tensors, target_files = _split_tensor_files(target_files)
+                bench_tensors, bench_files = _split_tensor_files(bench_files)
             _stage(blobs, target_id, target_files, npu_dir, "target")
             _stage(blobs, bench_id, bench_files, bench_dir, "bench")
             npu_json, bench_json = (
@@ -186,19 +207,30 @@ class TaskRunner:
             ]
             if missing:
                 finish_skipped(
-                    self.db, comparison_id, rank, attempt, f"no dump.json in the {' and '.join(missing)} run"
+                    self.db, comparison_id, rank, attempt, f"no dump.json in the {' and '.join(missing)} run",
+                    slice_=slice_,
                 )
                 return
             out_dir.mkdir()
+            pair = RankPair(rank, npu_json, bench_json)
             try:
-                report = compare_rank(
-                    RankPair(rank, npu_json, bench_json),
-                    engine_options,
-                    xlsx_path=out_dir / "report.xlsx",
-                    advisor_path=out_dir / "advisor.txt",
-                    progress=lease.progress,
-                    read_dump=read_dump,  # the columns parsed at complete, when there are some
-                )
+                if part is None:
+                    report = compare_rank(
+                        pair,
+                        engine_options,
+                        xlsx_path=out_dir / "report.xlsx",
+                        advisor_path=out_dir / "advisor.txt",
+                        progress=lease.progress,
+                        read_dump=read_dump,  # the columns parsed at complete, when there are some
+                    )
+                else:
+                    slice_files = _SliceFiles(blobs, (target_id, target_tensors, npu_dir),
+                                              (bench_id, bench_tensors, bench_dir))  # fmt: skip
+                    joined = self._run_slice(comparison_id, pair, part, attempt, lease, engine_options,
+                                             slice_files, out_dir)  # fmt: skip
+                    if joined is None:
+                        return  # another slice of the rank is still running: the last one joins them
+                    report = joined
             except Exception as exc:
                 if not _is_parity_error(exc):
                     raise
@@ -212,9 +244,43 @@ class TaskRunner:
             self.store.put_file(report.advisor, comparison_key(comparison_id, f"rank{rank}/advisor.txt"))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
-                         report.summary, list(report.result.header),
-                         scores=report.result.row_scores)  # fmt: skip
+        stored = finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
+                                  report.summary, list(report.result.header),
+                                  scores=report.result.row_scores, slice_=slice_)  # fmt: skip
+        if stored and part is not None:  # the rank's rows are in: its slices' parts are spent
+            for k in range(part.count):
+                self.store.delete(_part_key(comparison_id, rank, k))
+
+    def _run_slice(self, comparison_id: str, pair: RankPair, part: CallSlice, attempt: int, lease: _Lease,
+                   options: CompareOptions, files: _SliceFiles, out_dir: Path
+                   ) -> RankReport | None:  # fmt: skip
+        """One slice: fetch its calls' tensor files only, compare them, store the part in the store; the slice
+        that finds every other slice of its rank done joins them all into the rank's reports."""
+        from parity.shared.compare.job import compare_slice, finish_rank, slice_tensor_files
+        from parity.shared.compare.slices import decode_part, encode_part
+        from parity.shared.dump.sidecar import read_dump
+
+        read = functools.lru_cache(maxsize=2)(read_dump)  # the file list and the compare read each dump once
+        npu_names, bench_names = slice_tensor_files(pair, options, part, read_dump=read)
+        files.stage(npu_names, bench_names)
+        table = compare_slice(pair, options, part, progress=lease.progress, read_dump=read)
+        lease.check()
+        assert pair.rank is not None
+        rank, k = pair.rank, part.index
+        local = out_dir / f"slice{k}.part"
+        local.write_bytes(encode_part(table))
+        self.store.put_file(local, _part_key(comparison_id, rank, k))
+        if not finish_slice(self.db, comparison_id, rank, k, attempt, len(table.rows)):
+            return None
+        logger.info("comparison %s rank %d: slice %d of %d joins the rank's %d slices", comparison_id, rank,
+                    k, part.count, part.count)  # fmt: skip
+        parts = []
+        for j in range(part.count):
+            key = _part_key(comparison_id, rank, j)
+            parts.append(table if j == k else decode_part(b"".join(self.store.iter_bytes(key)), source=key))
+        lease.check()
+        xlsx, advisor = out_dir / "report.xlsx", out_dir / "advisor.txt"
+        return finish_rank(pair, parts, xlsx_path=xlsx, advisor_path=advisor)
 
     def _tmp_root(self) -> Path:
         # Beside the blobs on a file store, so the hard links of the staging folder stay on one filesystem.
@@ -250,9 +316,10 @@ class _Lease:
 
     def __init__(
         self, db: Database, comparison_id: str, rank: int, attempt: int, seconds: float,
-        timeout: float | None = None,
+        timeout: float | None = None, slice_: int = 0,
     ) -> None:  # fmt: skip
         self.db, self.comparison_id, self.rank, self.attempt = db, comparison_id, rank, attempt
+        self.slice = slice_
         self.seconds = seconds
         self.deadline = Deadline(timeout)
         self.why_lost = f"attempt {attempt} no longer holds the task"
@@ -291,7 +358,8 @@ class _Lease:
             if self.deadline.passed():
                 try:
                     message = self.deadline.message()
-                    finish_failed(self.db, self.comparison_id, self.rank, self.attempt, message)
+                    finish_failed(self.db, self.comparison_id, self.rank, self.attempt, message,
+                                  slice_=self.slice)  # fmt: skip
                 except Exception:
                     logger.warning("comparison %s rank %d: could not record its timeout; retrying",
                                    self.comparison_id, self.rank, exc_info=True)  # fmt: skip
@@ -306,7 +374,7 @@ class _Lease:
                 with self.db.write() as session:
                     held = TaskRepository(session).renew_lease(
                         self.comparison_id, self.rank, self.attempt,
-                        utcnow() + timedelta(seconds=self.seconds), progress=fraction,
+                        utcnow() + timedelta(seconds=self.seconds), progress=fraction, slice_=self.slice,
                     )  # fmt: skip
             except Exception:
                 logger.warning("comparison %s rank %d: lease renewal failed; retrying", self.comparison_id,
@@ -343,6 +411,37 @@ def _stage(blobs: Checkout, run_id: str, files: Iterable[RunFile], dest: Path, l
     return count
 
 
+def _split_tensor_files(files: Sequence[RunFile]) -> tuple[dict[str, RunFile], list[RunFile]]:
+    """A rank's tensor files by their name in ``dump_tensor_data``, and its other files (dump.json, ...)."""
+    tensors: dict[str, RunFile] = {}
+    others: list[RunFile] = []
+    for f in files:
+        parts = f.path.split("/", 3)  # stepN/rankR/dump_tensor_data/name
+        if len(parts) == 4 and parts[2] == TENSOR_DIR:
+            tensors[parts[3]] = f
+        else:
+            others.append(f)
+    return tensors, others
+
+
+class _SliceFiles:
+    """A slice's tensor files, staged once it knows which of its rank's it reads."""
+
+    def __init__(self, blobs: Checkout, *sides: tuple[str, dict[str, RunFile], Path]) -> None:
+        self.blobs, self.sides = blobs, sides
+
+    def stage(self, *names: Sequence[str]) -> None:
+        for (run_id, by_name, dest), wanted in zip(self.sides, names, strict=True):
+            label = "target" if dest.name == "npu" else "bench"
+            # a file the dump names but the run lacks is not staged: its row says so, as for a whole rank
+            chosen = [by_name[n] for n in dict.fromkeys(wanted) if n in by_name]
+            _stage(self.blobs, run_id, chosen, dest, label)
+
+
+def _part_key(comparison_id: str, rank: int, slice_: int) -> str:
+    return comparison_key(comparison_id, f"rank{rank}/slice{slice_}.part")
+
+
 def _link(source: Path, target: Path) -> None:
     try:
         os.link(source, target)
@@ -353,20 +452,52 @@ def _link(source: Path, target: Path) -> None:
 # -- finishing a task -------------------------------------------------------------------------------------
 
 
-def _held_task(session: Session, comparison_id: str, rank: int, attempt: int) -> ComparisonTask | None:
+def _held_task(session: Session, comparison_id: str, rank: int, attempt: int, slice_: int = 0
+               ) -> ComparisonTask | None:  # fmt: skip
     """The task row, locked, if ``attempt`` still holds it; None (logged) when it is stale or gone."""
-    task = session.get(ComparisonTask, (comparison_id, rank), with_for_update=True)
+    task = session.get(ComparisonTask, (comparison_id, rank, slice_), with_for_update=True)
     if task is None or task.attempt != attempt or task.status != "running":
-        logger.warning("comparison %s rank %d: attempt %d is stale; its result is dropped", comparison_id,
-                       rank, attempt)  # fmt: skip
+        logger.warning("comparison %s rank %d%s: attempt %d is stale; its result is dropped", comparison_id,
+                       rank, _of(slice_), attempt)  # fmt: skip
         return None
     return task
 
 
+def _of(slice_: int) -> str:
+    return f" slice {slice_}" if slice_ else ""
+
+
+def finish_slice(db: Database, comparison_id: str, rank: int, slice_: int, attempt: int, rows: int) -> bool:
+    """A slice's part is in the store: True when every other slice of its rank has succeeded, so this one
+    joins them (it stays running, under its lease, until ``finish_succeeded``); else it is done.
+
+    The comparison row is locked as the merge locks it, so of two slices finishing at once the second
+    sees the first done, and exactly one joins the rank.
+    """
+    with db.write() as session:
+        task = _held_task(session, comparison_id, rank, attempt, slice_)
+        if task is None:
+            raise LeaseLost(f"attempt {attempt} no longer holds the task")
+        if session.get(Comparison, comparison_id, with_for_update=COMPARISON_LOCK) is None:
+            raise LeaseLost("the comparison was deleted")
+        t = ComparisonTask
+        others = session.scalars(
+            select(t.status).where(t.comparison_id == comparison_id, t.rank == rank, t.slice != slice_)
+        ).all()
+        if all(status == "succeeded" for status in others):
+            return True
+        task.status, task.progress, task.finished_at, task.lease_expires_at = "succeeded", 1.0, utcnow(), None
+        task.rows, task.summary, task.header, task.error = rows, None, None, None
+        merge_comparison(session, comparison_id)
+    logger.info("comparison %s rank %d slice %d stored: %d rows", comparison_id, rank, slice_, rows)
+    return False
+
+
 def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
                      rows: Sequence[Any], summary: dict[str, Any], header: list[str], *,
-                     scores: Sequence[float | None] | None = None) -> None:  # fmt: skip
-    """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one.
+                     scores: Sequence[float | None] | None = None, slice_: int = 0) -> bool:  # fmt: skip
+    """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one. False
+    when this attempt no longer held the task (nothing stored).
 
     Everything that takes CPU (the cells as JSON, the rank's calls) is built before the write transaction:
     on SQLite that transaction holds the one write lock every other worker waits for.
@@ -378,7 +509,7 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
     calls, _ = rank_calls(comparison_id, rank, header, keyed)
     began = time.perf_counter()
     with db.write() as session:
-        task = _held_task(session, comparison_id, rank, attempt)
+        task = _held_task(session, comparison_id, rank, attempt, slice_)
         waited = time.perf_counter() - began  # for the write lock, on SQLite: what two workers share
         if task is not None:
             _replace_rank(session, comparison_id, rank, records, calls)
@@ -396,26 +527,30 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
             "comparison %s was deleted while rank %d ran; its reports are removed", comparison_id, rank
         )
         store.delete_prefix(comparison_key(comparison_id))
-        return
+        return False
     if task is not None:
         took = time.perf_counter() - began
         logger.info("comparison %s rank %d succeeded: %d rows stored in %.2f s (%.2f s of it waiting for the "
                     "database)", comparison_id, rank, len(rows), took, waited)  # fmt: skip
+    return task is not None
 
 
-def finish_failed(db: Database, comparison_id: str, rank: int, attempt: int, message: str) -> None:
-    _finish(db, comparison_id, rank, attempt, "failed", message)
-    logger.warning("comparison %s rank %d failed: %s", comparison_id, rank, message)
+def finish_failed(db: Database, comparison_id: str, rank: int, attempt: int, message: str, *, slice_: int = 0
+                  ) -> None:  # fmt: skip
+    _finish(db, comparison_id, rank, slice_, attempt, "failed", message)
+    logger.warning("comparison %s rank %d%s failed: %s", comparison_id, rank, _of(slice_), message)
 
 
-def finish_skipped(db: Database, comparison_id: str, rank: int, attempt: int, message: str) -> None:
-    _finish(db, comparison_id, rank, attempt, "skipped", message)
-    logger.warning("comparison %s rank %d skipped: %s", comparison_id, rank, message)
+def finish_skipped(db: Database, comparison_id: str, rank: int, attempt: int, message: str, *,
+                   slice_: int = 0) -> None:  # fmt: skip
+    _finish(db, comparison_id, rank, slice_, attempt, "skipped", message)
+    logger.warning("comparison %s rank %d%s skipped: %s", comparison_id, rank, _of(slice_), message)
 
 
-def _finish(db: Database, comparison_id: str, rank: int, attempt: int, status: str, message: str) -> None:
+def _finish(db: Database, comparison_id: str, rank: int, slice_: int, attempt: int, status: str, message: str
+            ) -> None:  # fmt: skip
     with db.write() as session:
-        task = _held_task(session, comparison_id, rank, attempt)
+        task = _held_task(session, comparison_id, rank, attempt, slice_)
         if task is not None:
             task.status, task.error, task.finished_at, task.lease_expires_at = (
                 status,
@@ -438,7 +573,7 @@ def merge_comparison(session: Session, comparison_id: str) -> None:
     row, the order a claim takes them in too), so of two tasks finishing at once the second sees the first
     one's committed state, and exactly one of them merges.
     """
-    c = session.get(Comparison, comparison_id, with_for_update=True)
+    c = session.get(Comparison, comparison_id, with_for_update=COMPARISON_LOCK)
     if c is None:
         return
     # Two aggregates first: with R ranks, each of the R finishing tasks looks, and loading every task
@@ -457,18 +592,19 @@ def merge_comparison(session: Session, comparison_id: str) -> None:
     if not tasks:
         return
     failed = [t for t in tasks if t.status == "failed"]
-    done = [t for t in tasks if t.status == "succeeded"]
+    # A rank's result: its one task, or the slice that joined its slices (the others hold no summary).
+    done = [t for t in tasks if t.status == "succeeded" and t.summary is not None]
     c.progress, c.finished_at, c.lease_expires_at = 1.0, utcnow(), None
     if failed or not done:
         c.status, c.summary, c.headers = "failed", None, None
         why = failed or tasks
-        c.error = "; ".join(f"rank {t.rank}: {t.error}" for t in why)[:4000]
+        c.error = "; ".join(f"rank {t.rank}{_of(t.slice)}: {t.error}" for t in why)[:4000]
         logger.warning("comparison %s failed: %s", comparison_id, c.error)
         return
     c.status, c.error = "succeeded", None
     c.headers = {str(t.rank): list(t.header or []) for t in done}
     c.summary = comparison_summary(
-        [t.summary or {} for t in done], skipped=[t.rank for t in tasks if t.status == "skipped"]
+        [t.summary or {} for t in done], skipped=sorted({t.rank for t in tasks if t.status == "skipped"})
     )
     # The ranks stored their calls with their rows; their counts make the calls ready for the pages.
     session.execute(delete(ComparisonCounts).where(ComparisonCounts.comparison_id == comparison_id))

@@ -267,8 +267,9 @@ class Validator:
         from parity.server.services.runs import RunService
 
         runs = RunService(self.db, self.store, self.settings.max_upload_bytes)
-        BaselineService(self.db, runs, ComparisonService(self.db, self.store, self.queue)) \
-            .compare_with_baseline(run_id)  # fmt: skip
+        comparisons = ComparisonService(self.db, self.store, self.queue,
+                                        task_max_bytes=self.settings.task_max_bytes)  # fmt: skip
+        BaselineService(self.db, runs, comparisons).compare_with_baseline(run_id)
 
 
 @contextmanager

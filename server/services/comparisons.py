@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import threading
 import uuid
 from collections import OrderedDict
@@ -60,7 +61,8 @@ def comparison_public(c: Comparison, tasks: list[ComparisonTask] | None = None) 
         finished_at=c.finished_at,
         summary=ComparisonSummary(**c.summary) if c.summary else None,
         tasks=[RankTaskPublic(
-            rank=t.rank, status=t.status, progress=t.progress, attempt=t.attempt,  # type: ignore[arg-type]
+            rank=t.rank, slice=t.slice, slices=t.slices, status=t.status,  # type: ignore[arg-type]
+            progress=t.progress, attempt=t.attempt,
             error=t.error, rows=t.rows, started_at=t.started_at, finished_at=t.finished_at,
         ) for t in tasks],
         against_baseline=bool(c.against_baseline),
@@ -135,10 +137,12 @@ def _seek(rank_counts: list[tuple[int, int]], offset: int) -> tuple[int, int] | 
 
 
 class ComparisonService:
-    def __init__(self, db: Database, store: BlobStore, queue: JobQueue) -> None:
+    def __init__(self, db: Database, store: BlobStore, queue: JobQueue, *, task_max_bytes: int = 2 * 1024**3
+                 ) -> None:  # fmt: skip
         self.db = db
         self.store = store
         self.queue = queue
+        self.task_max_bytes = task_max_bytes  # PARITY_TASK_MAX_BYTES: past it, a rank is split in slices
         self._finished: OrderedDict[str, _Finished] = OrderedDict()
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()
@@ -194,6 +198,7 @@ class ComparisonService:
             )
         asked_ranks = sorted(set(body.ranks)) if body.ranks is not None else None
         options = body.options.model_dump()
+        slices = self._slices(target_id, bench_id, step, ranks)
         now = utcnow()
         with self.db.write() as session:
             # The same request twice at once makes one comparison: the second waits here, then finds it.
@@ -206,12 +211,12 @@ class ComparisonService:
                     ranks=asked_ranks, options=options, status="queued", progress=0.0, created_at=now,
                     attempt=0, against_baseline=against_baseline,
                 )  # fmt: skip
-                # One task per rank pair: the workers compare ranks side by side, and each rank is stored,
-                # retried and taken over on its own.
+                # One task per rank pair (per slice of a rank past task_max_bytes): the workers compare
+                # ranks side by side, and each is stored, retried and taken over on its own.
                 tasks = [
-                    ComparisonTask(comparison_id=comparison.id, rank=rank, status="queued", attempt=0,
-                                   progress=0.0, queued_at=now)
-                    for rank in ranks
+                    ComparisonTask(comparison_id=comparison.id, rank=rank, slice=k, slices=slices[rank],
+                                   status="queued", attempt=0, progress=0.0, queued_at=now)
+                    for rank in ranks for k in range(slices[rank])
                 ]  # fmt: skip
                 session.add(comparison)
                 session.flush()
@@ -227,11 +232,20 @@ class ComparisonService:
             logger.info("comparison %s asked for again: it is %s", existing.id, existing.status)
             return self.get(existing.id)
         # Enqueued only after the commit, so a worker always finds the row it is given.
-        for rank in ranks:
-            self.queue.submit(task_id(comparison.id, rank))
-        logger.info("comparison %s queued (%s vs %s, step %s, %d rank(s))", comparison.id, target_id,
-                    bench_id, step, len(ranks))  # fmt: skip
+        for t in tasks:
+            self.queue.submit(task_id(comparison.id, t.rank, t.slice))
+        logger.info("comparison %s queued (%s vs %s, step %s, %d rank(s), %d task(s))", comparison.id,
+                    target_id, bench_id, step, len(ranks), len(tasks))  # fmt: skip
         return comparison_public(comparison, tasks)
+
+    def _slices(self, target_id: str, bench_id: str, step: int, ranks: Sequence[int]) -> dict[int, int]:
+        """How many tasks each rank pair gets: ceil(its files' bytes / task_max_bytes), at least one.
+
+        Counted at plan time from the stored sizes: both runs' files of the rank (dump.json, stack.json and
+        the tensor files; in statistics and md5 modes the dump.json's bytes stand for its entries)."""
+        with self.db.read() as session:
+            sizes = RunRepository(session).rank_bytes((target_id, bench_id), step, ranks)
+        return {rank: max(1, math.ceil(sizes.get(rank, 0) / self.task_max_bytes)) for rank in ranks}
 
     def retry(self, comparison_id: str) -> ComparisonPublic:
         """Queue the failed ranks of a failed comparison again, and only those: the others keep their rows."""
@@ -252,13 +266,14 @@ class ComparisonService:
                 t.status, t.error, t.progress, t.queued_at, t.finished_at = "queued", None, 0.0, now, None
                 t.lease_expires_at, t.worker = None, None
             c.status, c.error, c.finished_at, c.summary, c.headers = "running", None, None, None, None
-            ranks = [t.rank for t in again]
+            keys = [(t.rank, t.slice) for t in again]
             public = comparison_public(c, tasks)
         with self._lock:
             self._finished.pop(comparison_id, None)
-        for rank in ranks:
-            self.queue.submit(task_id(comparison_id, rank))
-        logger.info("comparison %s: rank(s) %s queued again", comparison_id, ranks)
+        for rank, k in keys:
+            self.queue.submit(task_id(comparison_id, rank, k))
+        logger.info("comparison %s: task(s) %s queued again", comparison_id,
+                    ", ".join(f"rank {r}" if k == 0 else f"rank {r} slice {k}" for r, k in keys))  # fmt: skip
         return public
 
     def _require(self, session: Any, comparison_id: str) -> Comparison:
@@ -440,8 +455,10 @@ class ComparisonService:
             if c.status != "succeeded":
                 raise Conflict(f"comparison {comparison_id} is {c.status}; a summary exists once it succeeds")
             tasks = TaskRepository(session).for_comparison(comparison_id)
-        doc = multi_rank_summary([t.summary or {} for t in tasks if t.status == "succeeded"],
-                                 skipped_ranks=[t.rank for t in tasks if t.status == "skipped"])  # fmt: skip
+        # a sliced rank's result is on the slice that joined the others; the other slices hold no summary
+        docs = [t.summary for t in tasks if t.status == "succeeded" and t.summary is not None]
+        skipped = sorted({t.rank for t in tasks if t.status == "skipped"})
+        doc = multi_rank_summary(docs, skipped_ranks=skipped)
         text = json.dumps(json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
         return f"compare_summary_{comparison_id[:8]}.json", iter([text.encode()])
 

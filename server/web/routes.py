@@ -295,7 +295,11 @@ def _rank_progress(c: ComparisonPublic) -> dict[str, float]:
     """Per-rank progress where the comparison reports it (one task per rank, each with its ``progress``),
     else none: the page then shows the comparison's overall progress only."""
     tasks = getattr(c, "tasks", None) or []
-    return {str(t.rank): float(t.progress) for t in tasks if hasattr(t, "rank") and hasattr(t, "progress")}
+    shares: dict[str, list[float]] = {}
+    for t in tasks:
+        if hasattr(t, "rank") and hasattr(t, "progress"):  # a rank split in slices: the mean of its slices
+            shares.setdefault(str(t.rank), []).append(float(t.progress))
+    return {rank: sum(p) / len(p) for rank, p in shares.items()}
 
 
 @router.get("/comparisons/{comparison_id}/status.json")

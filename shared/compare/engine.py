@@ -9,7 +9,7 @@ and status → advice and suspects, each step one pass over plain lists.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from parity.shared.compare import md5 as md5_mode
@@ -25,6 +25,7 @@ from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.pairing import pair_rows
 from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, RowStatus
 from parity.shared.compare.rows import SideRows, data_file, side_rows
+from parity.shared.compare.slices import CallSlice, TablePart
 from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import suspects_of
 from parity.shared.dump.layout import sibling_stack_json
@@ -78,20 +79,76 @@ def compare_dumps(
     ``(done, total)`` in tensor pairs (tensor mode) or rows (other modes, once at the end). ``read_dump``
     reads each side (the server's tasks pass ``dump.sidecar.read_dump``, which takes already parsed columns).
     """
-    npu, bench = read_dump(npu_dump_json), read_dump(bench_dump_json)
-    mode = detect_mode(npu, bench)
-    stacks: dict[str, list[str]] | None
-    if stack_path is not None:
-        stacks = load_stack(stack_path)
-        stack_mode = options.stack_mode
-    else:
-        found = sibling_stack_json(npu_dump_json)
-        stacks = load_stack(found) if found is not None else None
-        stack_mode = found is not None
-    result = _compare(npu, bench, mode, options, stacks, stack_mode, progress)
+    part = compare_part(npu_dump_json, bench_dump_json, options, stack_path=stack_path, progress=progress,
+                        read_dump=read_dump)  # fmt: skip
+    result = conclude([part], stacks_of(npu_dump_json, stack_path))
     result.npu_path = str(npu_dump_json)
     result.bench_path = str(bench_dump_json)
     return result
+
+
+def compare_part(
+    npu_dump_json: Path,
+    bench_dump_json: Path,
+    options: CompareOptions,
+    *,
+    part: CallSlice | None = None,
+    stack_path: Path | None = None,
+    progress: Progress | None = None,
+    read_dump: Callable[[Path], Dump] = load_dump,
+) -> TablePart:
+    """The finished rows of the NPU calls ``part`` selects (every call when None), before localization.
+
+    Both dumps are read and paired whole, so a row pairs as it would in the whole compare; only the part's
+    rows are built into cells, and in tensor mode only their tensor files are read. ``conclude`` over the
+    parts of every slice of a rank gives the result ``compare_dumps`` gives for the rank.
+    """
+    npu, bench = read_dump(npu_dump_json), read_dump(bench_dump_json)
+    mode = detect_mode(npu, bench)
+    stacks = stacks_of(npu_dump_json, stack_path)
+    stack_mode = options.stack_mode if stack_path is not None else stacks is not None
+    return _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part)
+
+
+def part_tensor_files(
+    npu_dump_json: Path,
+    bench_dump_json: Path,
+    options: CompareOptions,
+    part: CallSlice,
+    *,
+    read_dump: Callable[[Path], Dump] = load_dump,
+) -> tuple[list[str], list[str]]:
+    """The tensor files (names under each side's ``dump_tensor_data``) the rows of ``part`` read: what a
+    worker fetches for one slice of a rank. Empty outside tensor mode."""
+    npu, bench = read_dump(npu_dump_json), read_dump(bench_dump_json)
+    if detect_mode(npu, bench) is not CompareMode.TENSOR:
+        return [], []
+    npu_rows = side_rows(npu, tensor_mode=True)
+    bench_rows = side_rows(bench, tensor_mode=True)
+    bench_index = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match).bench_index
+    start, stop, _ = part.rows(npu_rows.apis)
+    n_leaf, b_leaf = npu.columns.leaf, bench.columns.leaf
+    npu_files: list[str] = []
+    bench_files: list[str] = []
+    for i in range(start, stop):
+        j = bench_index[i]
+        if j < 0:
+            continue
+        n, b = n_leaf(i), b_leaf(j)
+        # the engine reads a pair only when both sides name a file (else the row says why, no file read)
+        if n.data_name:
+            npu_files.append(n.data_name)
+        if b.data_name:
+            bench_files.append(b.data_name)
+    return npu_files, bench_files
+
+
+def stacks_of(npu_dump_json: Path, stack_path: Path | None) -> dict[str, list[str]] | None:
+    """The stack.json a compare reads: ``stack_path``, else the one beside the NPU dump.json (§1.1)."""
+    if stack_path is not None:
+        return load_stack(stack_path)
+    found = sibling_stack_json(npu_dump_json)
+    return load_stack(found) if found is not None else None
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -109,10 +166,10 @@ def compare_loaded(
     progress: Progress | None = None,
 ) -> CompareResult:
     """Compare two already-read dumps in ``mode`` (see ``compare_dumps``)."""
-    return _compare(npu, bench, mode, options, stacks, stack_mode, progress)
+    return conclude([_table_part(npu, bench, mode, options, stacks, stack_mode, progress, None)], stacks)
 
 
-def _compare(
+def _table_part(
     npu: Dump,
     bench: Dump,
     mode: CompareMode,
@@ -120,8 +177,15 @@ def _compare(
     stacks: Mapping[str, list[str]] | None,
     stack_mode: bool,
     progress: Progress | None,
-) -> CompareResult:
-    """The pipeline: rows, pairing, cells, tensor metrics, highlights, statuses, advice and suspects."""
+    part: CallSlice | None,
+) -> TablePart:
+    """The rows: pairing, cells, tensor metrics, highlights and statuses, for the calls of ``part``.
+
+    The whole table is laid out (cheap) and cut to the part's rows before the tensor metrics (the cost),
+    so a row is built exactly as in the whole compare: the highlight rules group the rows of one call,
+    which a slice never splits, and the bench-only rows go with the last slice, beside the last call they
+    follow.
+    """
     tensor = mode is CompareMode.TENSOR
     header = full_header(mode, stack=stack_mode)
     missing: list[Path] = []
@@ -141,23 +205,51 @@ def _compare(
     paired = len(npu_rows) - pairing.bench_index.count(-1)
     logger.debug("%s mode: %d NPU rows, %d bench rows, %d paired, %d bench-only", mode.value,
                  len(npu_rows), len(bench_rows), paired, len(pairing.bench_only))  # fmt: skip
+    start, stop, calls = (part or CallSlice()).rows(npu_rows.apis)
+    if part is not None:
+        # the last slice keeps the bench-only rows, which follow the last call
+        _cut(table, start, len(table.rows) if stop == len(npu_rows) else stop)
     if tensor:
         missing = _run_tensor_metrics(table, header, npu, bench, options, progress)
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
     _finish_rows(table, header, mode)
-    localization = localize(table.rows, table.states, header, mode)
-    advice = advise(table.rows, header, mode, localization)
+    return TablePart(mode=mode.value, stack_mode=stack_mode, rows=table.rows, states=table.states,
+                     missing_tensor_files=[str(f) for f in missing], calls=calls)  # fmt: skip
+
+
+def _cut(table: Table, start: int, stop: int) -> None:
+    """Keep rows ``[start, stop)`` of ``table`` (each side of the cut a call boundary), renumbered from 0."""
+    table.rows = table.rows[start:stop]
+    table.states = table.states[start:stop]
+    table.messages = table.messages[start:stop]
+    table.jobs = [(i - start, n, b) for i, n, b in table.jobs if start <= i < stop]
+    if table.highlight_ranges is not None:
+        clipped = ((max(a, start) - start, min(b, stop) - start) for a, b in table.highlight_ranges)
+        table.highlight_ranges = [(a, b) for a, b in clipped if a < b]
+
+
+def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None = None) -> CompareResult:
+    """One rank's result from the parts of all its slices (in call order): localization, advice and
+    suspects need every call of the rank, so they run here, once, over the joined rows."""
+    if not parts:
+        raise CompareInputError("a rank's result needs at least one part")
+    mode, stack_mode = CompareMode(parts[0].mode), parts[0].stack_mode
+    header = full_header(mode, stack=stack_mode)
+    rows = [row for p in parts for row in p.rows] if len(parts) > 1 else parts[0].rows
+    states = [state for p in parts for state in p.states] if len(parts) > 1 else parts[0].states
+    localization = localize(rows, states, header, mode)
+    advice = advise(rows, header, mode, localization)
     pos = {name: i for i, name in enumerate(header)}
 
     def reason_of(i: int) -> str:
-        return _reason(table.rows[i], pos, mode)
+        return _reason(rows[i], pos, mode)
 
-    suspects, first = suspects_of(localization, table.rows, reason_of, stacks)
-    return CompareResult(mode=mode, stack_mode=stack_mode, rows=table.rows, advice=advice, suspects=suspects,
-                         first_divergence=first, row_scores=localization.row_scores(len(table.rows)),
-                         missing_tensor_files=[str(f) for f in missing])  # fmt: skip
+    suspects, first = suspects_of(localization, rows, reason_of, stacks)
+    return CompareResult(mode=mode, stack_mode=stack_mode, rows=rows, advice=advice, suspects=suspects,
+                         first_divergence=first, row_scores=localization.row_scores(len(rows)),
+                         missing_tensor_files=[f for p in parts for f in p.missing_tensor_files])  # fmt: skip
 
 
 def _build_rows(

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import CompareResult, Suspect
+from parity.shared.compare.slices import CallSlice, TablePart
 from parity.shared.compare.spec import CompareSpec
 from parity.shared.dump.layout import find_rank_dirs
 from parity.shared.errors import CompareInputError
@@ -167,16 +168,70 @@ def compare_rank(
     served as it is. ``read_dump`` replaces ``load_dump`` for both sides (see ``engine.compare_dumps``).
     Raises ``CompareInputError``/``DumpError`` for bad inputs, ``ReportError`` when a file cannot be written.
     """
+    part = compare_slice(pair, options, None, progress=progress, read_dump=read_dump)
+    return finish_rank(pair, [part], xlsx_path=xlsx_path, advisor_path=advisor_path, highlight=highlight,
+                       log_rows=log_rows)  # fmt: skip
+
+
+def compare_slice(
+    pair: RankPair,
+    options: CompareOptions,
+    part: CallSlice | None,
+    *,
+    progress: ProgressCallback | None = None,
+    read_dump: Callable[[Path], Dump] | None = None,
+) -> TablePart:
+    """The rows of one slice of a rank's calls (``None``: all of them), for ``finish_rank`` to join.
+
+    A rank too large for one task is compared as slices on several workers, each storing its part.
+    """
     from parity.shared.compare import engine  # imported here: the plan needs none of the engine
 
     started = time.perf_counter()
     extra = {"read_dump": read_dump} if read_dump is not None else {}
-    result = engine.compare_dumps(
-        pair.npu_dump, pair.bench_dump, options, stack_path=pair.stack_path, progress=progress, **extra
-    )
+    table = engine.compare_part(pair.npu_dump, pair.bench_dump, options, part=part,
+                                stack_path=pair.stack_path, progress=progress, **extra)  # fmt: skip
+    first, stop, n = table.calls
+    logger.info("rank %s: compared %d rows (calls %d-%d of %d) in %.2f s",
+                "-" if pair.rank is None else pair.rank, len(table.rows), first, stop, n,
+                time.perf_counter() - started)  # fmt: skip
+    return table
+
+
+def slice_tensor_files(
+    pair: RankPair,
+    options: CompareOptions,
+    part: CallSlice,
+    *,
+    read_dump: Callable[[Path], Dump] | None = None,
+) -> tuple[list[str], list[str]]:
+    """The tensor files (NPU, bench: names in each ``dump_tensor_data``) that slice ``part`` reads."""
+    from parity.shared.compare import engine
+
+    extra = {"read_dump": read_dump} if read_dump is not None else {}
+    return engine.part_tensor_files(pair.npu_dump, pair.bench_dump, options, part, **extra)
+
+
+def finish_rank(
+    pair: RankPair,
+    parts: Sequence[TablePart],
+    *,
+    xlsx_path: Path,
+    advisor_path: Path | None,
+    highlight: bool = True,
+    log_rows: bool = False,
+) -> RankReport:
+    """Join the parts of every slice of a rank (in call order) into its result; write its xlsx and advisor.
+
+    The same whatever the slicing: the parts hold the rows as the whole compare builds them, and the
+    rank-wide steps (localization, advice, suspects) run here over all of them. ``pair`` names the dumps
+    for the stack.json and the result's paths.
+    """
+    from parity.shared.compare import engine
+
+    result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path))
     result.rank = pair.rank
-    logger.info("rank %s: compared %d rows in %.2f s", "-" if pair.rank is None else pair.rank,
-                len(result.rows), time.perf_counter() - started)  # fmt: skip
+    result.npu_path, result.bench_path = str(pair.npu_dump), str(pair.bench_dump)
     if log_rows:
         _log_rows(result)
     write_xlsx(result, xlsx_path, highlight=highlight)

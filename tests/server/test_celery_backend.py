@@ -306,7 +306,7 @@ def test_a_live_lease_keeps_the_job_and_a_lapsed_one_gives_it_up(db_with_job: tu
         assert repo.renew_lease(cid, 0, 2, now + timedelta(seconds=180))
     assert claim(db, cid, now + timedelta(seconds=121)) is None  # renewed: still held
     with db.write() as session:
-        session.get_one(ComparisonTask, (cid, 0)).status = "succeeded"
+        session.get_one(ComparisonTask, (cid, 0, 0)).status = "succeeded"
     assert claim(db, cid, now + timedelta(seconds=999)) is None  # a finished job is never claimed again
 
 
@@ -341,7 +341,7 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
 
     def lease_expiry() -> datetime:
         with db.read() as session:
-            value = session.get_one(ComparisonTask, (cid, 0)).lease_expires_at
+            value = session.get_one(ComparisonTask, (cid, 0, 0)).lease_expires_at
         assert value is not None
         return value
 
@@ -358,7 +358,7 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
         with pytest.raises(LeaseLost, match="attempt 1 no longer holds the task"):
             lease.check()
     with db.read() as session:
-        assert session.get_one(ComparisonTask, (cid, 0)).attempt == 2  # the lost attempt wrote nothing
+        assert session.get_one(ComparisonTask, (cid, 0, 0)).attempt == 2  # the lost attempt wrote nothing
 
 
 def test_a_celery_worker_killed_mid_validation_has_it_taken_over(
