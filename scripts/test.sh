@@ -25,7 +25,8 @@ if ! chromium_ensure; then
   echo "test.sh: chromium could not be installed; the browser tests will be skipped" >&2
 fi
 set +e
-$BIN/python -m pytest -q -p no:cacheprovider "$@"
+# Two workers, a test file each at a time (module fixtures such as a started server stay on one worker).
+$BIN/python -m pytest -q -p no:cacheprovider -n "${PARITY_TEST_WORKERS:-2}" --dist loadfile "$@"
 rc=$?
 set -e
 # pytest's 5 means no test was collected: that is a failure for CI, not a pass.
