@@ -333,7 +333,8 @@ def test_exactly_one_of_many_claimants_wins_a_lapsed_job(db_with_job: tuple[Data
 def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
     db_with_job: tuple[Database, str],
 ) -> None:
-    from parity.server.jobs.runner import LeaseLost, _Lease
+    from parity.server.jobs.lease import LeaseLost
+    from parity.server.jobs.runner import _task_lease
 
     db, cid = db_with_job
     now = utcnow()
@@ -346,7 +347,7 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
         return value
 
     first = lease_expiry()
-    with _Lease(db, cid, 0, 1, 0.3) as lease:
+    with _task_lease(db, cid, 0, 1, 0.3) as lease:
         deadline = time.monotonic() + 10
         while lease_expiry() <= first and time.monotonic() < deadline:  # renewed every 0.1 s
             time.sleep(0.02)
