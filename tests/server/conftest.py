@@ -222,5 +222,5 @@ def wait_comparison(api: httpx.Client, cid: str, timeout: float = 180) -> dict[s
         body = api.get(f"/comparisons/{cid}").json()
         if body["status"] in ("succeeded", "failed"):
             return dict(body)
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise AssertionError(f"comparison {cid} did not finish in {timeout}s: {body}")
