@@ -227,7 +227,13 @@ def test_celery_runs_slices_and_gives_what_one_task_per_rank_gives(
     """A real Redis and ``celery worker``: the slices of each rank (task ids ``COMPARISON:RANK.SLICE``) give
     the summary, rows and advisor text that the local pool gives with one task per rank."""
     from tests.server.conftest import ServerProcess, upload_run
-    from tests.server.test_celery_backend import WorkerProcess, celery_env, outcome, post_comparison
+    from tests.server.test_celery_backend import (
+        WorkerProcess,
+        celery_env,
+        outcome,
+        outcome_on_the_local_pool,
+        post_comparison,
+    )
 
     npu = _dump(tmp_path / "npu", "tensor", drift=0.02)
     gpu = _dump(tmp_path / "gpu", "tensor", drift=0.0)
@@ -245,9 +251,4 @@ def test_celery_runs_slices_and_gives_what_one_task_per_rank_gives(
     worker.stop()
     srv.stop()
 
-    local: ServerProcess = spawn(
-        ServerProcess(data_dir, {"PARITY_JOB_BACKEND": "local", "PARITY_WORKERS": "1"})
-    )
-    with local.client() as api:
-        by_ranks = outcome(api, post_comparison(api, target, bench, ranks=[0, 1])["id"])
-    assert by_slices == by_ranks
+    assert by_slices == outcome_on_the_local_pool(spawn, data_dir, target, bench)  # one task per rank
