@@ -74,8 +74,8 @@ def test_sigterm_to_the_process_group_stops_a_server_with_an_idle_client_and_run
                 message = f"not stopped {STOP_WITHIN_S:g} s after SIGTERM:\n{srv.log()[-3000:]}"
                 raise AssertionError(message) from None
             took = time.monotonic() - began
-        # uvicorn re-raises the SIGTERM it handled once shut down, so the exit status is the signal's
-        assert code == -signal.SIGTERM, srv.log()[-3000:]
+        # uvicorn (0.29 on) re-raises the SIGTERM it handled once shut down: the exit status is the signal's
+        assert code in (0, -signal.SIGTERM), srv.log()[-3000:]
         assert "Application shutdown complete" in srv.log(), srv.log()[-3000:]  # graceful, not killed
         assert took < STOP_WITHIN_S
         assert _left(workers) == []
