@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity.client.rest import ApiError, ParityClient
-from parity.shared.contract import ComparisonPublic
+from parity.shared.contract import ComparisonPublic, SuspectPublic
+from parity.shared.report.advisor import excel_where, suspect_lines
 
 __all__ = ["download_reports", "report_names", "summary_lines"]
 
@@ -51,18 +52,15 @@ def download_reports(api: ParityClient, info: ComparisonPublic, out_dir: Path) -
 
 
 def summary_lines(info: ComparisonPublic, limit: int = 10) -> list[str]:
-    """The comparison's verdict and its top ``limit`` suspects, one line each."""
+    """The comparison's verdict, then its first divergence and top ``limit`` suspects in the advisor file's
+    own words (``shared.report.advisor.suspect_lines``, the one formatter), each naming its rank."""
     summary = info.summary
     if summary is None:
         return [f"comparison {info.id}: {info.status}, no summary"]
-    lines = [
-        f"comparison {info.id}: {summary.rows} rows, {summary.failing_rows} failing, "
-        f"{len(summary.failing_apis)} failing APIs (mode {summary.mode})"
-    ]
-    if not summary.top_suspects:
-        return [*lines, "no suspects: every compared API agrees within tolerance"]
-    lines.append("top suspects (where precision is first lost):")
-    for s in summary.top_suspects[:limit]:
-        where = f" [{' '.join(s.stack.split())}]" if s.stack else ""
-        lines.append(f"  {s.rank}. {s.api} ({s.direction}, rank {s.compare_rank}): {s.reason}{where}")
-    return lines
+    header = (f"comparison {info.id}: {summary.rows} rows, {summary.failing_rows} failing, "
+              f"{len(summary.failing_apis)} failing APIs (mode {summary.mode})")  # fmt: skip
+
+    def where(suspect: SuspectPublic) -> str:
+        return f"rank {suspect.compare_rank}, {excel_where(suspect)}"
+
+    return [header, *suspect_lines(summary.top_suspects, summary.first_divergence, limit=limit, where=where)]

@@ -51,9 +51,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerProcess:
     """``parity server`` in a subprocess on a free port, with its log in ``{data_dir}/server.log``.
 
-    ``env`` adds ``PARITY_*`` settings (database URL, tokens, workers) to the inherited environment; the data
-    dir is always ``data_dir``. :meth:`start` returns once ``/healthz`` answers; :meth:`kill` is SIGKILL (to
-    test crash recovery), :meth:`stop` a graceful SIGTERM.
+    ``env`` adds ``PARITY_*`` settings (database URL, tokens, workers) to ``base_env`` (by default this
+    process's environment); the data dir is always ``data_dir``. :meth:`start` returns once ``/healthz``
+    answers; :meth:`kill` is SIGKILL (to test crash recovery), :meth:`stop` a graceful SIGTERM.
     """
 
     def __init__(
@@ -63,11 +63,13 @@ class ServerProcess:
         host: str = "127.0.0.1",
         port: int | None = None,
         env: Mapping[str, str] | None = None,
+        base_env: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
         self.port = port or free_port(host)
         self.env = dict(env or {})
+        self.base_env = dict(os.environ if base_env is None else base_env)
         self.log_path = self.data_dir / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -78,14 +80,16 @@ class ServerProcess:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "parity", "server", "--host", self.host, "--port", str(self.port)]
 
+    def environment(self) -> dict[str, str]:
+        """The server's whole environment (a Celery worker beside it is configured with the same)."""
+        return {**self.base_env, "PARITY_DATA_DIR": str(self.data_dir), **self.env}
+
     def start(self, timeout: float = 60.0) -> str:
         """Start the server and wait until it is healthy; returns its base URL."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PARITY_DATA_DIR": str(self.data_dir), **self.env}
         with self.log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(
-                self.command(), env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=log_file,
+                                         stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -104,9 +108,10 @@ class ServerProcess:
             return "(no server log)"
 
     def _signal_group(self, sig: int) -> None:
-        # The server's compare workers are its children: signal the whole session so none is left behind.
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
+        # The server's compare workers are its children: signal the whole session so none is left behind,
+        # also once the server itself has exited (the group lives on while any member does).
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, sig)
 
     def kill(self) -> None:
@@ -116,13 +121,16 @@ class ServerProcess:
             self.proc.wait(10)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """Stop gracefully (SIGTERM), and SIGKILL what is left after ``timeout``."""
+        """Stop gracefully, as a service manager does: SIGTERM to the server, which stops its workers
+        itself and exits in about a second; SIGKILL what is left after ``timeout``."""
         if self.proc is None:
             return
-        self._signal_group(signal.SIGTERM)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            log.warning("parity server still up %g s after SIGTERM; killed:\n%s", timeout, self.log_tail())
             self.kill()
         self._signal_group(signal.SIGKILL)  # stray workers of a server that exited first
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 
+#: Seconds a SIGTERM waits for requests in flight before the app shuts down (its workers stop first).
+GRACEFUL_SHUTDOWN_S = 5
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
@@ -25,5 +28,8 @@ def run(args: argparse.Namespace) -> int:
     open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
     app = create_app(settings)
     # One process: the job pool lives in it, and uvicorn's --workers would start one pool per process.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    # On SIGTERM, requests still running after the grace are cut off (an uploader resumes its file) rather
+    # than holding the shutdown open without bound.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
     return 0

@@ -7,6 +7,11 @@ costs a claim and its own work, not an interpreter start and the engine's import
 server (``PR_SET_PDEATHSIG``), and the task's ``attempt`` counter stops a stale child from writing over a
 newer attempt in any case.
 
+Idle workers sleep on a :class:`Bell`, bytes in a non-blocking pipe, not on a ``multiprocessing.Event``: that
+Event's ``set`` waits for every sleeper to acknowledge its wake-up, so one worker killed while it slept (the
+OOM killer, a Ctrl-C or ``systemctl stop`` signalling the whole process group) made every later ``set`` block
+for ever: each ``POST /comparisons`` (``submit``) and the server's own shutdown hung.
+
 A child that dies (a crash, a kill, out of memory) loses only the task it held: the dispatcher puts that
 rank back in the queue at once, without waiting for its lease, up to :data:`MAX_ATTEMPTS` claims, and starts
 a new child. At start every task still ``running`` is queued again (the children of the previous server
@@ -17,15 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import logging
 import multiprocessing
 import os
 import signal
 import sys
+import termios
 import threading
 import uuid
+from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
-from multiprocessing.synchronize import Event
 from typing import Any
 
 from parity.server.db import Database
@@ -52,7 +59,40 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake: Event) -> None:
+class Bell:
+    """Wakes idle workers across processes, and no process can jam it: each pending wake-up is a byte in a
+    non-blocking pipe that every worker reads from and the server and every worker write to.
+
+    ``ring`` tops the pipe up to ``wakes`` bytes (one per worker, so all idle ones wake, as an Event's
+    ``set`` did; never more, so wake-ups rung while every worker was busy cost at most one extra look at the
+    queue each). ``wait`` sleeps until a byte is there (or ``timeout``) and takes one. A writer or reader
+    killed at any point leaves at most a byte behind; nothing waits on it.
+    """
+
+    def __init__(self, ctx: SpawnContext, wakes: int) -> None:
+        self.wakes = wakes
+        self._read, self._write = ctx.Pipe(duplex=False)  # Connections: handed to spawned children
+        for conn in (self._read, self._write):  # a flag of the pipe itself, so of every process's copy
+            os.set_blocking(conn.fileno(), False)
+
+    def ring(self) -> None:
+        with contextlib.suppress(OSError):  # a full or closed pipe: wake-ups are pending, or nobody listens
+            missing = self.wakes - self._pending()
+            if missing > 0:
+                os.write(self._write.fileno(), b"\0" * missing)
+
+    def wait(self, timeout: float) -> None:
+        if self._read.poll(timeout):
+            with contextlib.suppress(BlockingIOError):  # another worker took that byte first
+                os.read(self._read.fileno(), 1)
+
+    def _pending(self) -> int:
+        buf = bytearray(4)
+        fcntl.ioctl(self._read.fileno(), termios.FIONREAD, buf)
+        return int.from_bytes(buf, sys.byteorder)
+
+
+def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake: Bell) -> None:
     _die_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from parity.server.jobs.runner import TaskRunner, import_engine
@@ -68,18 +108,17 @@ def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake
             continue
         if not runner.run_next():
             wake.wait(POLL_SECONDS)
-            wake.clear()
 
 
 class _Wake:
     """A worker's ``JobQueue`` for what it queues itself (a comparison against the baseline once a run it
     validated is complete): the task is in the table already, the other workers only need waking."""
 
-    def __init__(self, wake: Event) -> None:
+    def __init__(self, wake: Bell) -> None:
         self._wake = wake
 
     def submit(self, task_id: str) -> None:
-        self._wake.set()
+        self._wake.ring()
 
     def start(self) -> None:
         pass
@@ -96,13 +135,13 @@ class LocalProcessQueue:
         self.db = db
         self.workers = max(1, settings.workers)
         self._ctx = multiprocessing.get_context("spawn")
-        self._wake = self._ctx.Event()
+        self._wake = Bell(self._ctx, self.workers)
         self._children: dict[str, BaseProcess] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     def submit(self, task_id: str) -> None:
-        self._wake.set()
+        self._wake.ring()
 
     def start(self) -> None:
         # Only one server runs a given database's local pool, so whatever is still "running" was
@@ -159,7 +198,7 @@ class LocalProcessQueue:
         from parity.server.jobs.validation import recover
 
         recover(self.db, worker, why, MAX_ATTEMPTS)
-        self._wake.set()
+        self._wake.ring()
 
         with self.db.read() as session:
             t = ComparisonTask
@@ -175,7 +214,7 @@ class LocalProcessQueue:
             with self.db.write() as session:
                 TaskRepository(session).requeue_running(worker)
             logger.warning("comparison %s rank %d: %s; queued again", comparison_id, rank, why)
-            self._wake.set()
+            self._wake.ring()
 
     def _shutdown_children(self) -> None:
         from parity.server.jobs.validation import ValidationRepository

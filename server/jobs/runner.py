@@ -24,10 +24,9 @@ import os
 import shutil
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +34,8 @@ import orjson
 from parity.server.blob_cache import Checkout, MissingBlob, worker_cache
 from parity.server.db import Database
 from parity.server.errors import ServiceError
-from parity.server.jobs.limits import Deadline, redact_paths
+from parity.server.jobs.lease import Lease, LeaseLost
+from parity.server.jobs.limits import redact_paths
 from parity.server.models import (
     Comparison,
     ComparisonCall,
@@ -69,7 +69,6 @@ TENSOR_DIR = "dump_tensor_data"
 COMPARISON_LOCK: dict[str, bool] = {"key_share": True}
 
 ROW_BATCH = 5000
-PROGRESS_INTERVAL_S = 0.5
 TOP_SUSPECTS = 10
 TERMINAL = frozenset({"succeeded", "failed", "skipped"})
 _FAILING = frozenset(status.value for status in FAILING_STATUSES)
@@ -77,11 +76,6 @@ _FAILING = frozenset(status.value for status in FAILING_STATUSES)
 
 class JobError(ServiceError):
     """A task cannot run (its files are missing from the store, the runs disagree)."""
-
-
-class LeaseLost(Exception):
-    """This attempt no longer holds its task (its lease passed and another worker claimed it, or the
-    comparison was deleted): the work stops, and nothing is recorded."""
 
 
 def worker_name() -> str:
@@ -144,7 +138,7 @@ class TaskRunner:
         try:
             timeout = self.settings.job_timeout_seconds
             with (
-                _Lease(self.db, comparison_id, rank, attempt, lease_s, timeout, slice_) as lease,
+                _task_lease(self.db, comparison_id, rank, attempt, lease_s, timeout, slice_) as lease,
                 collector_paused(),
                 self.cache.checkout() as blobs,  # what the task fetched: kept on success, dropped on failure
             ):
@@ -160,7 +154,7 @@ class TaskRunner:
             message = redact_paths(message or type(exc).__name__, self.settings)
             finish_failed(self.db, comparison_id, rank, attempt, message, slice_=slice_)
 
-    def _run(self, comparison_id: str, rank: int, slice_: int, attempt: int, lease: _Lease, blobs: Checkout
+    def _run(self, comparison_id: str, rank: int, slice_: int, attempt: int, lease: Lease, blobs: Checkout
              ) -> None:  # fmt: skip
         with self.db.read() as session:
             c = session.get(Comparison, comparison_id)
@@ -251,7 +245,7 @@ class TaskRunner:
             for k in range(part.count):
                 self.store.delete(_part_key(comparison_id, rank, k))
 
-    def _run_slice(self, comparison_id: str, pair: RankPair, part: CallSlice, attempt: int, lease: _Lease,
+    def _run_slice(self, comparison_id: str, pair: RankPair, part: CallSlice, attempt: int, lease: Lease,
                    options: CompareOptions, files: _SliceFiles, out_dir: Path
                    ) -> RankReport | None:  # fmt: skip
         """One slice: fetch its calls' tensor files only, compare them, store the part in the store; the slice
@@ -298,94 +292,22 @@ def _is_parity_error(exc: BaseException) -> bool:
     return isinstance(exc, ParityError)
 
 
-class _Lease:
-    """The claimed attempt's heartbeat: a daemon thread renews its lease and writes its progress, for as long
-    as the ``with`` block runs, so a live worker keeps its task however long the engine or the final writes
-    take.
+def _task_lease(db: Database, comparison_id: str, rank: int, attempt: int, seconds: float,
+                timeout: float | None = None, slice_: int = 0) -> Lease:  # fmt: skip
+    """The heartbeat of a claimed task: renews its lease and writes its progress in one UPDATE; past
+    ``PARITY_JOB_TIMEOUT_SECONDS`` it fails the task."""
 
-    The engine thread only notes its progress in memory (``progress``): a database write on that thread
-    waits for SQLite's write lock whenever another worker stores its rows, which kept two workers from
-    computing side by side (1.01x from 1 to 2 workers). The thread writes at most twice a second while the
-    progress moves, and every third of the lease in any case, one UPDATE for both.
+    def renew(until: datetime, progress: float) -> bool:
+        with db.write() as session:
+            return TaskRepository(session).renew_lease(comparison_id, rank, attempt, until, progress=progress,
+                                                       slice_=slice_)  # fmt: skip
 
-    A write that finds the attempt no longer holding the task (reclaimed, failed, or its comparison deleted)
-    sets ``lost``; ``check`` (called with each progress report) then stops the work. A write that fails (the
-    database is briefly unreachable) is only logged: the next one may succeed, and the attempt guard on
-    every write keeps a newer attempt safe.
-    """
+    def expire(message: str) -> None:
+        finish_failed(db, comparison_id, rank, attempt, message, slice_=slice_)
 
-    def __init__(
-        self, db: Database, comparison_id: str, rank: int, attempt: int, seconds: float,
-        timeout: float | None = None, slice_: int = 0,
-    ) -> None:  # fmt: skip
-        self.db, self.comparison_id, self.rank, self.attempt = db, comparison_id, rank, attempt
-        self.slice = slice_
-        self.seconds = seconds
-        self.deadline = Deadline(timeout)
-        self.why_lost = f"attempt {attempt} no longer holds the task"
-        self.lost = threading.Event()
-        self._done = threading.Event()
-        self._fraction = 0.0  # set by the engine thread; a float store is atomic under the GIL
-        self._thread = threading.Thread(target=self._beat, name=f"parity-lease-{comparison_id[:8]}-{rank}",
-                                        daemon=True)  # fmt: skip
-
-    def __enter__(self) -> _Lease:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def check(self) -> None:
-        """Raise if the work should stop: its task was deleted or reclaimed (``LeaseLost``), or it ran past
-        ``PARITY_JOB_TIMEOUT_SECONDS`` (``JobTimeout``, recorded as the task's error)."""
-        if self.lost.is_set():
-            raise LeaseLost(self.why_lost)
-        self.deadline.check()
-
-    def progress(self, done: int, total: int) -> None:
-        """The engine's ``progress(done, total)``: stop early if the attempt is lost, else note it."""
-        self.check()  # rather than finish work whose result would be dropped
-        if total:
-            self._fraction = min(max(done / total, 0.0), 1.0) * 0.9  # the last tenth: reports and rows
-
-    def _beat(self) -> None:
-        # Wakes at the deadline too: the task is failed then, even when the engine is inside one long unit
-        # of work and will not call ``check`` for a while; the attempt guard drops whatever it records later.
-        written, renewed = 0.0, time.monotonic()
-        while not self._done.wait(self.deadline.cap(min(PROGRESS_INTERVAL_S, self.seconds / 3))):
-            if self.deadline.passed():
-                try:
-                    message = self.deadline.message()
-                    finish_failed(self.db, self.comparison_id, self.rank, self.attempt, message,
-                                  slice_=self.slice)  # fmt: skip
-                except Exception:
-                    logger.warning("comparison %s rank %d: could not record its timeout; retrying",
-                                   self.comparison_id, self.rank, exc_info=True)  # fmt: skip
-                    continue
-                self.why_lost = "it ran past its time limit"
-                self.lost.set()
-                return
-            fraction = self._fraction
-            if fraction == written and time.monotonic() - renewed < self.seconds / 3:
-                continue
-            try:
-                with self.db.write() as session:
-                    held = TaskRepository(session).renew_lease(
-                        self.comparison_id, self.rank, self.attempt,
-                        utcnow() + timedelta(seconds=self.seconds), progress=fraction, slice_=self.slice,
-                    )  # fmt: skip
-            except Exception:
-                logger.warning("comparison %s rank %d: lease renewal failed; retrying", self.comparison_id,
-                               self.rank, exc_info=True)  # fmt: skip
-                continue
-            written, renewed = fraction, time.monotonic()
-            if not held:
-                logger.warning("comparison %s rank %d: attempt %d lost its lease", self.comparison_id,
-                               self.rank, self.attempt)  # fmt: skip
-                self.lost.set()
-                return
+    what = f"comparison {comparison_id} rank {rank}{_of(slice_)}"
+    return Lease(renew, seconds, timeout=timeout, expire=expire, what=what,
+                 why_lost=f"attempt {attempt} no longer holds the task")  # fmt: skip
 
 
 def _stage(blobs: Checkout, run_id: str, files: Iterable[RunFile], dest: Path, label: str) -> int:

@@ -22,10 +22,8 @@ import logging
 import multiprocessing
 import os
 import tempfile
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +31,7 @@ from typing import TYPE_CHECKING
 from parity.server.blob_cache import BlobCache
 from parity.server.db import Database
 from parity.server.jobs.base import JobQueue
+from parity.server.jobs.lease import Lease, LeaseLost
 from parity.server.jobs.limits import redact_paths
 from parity.server.models import Run, RunFile, utcnow
 from parity.server.settings import Settings
@@ -158,10 +157,6 @@ def recover(db: Database, worker: str, why: str, max_attempts: int) -> None:
 
 
 # -- the work ---------------------------------------------------------------------------------------------
-class LeaseLost(Exception):
-    """Another attempt holds the validation now, or the run was deleted: this one records nothing."""
-
-
 class Validator:
     """Runs validations in this worker process (built once per process, beside its ``TaskRunner``)."""
 
@@ -191,9 +186,9 @@ class Validator:
             return False
         logger.info("validation of run %s claimed: attempt %d", run_id, attempt)
         try:
-            with _leased(self.db, run_id, attempt, lease_s) as lost:
-                problem, sidecars = self._validate(run_id, attempt, lost)
-                _check(lost, attempt)
+            with _validation_lease(self.db, run_id, attempt, lease_s) as lease:
+                problem, sidecars = self._validate(run_id, lease)
+                lease.check()
                 self._finish(run_id, attempt, problem, sidecars)
         except LeaseLost as exc:
             logger.warning("validation of run %s: %s; this attempt stops", run_id, exc)
@@ -207,7 +202,7 @@ class Validator:
                 logger.exception("validation of run %s: its failure could not be recorded", run_id)
         return True
 
-    def _validate(self, run_id: str, attempt: int, lost: threading.Event) -> tuple[str | None, list[str]]:
+    def _validate(self, run_id: str, lease: Lease) -> tuple[str | None, list[str]]:
         with self.db.read() as session:
             files = session.scalars(
                 select(RunFile).where(RunFile.run_id == run_id).order_by(RunFile.path)
@@ -223,7 +218,7 @@ class Validator:
         ):
             local = [(rel, blobs.path(blob, size)) for rel, blob, size in dumps]
             problem = validate_dumps(local, Path(tmp))
-            _check(lost, attempt)
+            lease.check()
             if problem is not None:
                 return problem, []
             # Published before the run is complete (a compare task may only start then), and only now that
@@ -272,38 +267,15 @@ class Validator:
         BaselineService(self.db, runs, comparisons).compare_with_baseline(run_id)
 
 
-@contextmanager
-def _leased(db: Database, run_id: str, attempt: int, seconds: float) -> Iterator[threading.Event]:
-    """While the block runs, a daemon thread renews the validation's lease every third of its length; the
-    event it yields is set once the attempt no longer holds the validation (then nothing is recorded)."""
-    lost, done = threading.Event(), threading.Event()
+def _validation_lease(db: Database, run_id: str, attempt: int, seconds: float) -> Lease:
+    """The heartbeat of a claimed validation: renews the lease on the run row (no progress, no deadline)."""
 
-    def renew() -> None:
-        while not done.wait(seconds / 3):
-            try:
-                with db.write() as session:
-                    held = ValidationRepository(session).renew(
-                        run_id, attempt, utcnow() + timedelta(seconds=seconds)
-                    )
-            except Exception:  # the next renewal may succeed; the attempt guard protects a newer attempt
-                logger.warning("validation of run %s: lease renewal failed", run_id, exc_info=True)
-                continue
-            if not held:
-                lost.set()
-                return
+    def renew(until: datetime, progress: float) -> bool:
+        with db.write() as session:
+            return ValidationRepository(session).renew(run_id, attempt, until)
 
-    thread = threading.Thread(target=renew, name=f"parity-validate-{run_id[:8]}", daemon=True)
-    thread.start()
-    try:
-        yield lost
-    finally:
-        done.set()
-        thread.join()
-
-
-def _check(lost: threading.Event, attempt: int) -> None:
-    if lost.is_set():
-        raise LeaseLost(f"attempt {attempt} no longer holds the validation")
+    return Lease(renew, seconds, what=f"validation of run {run_id}",
+                 why_lost=f"attempt {attempt} no longer holds the validation")  # fmt: skip
 
 
 # -- the parse, in a child process ------------------------------------------------------------------------

@@ -12,10 +12,14 @@ judgement (``parity.shared.compare.localization``), so they never give the all-c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from parity.shared.compare.result import CompareResult, Suspect
 from parity.shared.report import write_text_atomically
+
+if TYPE_CHECKING:  # the formatter is also the light client's (``parity compare-runs``), which has no msgspec
+    from parity.shared.compare.result import CompareResult
 
 logger = logging.getLogger(__name__)
 
@@ -38,23 +42,57 @@ def advisor_lines(result: CompareResult) -> list[str]:
             f"Expert Advice: {advice.text}"]  # fmt: skip
 
 
-def _where(suspect: Suspect) -> str:
+class RankedSuspect(Protocol):
+    """What the formatter reads of a suspect: the engine's ``Suspect`` and the REST contract's
+    ``SuspectPublic`` both have it."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def api(self) -> str: ...
+    @property
+    def direction(self) -> str: ...
+    @property
+    def row_index(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def stack(self) -> str | None: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def excel_row(self) -> int | None: ...
+
+
+S = TypeVar("S", bound=RankedSuspect)
+
+
+def excel_where(suspect: RankedSuspect) -> str:
+    """Where a suspect's row is in its rank's report, as Excel numbers it (the header is row 1)."""
     row = suspect.excel_row if suspect.excel_row is not None else suspect.row_index + 2
     return f"Excel row {row}"
 
 
-def suspect_lines(result: CompareResult, *, limit: int | None = None) -> list[str]:
+def suspect_lines(
+    suspects: Sequence[S],
+    first_divergence: S | None,
+    *,
+    limit: int | None = None,
+    where: Callable[[S], str] = excel_where,
+) -> list[str]:
     """The first divergence, then the ranked suspects, one numbered entry each, each with its evidence in
-    numbers, its row as Excel numbers it, and the innermost frame in the user's code when stack.json has
-    one."""
-    suspects = result.suspects if limit is None else result.suspects[:limit]
+    numbers, its row as Excel numbers it (``where``: a multi-rank list names the rank too), and the innermost
+    frame in the user's code when stack.json has one. The one formatter of the advisor file, ``parity
+    compare`` and ``parity compare-runs``."""
+    total = len(suspects)
+    suspects = suspects if limit is None else suspects[:limit]
     if not suspects:
         return ["Top suspects: none (no API call's outputs stand out from what its inputs and the run pair's "
                 "background explain)."]  # fmt: skip
     lines: list[str] = []
-    first = result.first_divergence
+    first = first_divergence
     if first is not None:
-        lines.append(f"First divergence: [{first.direction}] {first.api} ({_where(first)})")
+        lines.append(f"First divergence: [{first.direction}] {first.api} ({where(first)})")
         if first.stack:
             lines.append(f"   at {one_line(first.stack)}")
         lines.append("")
@@ -62,17 +100,18 @@ def suspect_lines(result: CompareResult, *, limit: int | None = None) -> list[st
     for suspect in suspects:
         reason = one_line(suspect.reason)
         lines.append(f"{suspect.rank}. [{suspect.direction}] {suspect.api} (score {suspect.score:.1f}, "
-                     f"{_where(suspect)}): {reason}")  # fmt: skip
+                     f"{where(suspect)}): {reason}")  # fmt: skip
         if suspect.stack:
             lines.append(f"   at {one_line(suspect.stack)}")
-    if limit is not None and len(result.suspects) > limit:
-        lines.append(f"... and {len(result.suspects) - limit} more (see the advisor file)")
+    if total > len(suspects):
+        lines.append(f"... and {total - len(suspects)} more (see the advisor file)")
     return lines
 
 
 def advisor_text(result: CompareResult) -> str:
     """The whole advisor file: msprobe's three lines, a blank line, the suspects."""
-    return "\n".join([*advisor_lines(result), "", *suspect_lines(result)]) + "\n"
+    lines = suspect_lines(result.suspects, result.first_divergence)
+    return "\n".join([*advisor_lines(result), "", *lines]) + "\n"
 
 
 def write_advisor(result: CompareResult, path: Path) -> Path:

@@ -1,8 +1,9 @@
 """Fixtures of the end-to-end tests: a real ``parity server`` subprocess on 127.0.0.1 and a free port.
 
 The server runs on SQLite in a temporary data dir, and again on PostgreSQL when ``PARITY_TEST_POSTGRES_URL``
-is set (``scripts/test.sh`` exports it). One server per module and backend keeps the suite fast; tests use
-unique run names, so they never see each other's runs.
+is set (``scripts/test.sh`` exports it). One server per backend for the whole session (per xdist worker),
+shared by the modules, keeps the suite fast (a start is 2-3 s); tests use unique run names, so they never see
+each other's runs (on PostgreSQL they shared one database already).
 """
 
 from __future__ import annotations
@@ -22,16 +23,15 @@ from tests.factories import DumpBuilder
 BACKENDS = ["sqlite"] + (["postgres"] if os.environ.get("PARITY_TEST_POSTGRES_URL") else [])
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="session", params=BACKENDS)
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    """A running server (module scope); its log is printed when it fails to start."""
+    """A running server (session scope); its log is printed when it fails to start."""
     env = {"PARITY_WORKERS": "2"}
     if request.param == "postgres":
         env["PARITY_DATABASE_URL"] = os.environ["PARITY_TEST_POSTGRES_URL"]
-    extra = getattr(request.module, "SERVER_ENV", {})
-    proc = ServerProcess(tmp_path_factory.mktemp(f"server-{request.param}"), env={**env, **extra})
+    proc = ServerProcess(tmp_path_factory.mktemp(f"server-{request.param}"), env=env)
     proc.start()
     yield proc
     proc.stop()

@@ -227,7 +227,8 @@ def test_compare_runs_by_name_waits_downloads_and_names_the_suspect(
     assert len([n for n in names if n.startswith("advisor_rank")]) == 2
     assert all((out_dir / n).read_bytes()[:2] == b"PK" for n in names if n.endswith(".xlsx"))
     out = capsys.readouterr().out
-    assert "top suspects" in out and "Functional.gelu.0.forward" in out
+    assert "Top suspects, by how far they stand above the background" in out  # the advisor's words
+    assert "[forward] Functional.gelu.0.forward (score " in out
 
 
 def test_compare_runs_ambiguous_name_lists_ids(api: ParityClient, capsys) -> None:

@@ -29,9 +29,9 @@ def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
     assert len(report_line) == 1
     report = Path(report_line[0].removeprefix("report: "))
     assert report.parent == out_dir.resolve() and report.name.startswith("compare_result_")
-    assert "top suspects" in done.stdout
+    assert "Top suspects, by how far they stand above the background" in done.stdout  # the advisor's words
     # bf16 autocast first changes the output of the first linear layer, whose inputs still agree
-    assert "1. Functional.linear.0.forward (forward" in done.stdout
+    assert "1. [forward] Functional.linear.0.forward (score " in done.stdout
     rows = list(openpyxl.load_workbook(report, read_only=True).worksheets[0].iter_rows(values_only=True))
     assert len(rows) > 10 and any("Functional.gelu" in str(r[0]) for r in rows[1:])
     assert len(list(out_dir.glob("advisor_*.txt"))) == 1

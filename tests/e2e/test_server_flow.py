@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,7 +62,10 @@ def test_demo_flow_two_uploads_compare_download(
     ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "top suspects" in printed and "Functional.gelu.0.forward" in printed
+    # the advisor file's own wording (one formatter), each suspect naming its rank
+    assert "Top suspects, by how far they stand above the background" in printed
+    first = r"^1\. \[forward\] Functional\.gelu\.0\.forward \(score [\d.]+, rank 0, Excel row \d+\): "
+    assert re.search(first, printed, re.MULTILINE)
 
     (comparison,) = api.list_comparisons(run=target.run_id)[0]
     summary = comparison.summary

@@ -6,9 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
+from parity.demo import ServerProcess as DemoServer
 from tests.factories import DumpBuilder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,12 +53,6 @@ def fresh_postgres_database(base_url: str) -> str:
     return url.set(database=name).render_as_string(hide_password=False)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class LoggedProcess:
     """A service subprocess logging to ``log_path``: read its log, kill it, or stop it gracefully."""
 
@@ -90,38 +83,45 @@ class LoggedProcess:
 
 
 class ServerProcess(LoggedProcess):
-    """``parity server`` as a subprocess, configured only through its environment, as in production."""
+    """``parity server`` as a subprocess (the demo's :class:`parity.demo.ServerProcess`: its own process
+    group, stopped by SIGTERM to the server, which stops its workers), configured only through its
+    environment, as in production: no ``PARITY_*`` variable of the test's own environment leaks in. One log
+    per start (``server-{port}.log``), so a restarted server's log is its own. ``kill`` (LoggedProcess's) is
+    SIGKILL to the server alone, as when it crashes: its workers must then die by themselves."""
 
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("PARITY_")}
+        self.server = DemoServer(data_dir, env={"PARITY_WORKERS": "1", **(env or {})}, base_env=base)
         self.data_dir = data_dir
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PARITY_")}
-        self.env.update({"PARITY_DATA_DIR": str(data_dir), "PARITY_WORKERS": "1"})
-        self.env.update(env or {})
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = data_dir / f"server-{self.port}.log"
+        self.log_path = self.server.log_path = data_dir / f"server-{self.port}.log"
+
+    @property  # type: ignore[override]
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.server.proc
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @port.setter
+    def port(self, port: int) -> None:  # a restart on the port of the server it replaces
+        self.server.port = port
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The server's whole environment, for a Celery worker configured as the server is."""
+        return self.server.environment()
 
     def start(self) -> ServerProcess:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "parity", "server", "--port", str(self.port)],
-            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"parity server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"parity server did not answer /healthz in {START_TIMEOUT_S}s:\n{self.log()}")
+        self.server.start(timeout=START_TIMEOUT_S)
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -222,5 +222,5 @@ def wait_comparison(api: httpx.Client, cid: str, timeout: float = 180) -> dict[s
         body = api.get(f"/comparisons/{cid}").json()
         if body["status"] in ("succeeded", "failed"):
             return dict(body)
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise AssertionError(f"comparison {cid} did not finish in {timeout}s: {body}")

@@ -131,6 +131,18 @@ def outcome(api: httpx.Client, cid: str) -> dict[str, Any]:
     return {"summary": done["summary"], "rows": rows.json(), "advisor": advisor}
 
 
+def outcome_on_the_local_pool(
+    spawn: Callable[[LoggedProcess], Any], data_dir: Path, target: str, bench: str
+) -> dict[str, Any]:
+    """The same runs compared again, by the local pool of a server on the same data directory (ranks named:
+    a request of its own, so not the comparison already done)."""
+    local: ServerProcess = spawn(
+        ServerProcess(data_dir, {"PARITY_JOB_BACKEND": "local", "PARITY_WORKERS": "1"})
+    )
+    with local.client() as api:
+        return outcome(api, post_comparison(api, target, bench, ranks=[0, 1])["id"])
+
+
 def test_worker_runs_the_job_as_the_local_pool_does(
     tmp_path: Path, redis_url: str, broker: redis.Redis, spawn: Callable[[LoggedProcess], Any]
 ) -> None:
@@ -148,13 +160,7 @@ def test_worker_runs_the_job_as_the_local_pool_does(
     worker.stop()
     srv.stop()
 
-    # The same runs, compared again by the local pool of a server on the same data directory.
-    local: ServerProcess = spawn(
-        ServerProcess(data_dir, {"PARITY_JOB_BACKEND": "local", "PARITY_WORKERS": "1"})
-    )
-    with local.client() as api:
-        by_pool = outcome(api, post_comparison(api, target, bench, ranks=[0, 1])["id"])
-    assert by_celery == by_pool
+    assert by_celery == outcome_on_the_local_pool(spawn, data_dir, target, bench)
 
 
 def test_a_job_waits_queued_for_a_worker(
@@ -333,7 +339,8 @@ def test_exactly_one_of_many_claimants_wins_a_lapsed_job(db_with_job: tuple[Data
 def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
     db_with_job: tuple[Database, str],
 ) -> None:
-    from parity.server.jobs.runner import LeaseLost, _Lease
+    from parity.server.jobs.lease import LeaseLost
+    from parity.server.jobs.runner import _task_lease
 
     db, cid = db_with_job
     now = utcnow()
@@ -346,7 +353,7 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
         return value
 
     first = lease_expiry()
-    with _Lease(db, cid, 0, 1, 0.3) as lease:
+    with _task_lease(db, cid, 0, 1, 0.3) as lease:
         deadline = time.monotonic() + 10
         while lease_expiry() <= first and time.monotonic() < deadline:  # renewed every 0.1 s
             time.sleep(0.02)

@@ -189,7 +189,7 @@ def test_sigkill_during_compare_then_restart(backend: str, tmp_path: Path) -> No
     assert status == "running", "the compare finished before the kill; nothing was tested"
 
     restarted = ServerProcess(data_dir, env)
-    restarted.port, restarted.url = srv.port, srv.url
+    restarted.port = srv.port  # its URL with it
     restarted.start()
     try:
         with restarted.client() as api:

@@ -4,33 +4,22 @@ retried alone; a slice stages only the tensor files its calls read."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import random
 import shutil
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import numpy as np
 import pytest
-from openpyxl import load_workbook
-from parity.server.db import Database
 from parity.server.jobs import runner as runner_module
-from parity.server.jobs.base import NullQueue
-from parity.server.jobs.runner import TaskRunner
-from parity.server.migrate import upgrade
-from parity.server.models import ComparisonRow, RunFile
+from parity.server.models import RunFile
 from parity.server.repositories import task_id
-from parity.server.schemas import ComparisonCreate, RunCreate
+from parity.server.schemas import ComparisonCreate
 from parity.server.services.comparisons import ComparisonService
-from parity.server.services.runs import RunService
-from parity.server.settings import Settings
-from parity.server.store import FileStore, comparison_key, open_store
+from parity.server.store import comparison_key
 from parity.shared.compare.job import RankPair, slice_tensor_files
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.slices import CallSlice
@@ -39,13 +28,11 @@ from sqlalchemy import select
 from tests.factories import DumpBuilder
 from tests.server.conftest import (
     LoggedProcess,
-    dump_files,
     fresh_postgres_database,
     postgres_url_or_skip,
-    sha,
 )
+from tests.server.harness import InProcess as Server
 from tests.server.test_celery_backend import broker, redis_url, spawn  # noqa: F401 - fixtures
-from tests.workers import validate_waiting
 
 RANKS = (0, 1)
 SLICES = 3
@@ -68,86 +55,13 @@ def _dump(root: Path, task: str, *, drift: float) -> Path:
     return root
 
 
-async def _body(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
-@dataclass
-class Server:
-    settings: Settings
-    db: Database
-    store: FileStore
-    runs: RunService
-
-    def upload(self, root: Path, device: str) -> str:
-        name = f"run-{root.name}"
-        run = self.runs.create(RunCreate(name=name, device=device))  # type: ignore[arg-type]
-        for path, data in dump_files(root):
-            anyio.run(self.runs.upload, run.id, path, sha(data), str(len(data)), _body(data))
-        self.runs.complete(run.id)
-        validate_waiting(self.settings)
-        return run.id
-
-    def comparisons(self, max_bytes: int) -> ComparisonService:
-        return ComparisonService(self.db, self.store, NullQueue(), task_max_bytes=max_bytes)
-
-    def rank_bytes(self, run_ids: tuple[str, str], rank: int) -> int:
-        with self.db.read() as session:
-            where = (RunFile.run_id.in_(run_ids), RunFile.rank == rank)
-            return sum(session.scalars(select(RunFile.size).where(*where)))
-
-    def rows(self, cid: str) -> list[tuple[Any, ...]]:
-        t = ComparisonRow
-        with self.db.read() as session:
-            found = session.execute(
-                select(t.rank, t.idx, t.api, t.status, t.highlight, t.score, t.cells)
-                .where(t.comparison_id == cid).order_by(t.rank, t.idx)
-            ).all()  # fmt: skip
-        return [(*r[:-1], json.loads(r[-1])) for r in found]
-
-    def xlsx(self, cid: str, rank: int) -> list[list[Any]]:
-        data = b"".join(self.store.iter_bytes(comparison_key(cid, f"rank{rank}/report.xlsx")))
-        book = load_workbook(io.BytesIO(data))
-        return [[(c.value, c.fill.fgColor.rgb) for c in row] for sheet in book for row in sheet.iter_rows()]
-
-    def run_tasks(self, ids: list[str], workers: int = 2) -> None:
-        """Run task ids on ``workers`` runners side by side (threads, each its own runner, as processes)."""
-        todo, lock = list(ids), threading.Lock()
-
-        def work() -> None:
-            runner = TaskRunner(self.settings)
-            try:
-                while True:
-                    with lock:
-                        if not todo:
-                            return
-                        tid = todo.pop(0)
-                    runner.run(tid)
-            finally:
-                runner.close()
-
-        threads = [threading.Thread(target=work) for _ in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    def staging_left(self) -> list[Path]:
-        return list((self.store.root / ".tmp").glob("task-*"))
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     extra = {}
     if request.param == "postgres":
         extra["database_url"] = fresh_postgres_database(postgres_url_or_skip())
-    settings = Settings(data_dir=tmp_path / "data", workers=0, **extra)
-    upgrade(settings.resolved_database_url)
-    db = Database.connect(settings.resolved_database_url)
-    store = open_store(settings.resolved_store_url, tmp_path / "tmp")
-    assert isinstance(store, FileStore)
-    yield Server(settings, db, store, RunService(db, store, 1 << 30))
-    db.dispose()
+    with Server.open(tmp_path / "data", **extra) as server:
+        yield server
 
 
 def _runs(server: Server, tmp_path: Path, task: str) -> tuple[str, str]:
@@ -159,7 +73,7 @@ def _runs(server: Server, tmp_path: Path, task: str) -> tuple[str, str]:
 def _sliced(server: Server, target: str, bench: str) -> tuple[ComparisonService, int]:
     """A service whose PARITY_TASK_MAX_BYTES gives rank 0 SLICES slices, and that figure."""
     max_bytes = math.ceil(server.rank_bytes((target, bench), 0) / SLICES)
-    return server.comparisons(max_bytes), max_bytes
+    return server.comparison_service(max_bytes), max_bytes
 
 
 @pytest.mark.parametrize("task", ["tensor", "statistics"])
@@ -167,9 +81,9 @@ def test_slices_give_the_rows_xlsx_and_summary_of_one_task_per_rank(
     server: Server, tmp_path: Path, task: str
 ) -> None:
     target, bench = _runs(server, tmp_path, task)
-    whole = server.comparisons(2 * 1024**3).create(ComparisonCreate(target_run=target, bench_run=bench))
+    whole = server.comparisons.create(ComparisonCreate(target_run=target, bench_run=bench))  # 2 GiB a task
     assert [(t.rank, t.slice, t.slices) for t in whole.tasks] == [(0, 0, 1), (1, 0, 1)]
-    server.run_tasks([task_id(whole.id, r) for r in RANKS])
+    server.run_tasks([task_id(whole.id, r) for r in RANKS], workers=2)
 
     service, max_bytes = _sliced(server, target, bench)
     # another request (ranks named), so not the same comparison as the one above
@@ -181,7 +95,7 @@ def test_slices_give_the_rows_xlsx_and_summary_of_one_task_per_rank(
     ]
     ids = [task_id(sliced.id, t.rank, t.slice) for t in sliced.tasks]
     random.Random(3).shuffle(ids)  # any order, two workers: whichever slice finishes last joins its rank
-    server.run_tasks(ids)
+    server.run_tasks(ids, workers=2)
 
     a, b = service.get(whole.id), service.get(sliced.id)
     assert (a.status, b.status) == ("succeeded", "succeeded"), (a.error, b.error)
@@ -264,8 +178,8 @@ def test_a_failed_slice_is_retried_alone_and_stages_only_its_tensor_files(
     assert [(t.slice, t.status, t.attempt) for t in done.tasks] == [
         (0, "succeeded", 1), (1, "succeeded", 2), (2, "succeeded", 1)
     ]  # fmt: skip
-    whole = server.comparisons(2 * 1024**3).create(ComparisonCreate(target_run=target, bench_run=bench))
-    server.run_tasks([task_id(whole.id, r) for r in RANKS])
+    whole = server.comparisons.create(ComparisonCreate(target_run=target, bench_run=bench))  # 2 GiB a task
+    server.run_tasks([task_id(whole.id, r) for r in RANKS], workers=2)
     assert server.rows(cid) == [row for row in server.rows(whole.id) if row[0] == 0]
     assert server.staging_left() == []
 
@@ -313,7 +227,13 @@ def test_celery_runs_slices_and_gives_what_one_task_per_rank_gives(
     """A real Redis and ``celery worker``: the slices of each rank (task ids ``COMPARISON:RANK.SLICE``) give
     the summary, rows and advisor text that the local pool gives with one task per rank."""
     from tests.server.conftest import ServerProcess, upload_run
-    from tests.server.test_celery_backend import WorkerProcess, celery_env, outcome, post_comparison
+    from tests.server.test_celery_backend import (
+        WorkerProcess,
+        celery_env,
+        outcome,
+        outcome_on_the_local_pool,
+        post_comparison,
+    )
 
     npu = _dump(tmp_path / "npu", "tensor", drift=0.02)
     gpu = _dump(tmp_path / "gpu", "tensor", drift=0.0)
@@ -331,9 +251,4 @@ def test_celery_runs_slices_and_gives_what_one_task_per_rank_gives(
     worker.stop()
     srv.stop()
 
-    local: ServerProcess = spawn(
-        ServerProcess(data_dir, {"PARITY_JOB_BACKEND": "local", "PARITY_WORKERS": "1"})
-    )
-    with local.client() as api:
-        by_ranks = outcome(api, post_comparison(api, target, bench, ranks=[0, 1])["id"])
-    assert by_slices == by_ranks
+    assert by_slices == outcome_on_the_local_pool(spawn, data_dir, target, bench)  # one task per rank

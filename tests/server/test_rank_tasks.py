@@ -8,83 +8,32 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from parity.server.db import Database
-from parity.server.jobs.base import NullQueue
-from parity.server.jobs.runner import TaskRunner
 from parity.server.migrate import upgrade
-from parity.server.models import ComparisonRow, ComparisonTask, RunFile
-from parity.server.schemas import ComparisonCreate, RunCreate
-from parity.server.services.comparisons import ComparisonService
-from parity.server.services.runs import RunService
-from parity.server.settings import Settings
-from parity.server.store import FileStore, open_store
+from parity.server.models import ComparisonTask, RunFile
+from parity.server.repositories import task_id
+from parity.server.schemas import ComparisonCreate
 from parity.shared.compare.job import run_compare
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import json_cells
 from parity.shared.compare.spec import CompareSpec
 from sqlalchemy import select, update
 
-from tests.server.conftest import build_dump, dump_files, sha
-from tests.workers import validate_waiting
+from tests.server.conftest import build_dump
+from tests.server.harness import InProcess as Server
 
 RANKS = (0, 1, 2)
 
 
-async def _body(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
-@dataclass
-class Server:
-    settings: Settings
-    db: Database
-    store: FileStore
-    runs: RunService
-    comparisons: ComparisonService
-
-    def upload(self, root: Path, device: str) -> str:
-        run = self.runs.create(RunCreate(name=f"run-{device}", device=device))  # type: ignore[arg-type]
-        for path, data in dump_files(root):
-            anyio.run(self.runs.upload, run.id, path, sha(data), str(len(data)), _body(data))
-        self.runs.complete(run.id)
-        validate_waiting(self.settings)  # what a worker of the job backend does next
-        return run.id
-
-    def rows(self, cid: str) -> list[tuple[int, int, str, str, Any]]:
-        with self.db.read() as session:
-            t = ComparisonRow
-            found = session.execute(
-                select(t.rank, t.idx, t.api, t.status, t.cells).where(t.comparison_id == cid)
-                .order_by(t.rank, t.idx)
-            ).all()  # fmt: skip
-        return [(r, i, api, status, json.loads(cells)) for r, i, api, status, cells in found]
-
-    def tasks(self, cid: str) -> dict[int, tuple[str, int]]:
-        with self.db.read() as session:
-            found = session.scalars(select(ComparisonTask).where(ComparisonTask.comparison_id == cid)).all()
-            return {t.rank: (t.status, t.attempt) for t in found}
-
-    def staging_left(self) -> list[Path]:
-        return list((self.store.root / ".tmp").glob("task-*"))
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    settings = Settings(data_dir=tmp_path / "data", workers=0)
-    upgrade(settings.resolved_database_url)
-    db = Database.connect(settings.resolved_database_url)
-    store = open_store(settings.resolved_store_url, tmp_path / "tmp")
-    assert isinstance(store, FileStore)
-    runs, comparisons = RunService(db, store, 1 << 30), ComparisonService(db, store, NullQueue())
-    yield Server(settings, db, store, runs, comparisons)
-    db.dispose()
+    with Server.open(tmp_path / "data") as server:
+        yield server
 
 
 @pytest.fixture
@@ -95,28 +44,8 @@ def pair(tmp_path: Path, server: Server) -> tuple[str, str, Path, Path]:
 
 
 def _run_all(server: Server, cid: str, order: list[int], workers: int = 1) -> None:
-    """Run the comparison's tasks in ``order`` on ``workers`` runners side by side (threads of this process,
-    each with its own runner, as separate worker processes would be)."""
-    todo = list(order)
-    lock = threading.Lock()
-
-    def work() -> None:
-        runner = TaskRunner(server.settings)
-        try:
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    rank = todo.pop(0)
-                runner.run(f"{cid}:{rank}")
-        finally:
-            runner.close()
-
-    threads = [threading.Thread(target=work) for _ in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    """Run the comparison's tasks in rank ``order`` on ``workers`` runners side by side."""
+    server.run_tasks([task_id(cid, rank) for rank in order], workers)
 
 
 def _create(server: Server, target: str, bench: str) -> str:
@@ -145,7 +74,7 @@ def test_the_same_rows_whatever_the_order_and_parallelism(
                           CompareOptions())  # fmt: skip
     cli_rows = [(result.rank, i, row.api, row.status.value, json_cells(row.cells))
                 for result in outputs.results for i, row in enumerate(result.rows)]  # fmt: skip
-    assert rows == cli_rows
+    assert [(*row[:4], row[-1]) for row in rows] == cli_rows  # (rank, idx, api, status, cells)
     cli_summary = json.loads(outputs.summary.read_text()) if outputs.summary else {}
     assert summary["rows"] == sum(cli_summary["status_counts"].values())
     assert server.staging_left() == []

@@ -4,39 +4,29 @@ worker cache (streamed downloads of the blobs a task names, under a byte cap, dr
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 import boto3
 import pytest
 from parity.server.blob_cache import BlobCache
-from parity.server.db import Database
-from parity.server.jobs.base import NullQueue
 from parity.server.jobs.runner import TaskRunner
-from parity.server.migrate import upgrade
-from parity.server.models import ComparisonRow
-from parity.server.schemas import ComparisonCreate, RunCreate
-from parity.server.services.comparisons import ComparisonService
-from parity.server.services.runs import RunService
-from parity.server.settings import Settings
-from parity.server.store import open_store
-from sqlalchemy import select
+from parity.server.repositories import task_id
+from parity.server.schemas import ComparisonCreate
 
+from parity.demo import free_port
 from tests.server.conftest import (
     ServerProcess,
     build_dump,
-    dump_files,
-    free_port,
     new_run,
     put,
     sha,
     upload_run,
     wait_comparison,
 )
-from tests.workers import validate_waiting
+from tests.server.harness import InProcess
 
 BUCKET = "parity-test"
 
@@ -130,49 +120,23 @@ def test_s3_racing_uploads_keep_one_object_matching_its_row(s3_env: dict[str, st
 
 # -- the worker cache: only the blobs a task names, streamed in, bounded, dropped after a failure -----------
 @dataclass
-class InProcess:
-    """A server's services and one worker's runner on ``store_url``, in this process."""
+class OneWorker(InProcess):
+    """The harness's services, with one worker's runner kept across tasks: its cache is what is watched."""
 
-    settings: Settings
-    db: Database
-    runs: RunService
-    comparisons: ComparisonService
-    runner: TaskRunner
+    runner: TaskRunner = field(init=False)
 
-    @classmethod
-    def open(cls, data_dir: Path, store_url: str | None, cache_bytes: int = 1 << 30) -> InProcess:
-        settings = Settings(data_dir=data_dir, store_url=store_url, workers=0, worker_cache_bytes=cache_bytes)
-        upgrade(settings.resolved_database_url)
-        db = Database.connect(settings.resolved_database_url)
-        store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
-        return cls(settings, db, RunService(db, store, 1 << 30), ComparisonService(db, store, NullQueue()),
-                   TaskRunner(settings, worker="test"))  # fmt: skip
-
-    def upload(self, root: Path, device: str) -> str:
-        run = self.runs.create(RunCreate(name=f"run-{device}", device=device))  # type: ignore[arg-type]
-        for path, data in dump_files(root):
-            anyio.run(self.runs.upload, run.id, path, sha(data), str(len(data)), _body(data))
-        self.runs.complete(run.id)
-        validate_waiting(self.settings)
-        return run.id
+    def __post_init__(self) -> None:
+        self.runner = TaskRunner(self.settings, worker="test")
 
     def compare(self, target: str, bench: str) -> tuple[str, list[tuple[Any, ...]]]:
         c = self.comparisons.create(ComparisonCreate(target_run=target, bench_run=bench))
         for task in c.tasks:
-            self.runner.run(f"{c.id}:{task.rank}")
-        with self.db.read() as session:
-            t = ComparisonRow
-            rows = session.execute(select(t.rank, t.idx, t.api, t.status, t.cells)
-                                   .where(t.comparison_id == c.id).order_by(t.rank, t.idx)).all()  # fmt: skip
-        return self.comparisons.get(c.id).status, [tuple(r) for r in rows]
+            self.runner.run(task_id(c.id, task.rank, task.slice))
+        return self.comparisons.get(c.id).status, self.rows(c.id)
 
     def close(self) -> None:
         self.runner.close()
-        self.db.dispose()
-
-
-async def _body(data: bytes) -> AsyncIterator[bytes]:
-    yield data
+        super().close()
 
 
 @pytest.fixture
@@ -187,7 +151,7 @@ def test_a_compare_on_s3_reads_through_a_bounded_cache_and_gives_the_file_stores
     ranks = (0, 1, 2)
     npu = build_dump(tmp_path / "npu", perturb=0.5, ranks=ranks)
     gpu = build_dump(tmp_path / "gpu", ranks=ranks)
-    on_files = InProcess.open(tmp_path / "files", None)
+    on_files = OneWorker.create(tmp_path / "files")
     file_status, file_rows = on_files.compare(on_files.upload(npu, "npu"), on_files.upload(gpu, "gpu"))
     # What one task reads: a rank pair's files and the two dump.json sidecars written by the validation.
     sidecar = max(p.stat().st_size for p in (tmp_path / "files" / "blobs").rglob("*.columns"))
@@ -205,7 +169,8 @@ def test_a_compare_on_s3_reads_through_a_bounded_cache_and_gives_the_file_stores
         fetched.append((self, size))
 
     monkeypatch.setattr(BlobCache, "_download", measured)
-    on_s3 = InProcess.open(tmp_path / "s3", f"s3://{BUCKET}/cache-{uuid.uuid4().hex[:8]}", cache_bytes=cap)
+    on_s3 = OneWorker.create(tmp_path / "s3", store_url=f"s3://{BUCKET}/cache-{uuid.uuid4().hex[:8]}",
+                             worker_cache_bytes=cap)  # fmt: skip
     try:
         s3_status, s3_rows = on_s3.compare(on_s3.upload(npu, "npu"), on_s3.upload(gpu, "gpu"))
         assert s3_status == file_status == "succeeded"
@@ -226,7 +191,7 @@ def test_a_failed_task_leaves_the_cache_empty_and_a_blob_too_large_is_named(
     from parity.shared.compare import job
 
     npu, gpu = build_dump(tmp_path / "npu", perturb=0.5), build_dump(tmp_path / "gpu")
-    server = InProcess.open(tmp_path / "s3", f"s3://{BUCKET}/fail-{uuid.uuid4().hex[:8]}")
+    server = OneWorker.create(tmp_path / "s3", store_url=f"s3://{BUCKET}/fail-{uuid.uuid4().hex[:8]}")
     try:
         target, bench = server.upload(npu, "npu"), server.upload(gpu, "gpu")
         server.runner.cache.clear()  # the validation's dump.json copies: a fresh worker's empty cache

@@ -110,6 +110,31 @@ def test_a_validation_is_claimed_once_and_taken_over_when_its_lease_passes(db: D
         assert repo.claim("r1", now + timedelta(seconds=999), 60, "w3") is None  # done: never again
 
 
+def test_a_validation_lease_is_renewed_and_stops_the_work_once_another_attempt_holds_it(db: Database) -> None:
+    """The validation runs under the rank tasks' lease helper (``server/jobs/lease.py``): renewed on the run
+    row while held, ``LeaseLost`` once another worker took the validation over."""
+    from parity.server.jobs.lease import LeaseLost
+
+    def expiry() -> object:
+        with db.read() as session:
+            return session.get_one(Run, "r1").validation_lease_expires_at
+
+    with db.write() as session:
+        assert ValidationRepository(session).claim("r1", utcnow(), 0.3, "w1") == 1
+    first = expiry()
+    with validation._validation_lease(db, "r1", 1, 0.3) as lease:
+        deadline = time.monotonic() + 10
+        while expiry() == first and time.monotonic() < deadline:  # renewed every 0.1 s
+            time.sleep(0.02)
+        assert expiry() != first
+        lease.check()  # still held
+        with db.write() as session:  # its lease passes unrenewed and another worker claims it
+            assert ValidationRepository(session).claim("r1", utcnow() + timedelta(seconds=5), 60, "w2") == 2
+        assert lease.lost.wait(timeout=10)
+        with pytest.raises(LeaseLost, match="attempt 1 no longer holds the validation"):
+            lease.check()
+
+
 # -- a worker killed mid-validation -----------------------------------------------------------------------
 def big_dump(root: Path, apis: int = 40_000) -> Path:
     """A statistics dump.json of ``apis`` calls (~10 MB): its validation takes the worker a few seconds."""
