@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import task_received, worker_init
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.models import utcnow
@@ -75,7 +75,18 @@ def make_celery(settings: Settings) -> Celery:
 
         import_engine()
 
+    # Connected once per process, whatever the number of apps built (each test builds its own).
+    task_received.connect(_received, weak=False, dispatch_uid="parity-task-received")
     return app
+
+
+def _received(request: Any = None, **_: Any) -> None:
+    """In a worker's main process, as a broker message arrives: the first mark of the task's timeline."""
+    if request is not None and request.name in (TASK_NAME, VALIDATE_TASK_NAME) and request.args:
+        from parity.server.jobs.runner import worker_name
+        from parity.server.jobs.timeline import log_received
+
+        log_received(str(request.args[0]), worker_name())
 
 
 class _Sender:

@@ -36,6 +36,7 @@ from parity.server.blob_cache import Checkout, MissingBlob, worker_cache
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.jobs.limits import Deadline, redact_paths
+from parity.server.jobs.timeline import Timeline
 from parity.server.models import (
     Comparison,
     ComparisonCall,
@@ -45,7 +46,7 @@ from parity.server.models import (
     RunFile,
     utcnow,
 )
-from parity.server.repositories import RunRepository, TaskId, TaskRepository, parse_task_id
+from parity.server.repositories import RunRepository, TaskId, TaskRepository, parse_task_id, task_id
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store, sidecar_key
 from parity.shared.compare.result import FAILING_STATUSES, json_cells
@@ -113,17 +114,20 @@ class TaskRunner:
     def run_next(self) -> bool:
         """Claim the oldest queued task and run it (the local pool's workers pull their work); False when
         none is queued."""
+        timeline = Timeline()
         lease_s = self.settings.job_lease_seconds
         with self.db.write() as session:
             claimed = TaskRepository(session).claim_next(utcnow(), lease_s, self.worker)
         if claimed is None:
             return False
+        timeline.mark("claimed")
         comparison_id, rank, slice_ = parse_task_id(claimed[0])
-        self._execute(comparison_id, rank, slice_, claimed[1])
+        self._execute(comparison_id, rank, slice_, claimed[1], timeline)
         return True
 
     def run(self, task: TaskId) -> bool:
         """Run task ``task`` to completion or record why it failed; never raises. False: not claimable."""
+        timeline = Timeline()
         comparison_id, rank, slice_ = parse_task_id(task)
         with self.db.write() as session:
             attempt = TaskRepository(session).claim(
@@ -132,10 +136,11 @@ class TaskRunner:
         if attempt is None:
             logger.info("task %s is not claimable (finished, deleted, or running under a live lease)", task)
             return False
-        self._execute(comparison_id, rank, slice_, attempt)
+        timeline.mark("claimed")
+        self._execute(comparison_id, rank, slice_, attempt, timeline)
         return True
 
-    def _execute(self, comparison_id: str, rank: int, slice_: int, attempt: int) -> None:
+    def _execute(self, comparison_id: str, rank: int, slice_: int, attempt: int, timeline: Timeline) -> None:
         """Run a claimed attempt to its end: its result, or why it failed, recorded; never raises."""
         from parity.process_policy import collector_paused
 
@@ -148,7 +153,7 @@ class TaskRunner:
                 collector_paused(),
                 self.cache.checkout() as blobs,  # what the task fetched: kept on success, dropped on failure
             ):
-                self._run(comparison_id, rank, slice_, attempt, lease, blobs)
+                self._run(comparison_id, rank, slice_, attempt, lease, blobs, timeline)
         except LeaseLost as exc:
             logger.warning("comparison %s rank %d: %s; this attempt stops", comparison_id, rank, exc)
         except Exception as exc:
@@ -159,9 +164,11 @@ class TaskRunner:
             # The log keeps the full text; the task's error is read by every user of the API.
             message = redact_paths(message or type(exc).__name__, self.settings)
             finish_failed(self.db, comparison_id, rank, attempt, message, slice_=slice_)
+        finally:
+            timeline.log(task_id(comparison_id, rank, slice_), self.worker)
 
-    def _run(self, comparison_id: str, rank: int, slice_: int, attempt: int, lease: _Lease, blobs: Checkout
-             ) -> None:  # fmt: skip
+    def _run(self, comparison_id: str, rank: int, slice_: int, attempt: int, lease: _Lease, blobs: Checkout,
+             timeline: Timeline) -> None:  # fmt: skip
         with self.db.read() as session:
             c = session.get(Comparison, comparison_id)
             task = session.get(ComparisonTask, (comparison_id, rank, slice_))
@@ -198,6 +205,7 @@ class TaskRunner:
                 bench_tensors, bench_files = _split_tensor_files(bench_files)
             _stage(blobs, target_id, target_files, npu_dir, "target")
             _stage(blobs, bench_id, bench_files, bench_dir, "bench")
+            timeline.mark("staged")
             npu_json, bench_json = (
                 npu_dir / rank_dir_name(rank) / DUMP_JSON,
                 bench_dir / rank_dir_name(rank) / DUMP_JSON,
@@ -238,15 +246,18 @@ class TaskRunner:
                 message = str(exc).replace(f"{npu_dir}/", f"target run {target_id}: {step_dir_name(step)}/")
                 message = message.replace(f"{bench_dir}/", f"bench run {bench_id}: {step_dir_name(step)}/")
                 raise JobError(message.replace(f"{staging}/", "")) from exc
+            timeline.mark("compared")
             lease.check()
             self.store.put_file(report.xlsx, comparison_key(comparison_id, f"rank{rank}/report.xlsx"))
             assert report.advisor is not None
             self.store.put_file(report.advisor, comparison_key(comparison_id, f"rank{rank}/advisor.txt"))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        timeline.mark("reports")
         stored = finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
-                                  report.summary, list(report.result.header),
-                                  scores=report.result.row_scores, slice_=slice_)  # fmt: skip
+                                  report.summary, list(report.result.header), scores=report.result.row_scores,
+                                  slice_=slice_, timeline=timeline)  # fmt: skip
+        timeline.mark("stored")
         if stored and part is not None:  # the rank's rows are in: its slices' parts are spent
             for k in range(part.count):
                 self.store.delete(_part_key(comparison_id, rank, k))
@@ -495,7 +506,8 @@ def finish_slice(db: Database, comparison_id: str, rank: int, slice_: int, attem
 
 def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
                      rows: Sequence[Any], summary: dict[str, Any], header: list[str], *,
-                     scores: Sequence[float | None] | None = None, slice_: int = 0) -> bool:  # fmt: skip
+                     scores: Sequence[float | None] | None = None, slice_: int = 0,
+                     timeline: Timeline | None = None) -> bool:  # fmt: skip
     """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one. False
     when this attempt no longer held the task (nothing stored).
 
@@ -507,10 +519,13 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
     records = _row_records(comparison_id, rank, rows, scores)
     keyed = ((r["index"], r["api"], r["status"], r["name"], r["cells"]) for r in records)
     calls, _ = rank_calls(comparison_id, rank, header, keyed)
+    timeline = timeline or Timeline()
+    timeline.mark("records")
     began = time.perf_counter()
     with db.write() as session:
         task = _held_task(session, comparison_id, rank, attempt, slice_)
         waited = time.perf_counter() - began  # for the write lock, on SQLite: what two workers share
+        timeline.mark("locked")
         if task is not None:
             _replace_rank(session, comparison_id, rank, records, calls)
             task.status, task.progress, task.finished_at, task.lease_expires_at = (
@@ -521,6 +536,7 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
             )
             task.rows, task.summary, task.header, task.error = len(rows), _plain(summary), header, None
             merge_comparison(session, comparison_id)
+        timeline.mark("inserted")
     if task is None and _comparison_gone(db, comparison_id):
         # Deleted while it ran: the deleter removed the reports there then, not the ones stored since.
         logger.info(
