@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -519,6 +520,8 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
     records = _row_records(comparison_id, rank, rows, scores)
     keyed = ((r["index"], r["api"], r["status"], r["name"], r["cells"]) for r in records)
     calls, _ = rank_calls(comparison_id, rank, header, keyed)
+    tables = ((ComparisonRow.__table__, records), (ComparisonCall.__table__, calls))
+    inserts = [bulk for table, batch in tables if (bulk := _BulkInsert.of(db, table, batch)) is not None]
     timeline = timeline or Timeline()
     timeline.mark("records")
     began = time.perf_counter()
@@ -527,7 +530,7 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
         waited = time.perf_counter() - began  # for the write lock, on SQLite: what two workers share
         timeline.mark("locked")
         if task is not None:
-            _replace_rank(session, comparison_id, rank, records, calls)
+            _replace_rank(session, comparison_id, rank, inserts)
             task.status, task.progress, task.finished_at, task.lease_expires_at = (
                 "succeeded",
                 1.0,
@@ -693,31 +696,39 @@ def _numpy_scalar(value: Any) -> Any:
     raise TypeError(f"a cell of type {type(value).__name__} is not JSON")
 
 
-def _replace_rank(session: Session, comparison_id: str, rank: int, records: Sequence[dict[str, Any]],
-                  calls: Sequence[dict[str, Any]]) -> None:  # fmt: skip
+def _replace_rank(session: Session, comparison_id: str, rank: int, inserts: Sequence[_BulkInsert]) -> None:
     """The rank's rows and calls, in place of whatever an earlier attempt left."""
     for model in (ComparisonRow, ComparisonCall):
         session.execute(delete(model).where(model.comparison_id == comparison_id, model.rank == rank))
-    for table, batch in ((ComparisonRow.__table__, records), (ComparisonCall.__table__, calls)):
-        _bulk_insert(session, table, batch)
-
-
-def _bulk_insert(session: Session, table: Table, records: Sequence[dict[str, Any]]) -> None:
-    """INSERT ``records`` (dicts of plain values, one per row) straight through the driver's executemany.
-
-    SQLAlchemy's own executemany spends as long walking the parameters as the driver spends inserting (half
-    of a rank's time under SQLite's write lock); these records need no type processing.
-    """
-    if not records:
-        return
     conn = session.connection()
-    compiled = insert(table).compile(dialect=conn.dialect, column_keys=list(records[0]))
-    sql = str(compiled)
-    order = compiled.positiontup
-    for start in range(0, len(records), ROW_BATCH):
-        batch = records[start : start + ROW_BATCH]
-        params = [tuple(r[k] for k in order) for r in batch] if order is not None else list(batch)
-        conn.exec_driver_sql(sql, params)  # type: ignore[arg-type]
+    for bulk in inserts:
+        for start in range(0, len(bulk.params), ROW_BATCH):
+            conn.exec_driver_sql(bulk.sql, bulk.params[start : start + ROW_BATCH])  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _BulkInsert:
+    """An INSERT and its parameters in the driver's own form, run straight through its executemany.
+
+    SQLAlchemy's own executemany spends as long walking the parameters as the driver spends inserting;
+    these records need no type processing. Built before the write transaction: compiling the INSERTs and
+    turning a rank's 8,000 rows and 4,000 calls into the driver's tuples took 25 ms (load 4) inside it,
+    holding SQLite's one write lock while the other worker waited for it to claim its next task or store
+    its own rank (``bench_scale.py --trace``: 0.5–0.8 s of waiting at claims a 16-rank comparison).
+    """
+
+    sql: str
+    params: list[Any]
+
+    @classmethod
+    def of(cls, db: Database, table: Table, records: Sequence[dict[str, Any]]) -> _BulkInsert | None:
+        """None for no records."""
+        if not records:
+            return None
+        compiled = insert(table).compile(dialect=db.write_engine.dialect, column_keys=list(records[0]))
+        order = compiled.positiontup
+        params = [tuple(r[k] for k in order) for r in records] if order is not None else list(records)
+        return cls(str(compiled), params)
 
 
 def _plain(doc: dict[str, Any]) -> dict[str, Any]:
