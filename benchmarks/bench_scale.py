@@ -339,10 +339,9 @@ def trace(m: Measured) -> list[str]:
         return ["  trace: no task timeline in the workers' log"]
     median = statistics.median
     phases = [p for p in PHASES[1:] if all(p in r for r in runs)]
-    per_phase = "  ".join(
-        f"{name} {median(r[name] - r[prev] for r in runs) * 1000:.0f}"
-        for prev, name in zip(["start", *phases], phases, strict=False)
-    )
+    pairs = zip(["start", *phases], phases, strict=False)
+    spans = {name: [r[name] - r[prev] for r in runs] for prev, name in pairs}
+    per_phase = "  ".join(f"{name} {median(xs) * 1000:.0f} ({sum(xs):.2f})" for name, xs in spans.items())
     gaps, waits, handoffs, lines = [], [], [], []
     by_worker: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(runs, key=lambda r: r["start"]):
@@ -363,7 +362,7 @@ def trace(m: Measured) -> list[str]:
         lines.append(f"    {worker:<24} " + ", ".join(cells))
     ms = lambda xs: f"{median(xs) * 1000:.0f} ms" if xs else "-"  # noqa: E731
     head = [
-        f"  trace: {len(runs)} tasks; median ms a task from its start: {per_phase}",
+        f"  trace: {len(runs)} tasks; each phase's median ms (total s): {per_phase}",
         f"  idle between a worker's tasks: median {ms(gaps)}, total {sum(gaps):.2f} s of "
         f"{m.wall * len(by_worker):.2f} s worker time"
         + (f"; end -> next message {ms(waits)}, message -> start {ms(handoffs)}" if waits else ""),
