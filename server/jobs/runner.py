@@ -26,7 +26,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -257,7 +257,7 @@ class TaskRunner:
         timeline.mark("reports")
         stored = finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
                                   report.summary, list(report.result.header), scores=report.result.row_scores,
-                                  slice_=slice_, timeline=timeline)  # fmt: skip
+                                  slice_=slice_, timeline=timeline, before_write=lease.stop)  # fmt: skip
         timeline.mark("stored")
         if stored and part is not None:  # the rank's rows are in: its slices' parts are spent
             for k in range(part.count):
@@ -346,8 +346,16 @@ class _Lease:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No more renewals (idempotent; waits for one in flight). Called before the attempt's finishing
+        transaction, whose attempt guard is all it needs: a renewal started during that transaction waited
+        for its write lock, then for the busy handler's next retry (up to 100 ms apart), and the task's end
+        waited for it (``bench_scale.py --trace``: 20–40 ms a rank with two workers)."""
         self._done.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def check(self) -> None:
         """Raise if the work should stop: its task was deleted or reclaimed (``LeaseLost``), or it ran past
@@ -508,7 +516,8 @@ def finish_slice(db: Database, comparison_id: str, rank: int, slice_: int, attem
 def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
                      rows: Sequence[Any], summary: dict[str, Any], header: list[str], *,
                      scores: Sequence[float | None] | None = None, slice_: int = 0,
-                     timeline: Timeline | None = None) -> bool:  # fmt: skip
+                     timeline: Timeline | None = None, before_write: Callable[[], None] | None = None
+                     ) -> bool:  # fmt: skip
     """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one. False
     when this attempt no longer held the task (nothing stored).
 
@@ -524,6 +533,8 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
     inserts = [bulk for table, batch in tables if (bulk := _BulkInsert.of(db, table, batch)) is not None]
     timeline = timeline or Timeline()
     timeline.mark("records")
+    if before_write is not None:
+        before_write()
     began = time.perf_counter()
     with db.write() as session:
         task = _held_task(session, comparison_id, rank, attempt, slice_)
