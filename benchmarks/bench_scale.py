@@ -190,38 +190,39 @@ def big_dump(path: Path, megabytes: int) -> Path:
 
 
 class Celery:
-    def __init__(self, env: dict[str, str], concurrency: int, log: Path, level: str = "warning") -> None:
-        self.log_path = log
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "parity.server.jobs.celery_app",
-                "worker",
-                "--pool=prefork",
-                f"--concurrency={concurrency}",
-                "-l",
-                level,
-                "--without-gossip",
-                "--without-mingle",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=open(log, "ab"),
-            stderr=subprocess.STDOUT,  # noqa: SIM115
-        )
+    """``workers`` Celery worker slots: one ``celery worker`` with a prefork pool of that many processes, or
+    (``pool="solo"``) that many ``celery worker --pool=solo`` processes, each running its tasks itself."""
+
+    def __init__(self, env: dict[str, str], workers: int, log: Path, level: str = "warning",
+                 pool: str = "prefork") -> None:  # fmt: skip
+        self.log_path, self.pool = log, pool
+        command = [sys.executable, "-m", "celery", "-A", "parity.server.jobs.celery_app", "worker",
+                   "-l", level, "--without-gossip", "--without-mingle", f"--pool={pool}"]  # fmt: skip
+        if pool == "solo":
+            commands = [[*command, "-n", f"bench{i}@%h"] for i in range(workers)]
+        else:
+            commands = [[*command, f"--concurrency={workers}"]]
+        with open(log, "ab") as out:
+            self.procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+                          for c in commands]  # fmt: skip
 
     def worker_pids(self) -> list[int]:
-        return _children(self.proc.pid)
+        if self.pool == "solo":
+            return [p.pid for p in self.procs]
+        return _children(self.procs[0].pid)
+
+    def main_pids(self) -> list[int]:
+        """The processes that only receive messages and hand them on (none with the solo pool)."""
+        return [] if self.pool == "solo" else [self.procs[0].pid]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @dataclass
@@ -266,9 +267,10 @@ class Servers:
     """``parity server`` processes over one data folder: the runs are uploaded once, then each measurement
     starts a server (and Celery workers) with its own backend and worker count on the same database."""
 
-    def __init__(self, data: Path, npu: Path, gpu: Path, trace: bool = False) -> None:
+    def __init__(self, data: Path, npu: Path, gpu: Path, trace: bool = False, celery_pool: str = "prefork"
+                 ) -> None:  # fmt: skip
         self.data, self.npu, self.gpu = data, npu, gpu
-        self.trace = trace
+        self.trace, self.celery_pool = trace, celery_pool
         self.runs: tuple[str, str] | None = None
 
     def compare(self, backend: str, workers: int, redis_url: str | None) -> Measured:
@@ -280,7 +282,7 @@ class Servers:
         celery = None
         if backend == "celery":  # its own log per measurement: the trace reads this one's tasks
             level = "info" if self.trace else "warning"
-            celery = Celery(srv.env, workers, self.data / f"celery-{srv.port}.log", level)
+            celery = Celery(srv.env, workers, self.data / f"celery-{srv.port}.log", level, self.celery_pool)
         try:
             if self.runs is None:
                 self.runs = self._upload(srv.url)
@@ -289,8 +291,8 @@ class Servers:
             pids = celery.worker_pids if celery else (lambda: _children(server_pid))
             _wait_idle(pids, workers)
             others = {"server": psutil.Process(server_pid)}
-            if celery is not None:
-                others["Celery main process"] = psutil.Process(celery.proc.pid)
+            for pid in celery.main_pids() if celery is not None else []:
+                others["Celery main process"] = psutil.Process(pid)
             before = {name: sum(p.cpu_times()[:2]) for name, p in others.items()}
             machine, own, started = _busy_cpu(), _own_cpu(), time.perf_counter()
             with srv.client() as api:
@@ -419,14 +421,16 @@ def _rank_bytes(step: Path) -> int:
 def bench_pairs(
     label: str, base: Path, npu: Path, gpu: Path, backends: list[str], redis_url: str | None, repeat: int = 1,
     traced: bool = False,
+    celery_pool: str = "prefork",
 ) -> list[tuple[str, str]]:
     """1 then 2 workers, ``repeat`` times in turn (so that a change of the machine's load falls on both),
     each measurement printed; then the median of each and the median of the paired ratios."""
     rows = _Printed()
     rank_pair = _rank_bytes(npu / "step0") + _rank_bytes(gpu / "step0")
-    servers = Servers(base / f"data-{label.split()[0]}", npu, gpu, trace=traced)
+    servers = Servers(base / f"data-{label.split()[0]}", npu, gpu, trace=traced, celery_pool=celery_pool)
     try:
         for backend in backends:
+            backend_name = f"celery {celery_pool}" if backend == "celery" else backend
             walls: dict[int, list[float]] = {1: [], 2: []}
             for _ in range(repeat):
                 for workers in (1, 2):
@@ -436,7 +440,7 @@ def bench_pairs(
                     staged = m.sampler.staging_peak
                     rows.append(
                         (
-                            f"{label} {backend} {workers} worker(s)",
+                            f"{label} {backend_name} {workers} worker(s)",
                             f"{m.wall:7.2f} s  {m.body['summary']['rows']} rows  busy {m.occupancy:4.0%}  "
                             f"worker CPU {m.sampler.cpu_seconds:6.2f} s  "
                             f"peak RSS {peak / 2**20:5.0f} MiB  peak staging {staged / MB:6.1f} MB = "
@@ -452,7 +456,7 @@ def bench_pairs(
             medians = f"  median of {repeat} pairs ({median(walls[1]):.2f} s / {median(walls[2]):.2f} s)"
             rows.append(
                 (
-                    f"{label} {backend} speed-up 1 -> 2 workers",
+                    f"{label} {backend_name} speed-up 1 -> 2 workers",
                     f"{median(ratios):.2f}x (target >= 1.7x)" + (medians if repeat > 1 else ""),
                 )
             )
@@ -569,6 +573,14 @@ def main() -> int:
     parser.add_argument("--drop-cache", action="store_true", help="delete the cache folder at the end")
     parser.add_argument("--repeat", type=int, default=1, help="1 and 2 workers this many times in turn")
     parser.add_argument(
+        "--backends", nargs="+", choices=["local", "celery"], default=["local", "celery"],
+        help="which job backends to measure (celery needs --redis-url)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--celery-pool", choices=["prefork", "solo"], default="prefork",
+        help="one prefork worker of N processes, or N solo workers (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--trace", action="store_true", help="print where each worker's time went (the tasks' timelines)"
     )
     parser.add_argument(
@@ -579,7 +591,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="parity-bench-scale-"))
-    backends = ["local"] + (["celery"] if args.redis_url else [])
+    backends = [b for b in args.backends if b == "local" or args.redis_url]
     rows = _Printed()
     rows.append(
         (
@@ -594,8 +606,9 @@ def main() -> int:
             apis = 400 if args.quick else 4000
             npu, gpu = cached(cache, f"statistics-16r-{apis}", lambda f: statistics_pair(f, 16, apis))
             label = f"statistics 16 ranks x {apis} APIs"
-            bench_pairs(label, base, npu, gpu, backends, args.redis_url, args.repeat, args.trace)
-            if not args.redis_url:
+            bench_pairs(label, base, npu, gpu, backends, args.redis_url, args.repeat, args.trace,
+                        args.celery_pool)  # fmt: skip
+            if "celery" in args.backends and not args.redis_url:
                 rows.append(("statistics celery", "skipped: no --redis-url / PARITY_TEST_REDIS_URL"))
         if "tensor" in args.only:
             total = int(args.tensor_gb * (0.1 if args.quick else 1.0) * 1e9)
