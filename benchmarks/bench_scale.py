@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -190,37 +190,39 @@ def big_dump(path: Path, megabytes: int) -> Path:
 
 
 class Celery:
-    def __init__(self, env: dict[str, str], concurrency: int, log: Path) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "parity.server.jobs.celery_app",
-                "worker",
-                "--pool=prefork",
-                f"--concurrency={concurrency}",
-                "-l",
-                "warning",
-                "--without-gossip",
-                "--without-mingle",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=open(log, "ab"),
-            stderr=subprocess.STDOUT,  # noqa: SIM115
-        )
+    """``workers`` Celery worker slots: one ``celery worker`` with a prefork pool of that many processes, or
+    (``pool="solo"``) that many ``celery worker --pool=solo`` processes, each running its tasks itself."""
+
+    def __init__(self, env: dict[str, str], workers: int, log: Path, level: str = "warning",
+                 pool: str = "prefork") -> None:  # fmt: skip
+        self.log_path, self.pool = log, pool
+        command = [sys.executable, "-m", "celery", "-A", "parity.server.jobs.celery_app", "worker",
+                   "-l", level, "--without-gossip", "--without-mingle", f"--pool={pool}"]  # fmt: skip
+        if pool == "solo":
+            commands = [[*command, "-n", f"bench{i}@%h"] for i in range(workers)]
+        else:
+            commands = [[*command, f"--concurrency={workers}"]]
+        with open(log, "ab") as out:
+            self.procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+                          for c in commands]  # fmt: skip
 
     def worker_pids(self) -> list[int]:
-        return _children(self.proc.pid)
+        if self.pool == "solo":
+            return [p.pid for p in self.procs]
+        return _children(self.procs[0].pid)
+
+    def main_pids(self) -> list[int]:
+        """The processes that only receive messages and hand them on (none with the solo pool)."""
+        return [] if self.pool == "solo" else [self.procs[0].pid]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @dataclass
@@ -233,6 +235,12 @@ class Measured:
     occupancy: float
     body: dict[str, Any]
     sampler: Sampler
+    log: str = ""  # the workers' log, with the tasks' timelines (--trace)
+    #: CPU seconds of the processes that are not workers (the server, Celery's main process) meanwhile
+    helpers_cpu: dict[str, float] = field(default_factory=dict)
+    #: cores' worth of CPU that other jobs on the machine took meanwhile (all CPU time but the benchmark's
+    #: own processes', over the time measured): on a shared machine, what a 2-worker figure lost
+    others_cores: float = 0.0
 
 
 def _time(text: str) -> datetime:
@@ -247,10 +255,9 @@ def compare_once(api: httpx.Client, target: str, bench: str, workers: int, sampl
             found = api.get(f"/comparisons/{cid}").json()
             if found["status"] in ("succeeded", "failed"):
                 break
-            time.sleep(0.25)
+            time.sleep(0.5)  # the wall is the server's clock: a poll costs the server CPU, nothing more
     if found["status"] != "succeeded":
         raise RuntimeError(f"comparison {cid} failed: {found['error']}")
-    api.delete(f"/comparisons/{cid}")  # the next measurement of the same runs queues a new one
     wall = (_time(found["finished_at"]) - _time(found["created_at"])).total_seconds()
     busy = sum((_time(t["finished_at"]) - _time(t["started_at"])).total_seconds() for t in found["tasks"])
     return Measured(wall, busy / (workers * wall), found, sampler)
@@ -260,8 +267,10 @@ class Servers:
     """``parity server`` processes over one data folder: the runs are uploaded once, then each measurement
     starts a server (and Celery workers) with its own backend and worker count on the same database."""
 
-    def __init__(self, data: Path, npu: Path, gpu: Path) -> None:
+    def __init__(self, data: Path, npu: Path, gpu: Path, trace: bool = False, celery_pool: str = "prefork"
+                 ) -> None:  # fmt: skip
         self.data, self.npu, self.gpu = data, npu, gpu
+        self.trace, self.celery_pool = trace, celery_pool
         self.runs: tuple[str, str] | None = None
 
     def compare(self, backend: str, workers: int, redis_url: str | None) -> Measured:
@@ -270,7 +279,10 @@ class Servers:
             assert redis_url is not None
             env |= {"PARITY_JOB_BACKEND": "celery", "PARITY_CELERY_BROKER_URL": redis_url}
         srv = ServerProcess(self.data, env).start()
-        celery = Celery(srv.env, workers, self.data / "celery.log") if backend == "celery" else None
+        celery = None
+        if backend == "celery":  # its own log per measurement: the trace reads this one's tasks
+            level = "info" if self.trace else "warning"
+            celery = Celery(srv.env, workers, self.data / f"celery-{srv.port}.log", level, self.celery_pool)
         try:
             if self.runs is None:
                 self.runs = self._upload(srv.url)
@@ -278,14 +290,28 @@ class Servers:
             server_pid = srv.proc.pid
             pids = celery.worker_pids if celery else (lambda: _children(server_pid))
             _wait_idle(pids, workers)
+            others = {"server": psutil.Process(server_pid)}
+            for pid in celery.main_pids() if celery is not None else []:
+                others["Celery main process"] = psutil.Process(pid)
+            before = {name: sum(p.cpu_times()[:2]) for name, p in others.items()}
+            machine, own, started = _busy_cpu(), _own_cpu(), time.perf_counter()
             with srv.client() as api:
-                return compare_once(
+                measured = compare_once(
                     api, *self.runs, workers, Sampler(None, pids, self.data / "blobs" / ".tmp")
                 )
+                measured.helpers_cpu = {n: sum(p.cpu_times()[:2]) - before[n] for n, p in others.items()}
+                ours = sum(measured.helpers_cpu.values()) + measured.sampler.cpu_seconds + _own_cpu() - own
+                took = time.perf_counter() - started
+                measured.others_cores = max(_busy_cpu() - machine - ours, 0.0) / took
+                api.delete(f"/comparisons/{measured.body['id']}")  # the next measurement queues a new one
         finally:
             if celery is not None:
                 celery.stop()
             srv.stop()
+        if self.trace:  # read once the workers have stopped: every line is written
+            log = celery.log_path if celery is not None else srv.log_path
+            measured.log = log.read_text(errors="replace")
+        return measured
 
     def _upload(self, url: str) -> tuple[str, str]:
         from parity.client.rest import ParityClient
@@ -295,6 +321,70 @@ class Servers:
             target = upload_dump(api, self.npu, name="bench-scale-npu", device="npu")
             bench = upload_dump(api, self.gpu, name="bench-scale-gpu", device="gpu")
         return target.id, bench.id
+
+
+def trace(m: Measured) -> list[str]:
+    """Where the workers' time went, from the tasks' timelines in the workers' log (``--trace``): the median
+    of each phase of a task, the idle time between one task's end and the next one's start on the same worker
+    (split at the broker message's arrival on Celery), and each worker's tasks in order."""
+    from parity.server.jobs.timeline import PHASES, parse
+
+    cid = m.body["id"]
+    records = [r for r in parse(m.log.splitlines()) if str(r.get("task", "")).startswith(f"{cid}:")]
+    runs = [r for r in records if "start" in r]
+    received: dict[str, list[float]] = {}
+    for r in records:
+        if "received" in r:
+            received.setdefault(r["task"], []).append(r["received"])
+    created = _time(m.body["created_at"]).timestamp()
+    if not runs:
+        return ["  trace: no task timeline in the workers' log"]
+    median = statistics.median
+    phases = [p for p in PHASES[1:] if all(p in r for r in runs)]
+    pairs = zip(["start", *phases], phases, strict=False)
+    spans = {name: [r[name] - r[prev] for r in runs] for prev, name in pairs}
+    per_phase = "  ".join(f"{name} {median(xs) * 1000:.0f} ({sum(xs):.2f})" for name, xs in spans.items())
+    gaps, waits, handoffs, lines = [], [], [], []
+    by_worker: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(runs, key=lambda r: r["start"]):
+        by_worker.setdefault(r["worker"], []).append(r)
+    for worker, tasks in sorted(by_worker.items()):
+        cells, previous_end = [], created
+        for r in tasks:
+            arrived = [t for t in received.get(r["task"], []) if t <= r["start"]]
+            gap = r["start"] - previous_end
+            if previous_end != created:
+                gaps.append(gap)
+                if arrived:
+                    waits.append(max(arrived[-1] - previous_end, 0.0))
+                    handoffs.append(r["start"] - arrived[-1])
+            rank = r["task"].split(":", 1)[1]
+            cells.append(f"+{gap * 1000:.0f} ms r{rank} {r['end'] - r['start']:.2f} s")
+            previous_end = r["end"]
+        lines.append(f"    {worker:<24} " + ", ".join(cells))
+    ms = lambda xs: f"{median(xs) * 1000:.0f} ms" if xs else "-"  # noqa: E731
+    head = [
+        f"  trace: {len(runs)} tasks; each phase's median ms (total s): {per_phase}",
+        f"  idle between a worker's tasks: median {ms(gaps)}, total {sum(gaps):.2f} s of "
+        f"{m.wall * len(by_worker):.2f} s worker time"
+        + (f"; end -> next message {ms(waits)}, message -> start {ms(handoffs)}" if waits else ""),
+        f"  first start {min(r['start'] for r in runs) - created:.2f} s after creation, "
+        f"finished {_time(m.body['finished_at']).timestamp() - max(r['end'] for r in runs):+.2f} s from the "
+        f"last task's end; CPU meanwhile: "
+        + ", ".join(f"{name} {cpu:.2f} s" for name, cpu in m.helpers_cpu.items()),
+        "  per worker: the gap before each task, its rank, its time",
+    ]
+    return head + lines
+
+
+def _busy_cpu() -> float:
+    """CPU seconds the whole machine has spent busy (or stolen by its hypervisor) since it started."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def _own_cpu() -> float:
+    return sum(psutil.Process().cpu_times()[:2])
 
 
 def _wait_idle(pids: Callable[[], list[int]], workers: int, timeout: float = 120.0) -> None:
@@ -329,15 +419,18 @@ def _rank_bytes(step: Path) -> int:
 
 
 def bench_pairs(
-    label: str, base: Path, npu: Path, gpu: Path, backends: list[str], redis_url: str | None, repeat: int = 1
+    label: str, base: Path, npu: Path, gpu: Path, backends: list[str], redis_url: str | None, repeat: int = 1,
+    traced: bool = False,
+    celery_pool: str = "prefork",
 ) -> list[tuple[str, str]]:
     """1 then 2 workers, ``repeat`` times in turn (so that a change of the machine's load falls on both),
     each measurement printed; then the median of each and the median of the paired ratios."""
     rows = _Printed()
     rank_pair = _rank_bytes(npu / "step0") + _rank_bytes(gpu / "step0")
-    servers = Servers(base / f"data-{label.split()[0]}", npu, gpu)
+    servers = Servers(base / f"data-{label.split()[0]}", npu, gpu, trace=traced, celery_pool=celery_pool)
     try:
         for backend in backends:
+            backend_name = f"celery {celery_pool}" if backend == "celery" else backend
             walls: dict[int, list[float]] = {1: [], 2: []}
             for _ in range(repeat):
                 for workers in (1, 2):
@@ -347,21 +440,23 @@ def bench_pairs(
                     staged = m.sampler.staging_peak
                     rows.append(
                         (
-                            f"{label} {backend} {workers} worker(s)",
+                            f"{label} {backend_name} {workers} worker(s)",
                             f"{m.wall:7.2f} s  {m.body['summary']['rows']} rows  busy {m.occupancy:4.0%}  "
                             f"worker CPU {m.sampler.cpu_seconds:6.2f} s  "
                             f"peak RSS {peak / 2**20:5.0f} MiB  peak staging {staged / MB:6.1f} MB = "
                             f"{staged / rank_pair:.2f} rank pairs "
                             f"({staged / rank_pair / workers:.2f} per worker)  "
-                            f"load {os.getloadavg()[0]:.1f}",
+                            f"load {os.getloadavg()[0]:.1f}  others {m.others_cores:.2f} cores",
                         )
                     )
+                    if traced:
+                        print("\n".join(trace(m)), flush=True)
             ratios = [one / two for one, two in zip(walls[1], walls[2], strict=True)]
             median = statistics.median
             medians = f"  median of {repeat} pairs ({median(walls[1]):.2f} s / {median(walls[2]):.2f} s)"
             rows.append(
                 (
-                    f"{label} {backend} speed-up 1 -> 2 workers",
+                    f"{label} {backend_name} speed-up 1 -> 2 workers",
                     f"{median(ratios):.2f}x (target >= 1.7x)" + (medians if repeat > 1 else ""),
                 )
             )
@@ -478,6 +573,17 @@ def main() -> int:
     parser.add_argument("--drop-cache", action="store_true", help="delete the cache folder at the end")
     parser.add_argument("--repeat", type=int, default=1, help="1 and 2 workers this many times in turn")
     parser.add_argument(
+        "--backends", nargs="+", choices=["local", "celery"], default=["local", "celery"],
+        help="which job backends to measure (celery needs --redis-url)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--celery-pool", choices=["prefork", "solo"], default="prefork",
+        help="one prefork worker of N processes, or N solo workers (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trace", action="store_true", help="print where each worker's time went (the tasks' timelines)"
+    )
+    parser.add_argument(
         "--only",
         nargs="+",
         choices=["statistics", "tensor", "overhead", "complete"],
@@ -485,7 +591,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="parity-bench-scale-"))
-    backends = ["local"] + (["celery"] if args.redis_url else [])
+    backends = [b for b in args.backends if b == "local" or args.redis_url]
     rows = _Printed()
     rows.append(
         (
@@ -500,13 +606,15 @@ def main() -> int:
             apis = 400 if args.quick else 4000
             npu, gpu = cached(cache, f"statistics-16r-{apis}", lambda f: statistics_pair(f, 16, apis))
             label = f"statistics 16 ranks x {apis} APIs"
-            bench_pairs(label, base, npu, gpu, backends, args.redis_url, args.repeat)
-            if not args.redis_url:
+            bench_pairs(label, base, npu, gpu, backends, args.redis_url, args.repeat, args.trace,
+                        args.celery_pool)  # fmt: skip
+            if "celery" in args.backends and not args.redis_url:
                 rows.append(("statistics celery", "skipped: no --redis-url / PARITY_TEST_REDIS_URL"))
         if "tensor" in args.only:
             total = int(args.tensor_gb * (0.1 if args.quick else 1.0) * 1e9)
             npu, gpu = cached(cache, f"tensor-8r-{total}", lambda f: tensor_pair(f, 8, total))
-            bench_pairs(f"tensor 8 ranks, {total / 1e9:.1f} GB", base, npu, gpu, ["local"], None, args.repeat)
+            bench_pairs(f"tensor 8 ranks, {total / 1e9:.1f} GB", base, npu, gpu, ["local"], None, args.repeat,
+                        args.trace)  # fmt: skip
         if "overhead" in args.only:
             for row in bench_overhead(base, cache, 256):
                 rows.append(row)

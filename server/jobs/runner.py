@@ -25,7 +25,8 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.jobs.lease import Lease, LeaseLost
 from parity.server.jobs.limits import redact_paths
+from parity.server.jobs.timeline import Timeline
 from parity.server.models import (
     Comparison,
     ComparisonCall,
@@ -45,7 +47,7 @@ from parity.server.models import (
     RunFile,
     utcnow,
 )
-from parity.server.repositories import RunRepository, TaskId, TaskRepository, parse_task_id
+from parity.server.repositories import RunRepository, TaskId, TaskRepository, parse_task_id, task_id
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store, sidecar_key
 from parity.shared.compare.result import FAILING_STATUSES, json_cells
@@ -107,17 +109,20 @@ class TaskRunner:
     def run_next(self) -> bool:
         """Claim the oldest queued task and run it (the local pool's workers pull their work); False when
         none is queued."""
+        timeline = Timeline()
         lease_s = self.settings.job_lease_seconds
         with self.db.write() as session:
             claimed = TaskRepository(session).claim_next(utcnow(), lease_s, self.worker)
         if claimed is None:
             return False
+        timeline.mark("claimed")
         comparison_id, rank, slice_ = parse_task_id(claimed[0])
-        self._execute(comparison_id, rank, slice_, claimed[1])
+        self._execute(comparison_id, rank, slice_, claimed[1], timeline)
         return True
 
     def run(self, task: TaskId) -> bool:
         """Run task ``task`` to completion or record why it failed; never raises. False: not claimable."""
+        timeline = Timeline()
         comparison_id, rank, slice_ = parse_task_id(task)
         with self.db.write() as session:
             attempt = TaskRepository(session).claim(
@@ -126,10 +131,11 @@ class TaskRunner:
         if attempt is None:
             logger.info("task %s is not claimable (finished, deleted, or running under a live lease)", task)
             return False
-        self._execute(comparison_id, rank, slice_, attempt)
+        timeline.mark("claimed")
+        self._execute(comparison_id, rank, slice_, attempt, timeline)
         return True
 
-    def _execute(self, comparison_id: str, rank: int, slice_: int, attempt: int) -> None:
+    def _execute(self, comparison_id: str, rank: int, slice_: int, attempt: int, timeline: Timeline) -> None:
         """Run a claimed attempt to its end: its result, or why it failed, recorded; never raises."""
         from parity.process_policy import collector_paused
 
@@ -142,7 +148,7 @@ class TaskRunner:
                 collector_paused(),
                 self.cache.checkout() as blobs,  # what the task fetched: kept on success, dropped on failure
             ):
-                self._run(comparison_id, rank, slice_, attempt, lease, blobs)
+                self._run(comparison_id, rank, slice_, attempt, lease, blobs, timeline)
         except LeaseLost as exc:
             logger.warning("comparison %s rank %d: %s; this attempt stops", comparison_id, rank, exc)
         except Exception as exc:
@@ -153,9 +159,11 @@ class TaskRunner:
             # The log keeps the full text; the task's error is read by every user of the API.
             message = redact_paths(message or type(exc).__name__, self.settings)
             finish_failed(self.db, comparison_id, rank, attempt, message, slice_=slice_)
+        finally:
+            timeline.log(task_id(comparison_id, rank, slice_), self.worker)
 
-    def _run(self, comparison_id: str, rank: int, slice_: int, attempt: int, lease: Lease, blobs: Checkout
-             ) -> None:  # fmt: skip
+    def _run(self, comparison_id: str, rank: int, slice_: int, attempt: int, lease: Lease, blobs: Checkout,
+             timeline: Timeline) -> None:  # fmt: skip
         with self.db.read() as session:
             c = session.get(Comparison, comparison_id)
             task = session.get(ComparisonTask, (comparison_id, rank, slice_))
@@ -192,6 +200,7 @@ class TaskRunner:
                 bench_tensors, bench_files = _split_tensor_files(bench_files)
             _stage(blobs, target_id, target_files, npu_dir, "target")
             _stage(blobs, bench_id, bench_files, bench_dir, "bench")
+            timeline.mark("staged")
             npu_json, bench_json = (
                 npu_dir / rank_dir_name(rank) / DUMP_JSON,
                 bench_dir / rank_dir_name(rank) / DUMP_JSON,
@@ -232,15 +241,18 @@ class TaskRunner:
                 message = str(exc).replace(f"{npu_dir}/", f"target run {target_id}: {step_dir_name(step)}/")
                 message = message.replace(f"{bench_dir}/", f"bench run {bench_id}: {step_dir_name(step)}/")
                 raise JobError(message.replace(f"{staging}/", "")) from exc
+            timeline.mark("compared")
             lease.check()
             self.store.put_file(report.xlsx, comparison_key(comparison_id, f"rank{rank}/report.xlsx"))
             assert report.advisor is not None
             self.store.put_file(report.advisor, comparison_key(comparison_id, f"rank{rank}/advisor.txt"))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        timeline.mark("reports")
         stored = finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
-                                  report.summary, list(report.result.header),
-                                  scores=report.result.row_scores, slice_=slice_)  # fmt: skip
+                                  report.summary, list(report.result.header), scores=report.result.row_scores,
+                                  slice_=slice_, timeline=timeline, before_write=lease.stop)  # fmt: skip
+        timeline.mark("stored")
         if stored and part is not None:  # the rank's rows are in: its slices' parts are spent
             for k in range(part.count):
                 self.store.delete(_part_key(comparison_id, rank, k))
@@ -417,7 +429,9 @@ def finish_slice(db: Database, comparison_id: str, rank: int, slice_: int, attem
 
 def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
                      rows: Sequence[Any], summary: dict[str, Any], header: list[str], *,
-                     scores: Sequence[float | None] | None = None, slice_: int = 0) -> bool:  # fmt: skip
+                     scores: Sequence[float | None] | None = None, slice_: int = 0,
+                     timeline: Timeline | None = None, before_write: Callable[[], None] | None = None
+                     ) -> bool:  # fmt: skip
     """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one. False
     when this attempt no longer held the task (nothing stored).
 
@@ -429,12 +443,19 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
     records = _row_records(comparison_id, rank, rows, scores)
     keyed = ((r["index"], r["api"], r["status"], r["name"], r["cells"]) for r in records)
     calls, _ = rank_calls(comparison_id, rank, header, keyed)
+    tables = ((ComparisonRow.__table__, records), (ComparisonCall.__table__, calls))
+    inserts = [bulk for table, batch in tables if (bulk := _BulkInsert.of(db, table, batch)) is not None]
+    timeline = timeline or Timeline()
+    timeline.mark("records")
+    if before_write is not None:
+        before_write()
     began = time.perf_counter()
     with db.write() as session:
         task = _held_task(session, comparison_id, rank, attempt, slice_)
         waited = time.perf_counter() - began  # for the write lock, on SQLite: what two workers share
+        timeline.mark("locked")
         if task is not None:
-            _replace_rank(session, comparison_id, rank, records, calls)
+            _replace_rank(session, comparison_id, rank, inserts)
             task.status, task.progress, task.finished_at, task.lease_expires_at = (
                 "succeeded",
                 1.0,
@@ -443,6 +464,7 @@ def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: i
             )
             task.rows, task.summary, task.header, task.error = len(rows), _plain(summary), header, None
             merge_comparison(session, comparison_id)
+        timeline.mark("inserted")
     if task is None and _comparison_gone(db, comparison_id):
         # Deleted while it ran: the deleter removed the reports there then, not the ones stored since.
         logger.info(
@@ -599,31 +621,39 @@ def _numpy_scalar(value: Any) -> Any:
     raise TypeError(f"a cell of type {type(value).__name__} is not JSON")
 
 
-def _replace_rank(session: Session, comparison_id: str, rank: int, records: Sequence[dict[str, Any]],
-                  calls: Sequence[dict[str, Any]]) -> None:  # fmt: skip
+def _replace_rank(session: Session, comparison_id: str, rank: int, inserts: Sequence[_BulkInsert]) -> None:
     """The rank's rows and calls, in place of whatever an earlier attempt left."""
     for model in (ComparisonRow, ComparisonCall):
         session.execute(delete(model).where(model.comparison_id == comparison_id, model.rank == rank))
-    for table, batch in ((ComparisonRow.__table__, records), (ComparisonCall.__table__, calls)):
-        _bulk_insert(session, table, batch)
-
-
-def _bulk_insert(session: Session, table: Table, records: Sequence[dict[str, Any]]) -> None:
-    """INSERT ``records`` (dicts of plain values, one per row) straight through the driver's executemany.
-
-    SQLAlchemy's own executemany spends as long walking the parameters as the driver spends inserting (half
-    of a rank's time under SQLite's write lock); these records need no type processing.
-    """
-    if not records:
-        return
     conn = session.connection()
-    compiled = insert(table).compile(dialect=conn.dialect, column_keys=list(records[0]))
-    sql = str(compiled)
-    order = compiled.positiontup
-    for start in range(0, len(records), ROW_BATCH):
-        batch = records[start : start + ROW_BATCH]
-        params = [tuple(r[k] for k in order) for r in batch] if order is not None else list(batch)
-        conn.exec_driver_sql(sql, params)  # type: ignore[arg-type]
+    for bulk in inserts:
+        for start in range(0, len(bulk.params), ROW_BATCH):
+            conn.exec_driver_sql(bulk.sql, bulk.params[start : start + ROW_BATCH])  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _BulkInsert:
+    """An INSERT and its parameters in the driver's own form, run straight through its executemany.
+
+    SQLAlchemy's own executemany spends as long walking the parameters as the driver spends inserting;
+    these records need no type processing. Built before the write transaction: compiling the INSERTs and
+    turning a rank's 8,000 rows and 4,000 calls into the driver's tuples took 25 ms (load 4) inside it,
+    holding SQLite's one write lock while the other worker waited for it to claim its next task or store
+    its own rank (``bench_scale.py --trace``: 0.5–0.8 s of waiting at claims a 16-rank comparison).
+    """
+
+    sql: str
+    params: list[Any]
+
+    @classmethod
+    def of(cls, db: Database, table: Table, records: Sequence[dict[str, Any]]) -> _BulkInsert | None:
+        """None for no records."""
+        if not records:
+            return None
+        compiled = insert(table).compile(dialect=db.write_engine.dialect, column_keys=list(records[0]))
+        order = compiled.positiontup
+        params = [tuple(r[k] for k in order) for r in records] if order is not None else list(records)
+        return cls(str(compiled), params)
 
 
 def _plain(doc: dict[str, Any]) -> dict[str, Any]:

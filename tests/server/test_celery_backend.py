@@ -23,10 +23,14 @@ import numpy as np
 import pytest
 import redis
 from parity.server.db import Database
+from parity.server.jobs.celery_app import CeleryQueue
+from parity.server.jobs.timeline import parse
 from parity.server.migrate import upgrade
 from parity.server.models import Comparison, ComparisonTask, Run, utcnow
 from parity.server.repositories import TaskRepository
+from parity.server.settings import Settings
 
+from parity.demo import free_port
 from tests.factories import stats_leaf, write_raw_dump
 from tests.server.conftest import (
     REPO,
@@ -159,6 +163,12 @@ def test_worker_runs_the_job_as_the_local_pool_does(
     assert f"comparison {cid} succeeded" in worker.log(), worker.log()[-3000:]
     worker.stop()
     srv.stop()
+    # Each rank's message arrival, then its run, in the worker's log (what ``bench_scale.py --trace`` reads).
+    timeline = parse(worker.log().splitlines())
+    for task in (f"{cid}:0", f"{cid}:1"):
+        received = [r["received"] for r in timeline if r["task"] == task and "received" in r]
+        ran = [r for r in timeline if r["task"] == task and "start" in r]
+        assert len(ran) == 1 and received and received[0] <= ran[0]["start"] <= ran[0]["end"], timeline
 
     assert by_celery == outcome_on_the_local_pool(spawn, data_dir, target, bench)
 
@@ -389,3 +399,24 @@ def test_a_celery_worker_killed_mid_validation_has_it_taken_over(
         assert validation_claim(data_dir, run_id)[0] == 2
         assert f"validation of run {run_id} claimed: attempt 2" in second.log(), second.log()[-3000:]
         assert f"task validate:{run_id}: its worker's lease passed" in srv.log(), srv.log()[-3000:]
+
+
+def test_the_server_connects_to_the_broker_before_its_first_send(tmp_path: Path, redis_url: str) -> None:
+    """``warm_up`` (the lease watcher's first act) opens the connection ``submit`` uses: the first
+    comparison after a start no longer waits 0.1 s for it. A broker not reachable yet is an error the
+    watcher logs, not a server that does not start."""
+    db = Database.connect(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        queue = CeleryQueue(Settings(data_dir=tmp_path, celery_broker_url=redis_url), db)
+        with queue.app.producer_or_acquire() as producer:
+            assert not producer.connection.connected  # kombu connects on first use
+        queue.warm_up()
+        with queue.app.producer_or_acquire() as producer:
+            assert producer.connection.connected
+        unreachable = CeleryQueue(
+            Settings(data_dir=tmp_path, celery_broker_url=f"redis://127.0.0.1:{free_port()}/0"), db
+        )
+        with pytest.raises(Exception, match="(?i)connect"):
+            unreachable.warm_up()
+    finally:
+        db.dispose()

@@ -6,6 +6,7 @@ removed after a failure as after a success."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import threading
 from collections.abc import Iterator
@@ -286,3 +287,27 @@ def test_workers_claiming_the_next_task_at_once_each_get_a_different_one(
         assert order == ["c-old:0", "c-old:1", "c-new:0", "c-new:1"]
     finally:
         db.dispose()
+
+
+def test_each_task_logs_its_timeline_in_order(
+    server: Server, pair: tuple[str, str, Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lines ``bench_scale.py --trace`` reads: one per task, its phases in order, a failed task's too."""
+    from parity.server.jobs.timeline import PHASES, parse
+
+    target, bench, _, _ = pair
+    cid = _create(server, target, bench)
+    with server.db.read() as session:  # rank 2 will fail: its target dump.json is gone from the store
+        where = (RunFile.run_id == target, RunFile.path == "step0/rank2/dump.json")
+        (server.store.root / session.scalars(select(RunFile.blob).where(*where)).one()).unlink()
+    caplog.set_level(logging.INFO, logger="parity.server.jobs.timeline")
+    _run_all(server, cid, [0, 1, 2])
+
+    records = {r["task"]: r for r in parse(caplog.messages)}
+    assert set(records) == {f"{cid}:0", f"{cid}:1", f"{cid}:2"}
+    for task in (f"{cid}:0", f"{cid}:1"):  # succeeded: every phase, in order
+        marks = [records[task][phase] for phase in PHASES]
+        assert marks == sorted(marks) and records[task]["worker"]
+    failed = records[f"{cid}:2"]
+    assert [p for p in PHASES if p in failed] == ["start", "claimed", "end"]
+    assert parse(["a line cut short: task-timeline {\"task\": "]) == []
