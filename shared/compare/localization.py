@@ -35,9 +35,11 @@ Rules that hold whatever the numbers:
 
 * identical values on both sides, identical NaN/Inf positions included, have error 0 and never make a
   suspect (the ``-inf`` fill value of ``masked_fill`` is not a loss of precision);
-* a call whose inputs are unmatched is not judged (the loss happened before it or cannot be seen), nor is
-  the backward of a selecting op (max pooling, ReLU, dropout, max/min, sort) whose forward inputs already
-  differ: a tie that flips sends a gradient elsewhere, an error no gain can scale;
+* a call whose inputs are unmatched is not judged (the loss happened before it or cannot be seen);
+* the backward of a selecting op (max pooling, ReLU, dropout, max/min, sort) whose forward inputs already
+  differ is not judged normwise: a tie that flips sends a whole gradient element elsewhere, an error no gain
+  can scale. In tensor mode it is judged element by element (``ROUTE_SHARE``): it routes each incoming
+  element to one place, so its share of outgoing elements newly off by more than 1e-3 is what it added;
 * md5 mode: a suspect is a call whose inputs all match and whose outputs do not; all score alike, so they are
   ranked in execution order.
 
@@ -66,7 +68,7 @@ from parity.shared.compare.call_errors import (
 )
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.result import CompareRow, Suspect
-from parity.shared.dump.columns import STATE_OUTPUT
+from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT
 
 __all__ = [
     "CallEvidence",
@@ -112,6 +114,14 @@ _SELECTING_OPS = frozenset({
     "minimum",
 })  # fmt: skip
 _SELECTING_PREFIXES = ("max_pool", "adaptive_max_pool", "fractional_max_pool", "max_unpool")
+#: Such a backward routes each incoming gradient element to one place (or none), times a constant: where
+#: both sides route alike, an outgoing element carries exactly its incoming element's error, so it is judged
+#: element by element instead: the share of its elements newly off by more than 1e-3 (msprobe's "One
+#: Thousandth Err Ratio", tensor mode) against this share, which flipped ties may route elsewhere. A flip
+#: needs an input within its own error of a tie (relu: of 0), a rare element.
+ROUTE_SHARE = 0.01
+_RATIO = "One Thousandth Err Ratio"
+_SHAPE = "NPU Tensor Shape"
 
 
 def direction_of(api: str) -> str | None:
@@ -165,6 +175,8 @@ class CallEvidence:
     expected: float = 0.0  # what its inputs and the noise explain
     gain: float = 1.0
     score: float = -math.inf  # log10(output_err / expected); SUSPECT_SCORE and up stand out
+    #: a selecting op's backward judged element-wise: the share of its outgoing elements newly off by > 1e-3
+    routed_share: float | None = None
 
     @property
     def is_suspect(self) -> bool:
@@ -172,6 +184,10 @@ class CallEvidence:
 
     def evidence(self) -> str:
         """The numbers behind the judgement, in words."""
+        if self.routed_share is not None:
+            return (f"gradient routed by its forward's selection: {self.routed_share:.1%} of its elements "
+                    f"newly off by more than 1e-3, {_fmt_times(10.0**self.score)} the {ROUTE_SHARE:.0%} "
+                    "flipped ties explain")  # fmt: skip
         if self.input_err is None or self.output_err is None:
             return "not judged"
         inputs = "inputs identical" if self.input_err == 0.0 else f"inputs agree to {_fmt(self.input_err)}"
@@ -204,15 +220,16 @@ class JudgedCalls:
     gain: np.ndarray
     score: np.ndarray  # -inf: not judged, or identical
     collectives_before: np.ndarray  # collective calls that ran before each call
+    routed_share: np.ndarray  # a selecting op's backward judged element-wise (``ROUTE_SHARE``); NaN elsewhere
 
     def evidence(self, k: int) -> CallEvidence:
         """Call ``k`` as a ``CallEvidence``."""
         cols = self.columns
-        i, o = float(self.input_err[k]), float(cols.output_err[k])
+        i, o, r = float(self.input_err[k]), float(cols.output_err[k]), float(self.routed_share[k])
         return CallEvidence(cols.apis[k], k, int(cols.first_row[k]), int(cols.worst_row[k]),
                             None if math.isnan(i) else i, None if math.isnan(o) else o, self.directions[k],
                             int(self.collectives_before[k]), float(self.expected[k]), float(self.gain[k]),
-                            float(self.score[k]))  # fmt: skip
+                            float(self.score[k]), None if math.isnan(r) else r)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -290,12 +307,14 @@ def _samplers(apis: Sequence[str]) -> np.ndarray:
 
 
 def _read_saved_tensors(apis: Sequence[str], directions: Sequence[str | None], input_err: np.ndarray,
-                        output_err: np.ndarray) -> None:  # fmt: skip
+                        output_err: np.ndarray) -> np.ndarray:  # fmt: skip
     """A backward call reads what its forward saved (inputs, and outputs for softmax, tanh, ...) as well as
     the gradient it receives: its input error becomes the largest of the three (in place). A selecting op's
-    backward (``_SELECTING_OPS``) whose forward inputs already differ is not judged."""
+    backward (``_SELECTING_OPS``) whose forward inputs already differ is not judged normwise; those calls
+    are returned (a mask), to be judged element-wise (``_routed_shares``)."""
     forwards = {api: k for k, (api, d) in enumerate(zip(apis, directions, strict=True)) if d == "forward"}
     recorded = input_err.copy()
+    routed = np.zeros(len(apis), dtype=bool)
     for k, (api, d) in enumerate(zip(apis, directions, strict=True)):
         if d != "backward" or math.isnan(recorded[k]):
             continue
@@ -304,9 +323,46 @@ def _read_saved_tensors(apis: Sequence[str], directions: Sequence[str | None], i
             continue
         f_in, f_out = recorded[f], output_err[f]
         if math.isnan(f_in) or math.isnan(f_out) or (f_in > 0.0 and _selecting(api)):
+            routed[k] = not (math.isnan(f_in) or math.isnan(f_out))
             input_err[k] = math.nan
         else:
             input_err[k] = max(recorded[k], f_in, f_out)
+    return routed
+
+
+def _numel(shape: object) -> int | None:
+    """Elements of a shape cell (``"[2, 4]"``; ``"[]"`` is a scalar); None when it is no shape."""
+    if not isinstance(shape, str) or not shape.startswith("["):
+        return None
+    dims = shape.strip("[]() ").replace(",", " ").split()
+    return math.prod(int(d) for d in dims) if all(d.isdigit() for d in dims) else None
+
+
+def _routed_shares(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str],
+                   cols: CallColumns, routed: np.ndarray) -> np.ndarray:  # fmt: skip
+    """For each routed call (a selecting op's backward, see ``ROUTE_SHARE``): its outgoing elements off by
+    more than 1e-3, less the incoming elements already off (what it added on its own, or routed elsewhere),
+    as a share of its outgoing elements; NaN elsewhere, and where a row has no ratio or shape (statistics
+    mode, a 0-d tensor)."""
+    shares = np.full(len(cols.apis), np.nan)
+    if _RATIO not in header or _SHAPE not in header:
+        return shares
+    ratio_col, shape_col = header.index(_RATIO), header.index(_SHAPE)
+    for k in np.flatnonzero(routed).tolist():
+        off = {STATE_OUTPUT: 0.0, STATE_INPUT: 0.0}
+        size = 0
+        for j in range(int(cols.first_row[k]), int(cols.stop_row[k])):
+            if states[j] not in off:
+                continue
+            ratio, n = rows[j].cells[ratio_col], _numel(rows[j].cells[shape_col])
+            if not isinstance(ratio, (int, float)) or n is None or math.isnan(ratio):
+                break
+            off[states[j]] += (1.0 - ratio) * n
+            size += n if states[j] == STATE_OUTPUT else 0
+        else:
+            if size:
+                shares[k] = max(0.0, off[STATE_OUTPUT] - off[STATE_INPUT]) / size
+    return shares
 
 
 def _gains(kinds: np.ndarray, gain: np.ndarray, own_gain: np.ndarray) -> np.ndarray:
@@ -342,7 +398,7 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     directions = [direction_of(a) for a in apis]
     i_err, o_err = cols.input_err.copy(), cols.output_err
     recorded = cols.input_err
-    _read_saved_tensors(apis, directions, i_err, o_err)
+    routed = _read_saved_tensors(apis, directions, i_err, o_err)
     samplers = _samplers(apis)
     n = len(apis)
 
@@ -375,10 +431,14 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     # Independent errors add in quadrature: what the inputs carry through and what the call adds.
     expected[finite] = np.hypot(gains[finite] * i_err[finite], call_floor[finite])
     scores[finite] = np.log10(o_err[finite] / expected[finite])
+    shares = _routed_shares(rows, states, header, cols, routed)
+    element_wise = shares > 0.0
+    scores[element_wise] = np.log10(shares[element_wise] / ROUTE_SHARE)
+    expected[element_wise] = ROUTE_SHARE
 
     collective = np.fromiter((a.startswith(_COLLECTIVE_PREFIX) for a in apis), dtype=np.int64, count=n)
     before = np.cumsum(collective) - collective
-    judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before)
+    judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares)
     suspects = [judged_calls.evidence(k) for k in np.flatnonzero(scores >= SUSPECT_SCORE).tolist()]
     first = _first_divergence(i_err, suspects)
     if mode is CompareMode.MD5:
