@@ -350,7 +350,7 @@ class MsprobeDumper:
         from msprobe.core.hook_manager import BaseHookManager
         from msprobe.pytorch import PrecisionDebugger
 
-        self.switch = BaseHookManager.inner_switch
+        self.switch, self.depth = BaseHookManager.inner_switch, BaseHookManager.inner_api_count
         self.debugger_type = PrecisionDebugger
         self.debugger: Any = None
 
@@ -358,6 +358,11 @@ class MsprobeDumper:
         """An API call when the first caller outside torch is the wrapping module's forward (or msprobe's
         Tensor/Distributed forward helper) calling the original function: its ``prefix_api_name`` is
         ``Functional.gelu.``, the dump's counter follows."""
+        import threading
+
+        tid = threading.get_ident()
+        if self.switch[tid] or self.depth[tid] != 1:  # msprobe's own work, or a call inside an API
+            return None
         frame = _first_caller_outside_torch()
         if frame is None or "msprobe" not in frame.f_code.co_filename:
             return None

@@ -27,13 +27,15 @@ def _msprobe_dump(msprobe_bin: Path, out: Path, family: str, fault: suite.Fault 
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def test_a_backward_fault_in_a_noisy_msprobe_dump_is_named(msprobe_bin: Path, tmp_path: Path) -> None:
-    """ReLU's backward with 1e-3 gradient noise, every other call with 1e-5 noise: the routed-gradient rule
-    on msprobe's own dump; the noise alone names nothing."""
-    fault = suite.Fault("mlp", "Functional.relu", 0, "bwd-noise-1e-3")
+def test_faults_in_noisy_msprobe_dumps_are_named(msprobe_bin: Path, tmp_path: Path) -> None:
+    """Every call carries 1e-5 noise. ReLU's backward with 1e-3 gradient noise (the routed-gradient rule)
+    and the third ``linear`` without its bias (a call counted past its first, so the fault lands where
+    msprobe's counter says) are each named first; the noise alone names nothing."""
     bench = _msprobe_dump(msprobe_bin, tmp_path / "bench", "mlp", None, 0.0)
-    target = _msprobe_dump(msprobe_bin, tmp_path / "target", "mlp", fault, 1e-5)
+    for fault in (suite.Fault("mlp", "Functional.relu", 0, "bwd-noise-1e-3"),
+                  suite.Fault("mlp", "Functional.linear", 2, "no-bias")):  # fmt: skip
+        target = _msprobe_dump(msprobe_bin, tmp_path / fault.kind, "mlp", fault, 1e-5)
+        ranked, first, _ = suite.compare(target, bench)
+        assert ranked[:1] == [fault.entry] and first == fault.entry, fault.label
     noisy = _msprobe_dump(msprobe_bin, tmp_path / "noisy", "mlp", None, 1e-5)
-    ranked, first, _ = suite.compare(target, bench)
-    assert ranked[:1] == [fault.entry] and first == fault.entry
     assert suite.compare(noisy, bench)[:2] == ([], None)
