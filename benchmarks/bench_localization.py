@@ -16,6 +16,12 @@ alarms on identical runs; statistics mode is reported as measured.
     .venv/bin/python benchmarks/bench_localization.py --verbose  # every case's top suspects
     .venv/bin/python benchmarks/bench_localization.py --families mlp,cnn --modes tensor --seed 11
     .venv/bin/python benchmarks/bench_localization.py --speed    # localize's cost on a 60,000-row table
+    .venv/bin/python benchmarks/bench_localization.py --dumper msprobe --modes tensor   # the held-out check
+
+``--dumper msprobe`` is the issue's own judge: the same suite dumped by msprobe 8.3.3's ``PrecisionDebugger``
+(L1) in msprobe's venv (``make msprobe-venv``; ``PARITY_MSPROBE_VENV`` points elsewhere), one process per
+dump (``msprobe_case.py``, a few seconds each), and judged by Parity's engine. msprobe records no exact call
+order, so the localization takes the dump's order.
 
 Speed target (issue 10): localize costs at most ~0.1 s of the engine's time on bench_compare's statistics
 table (20,000 APIs, 60,000 rows), so the engine can reach 100,000 rows/s.
@@ -26,8 +32,10 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
+import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -40,6 +48,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import localization_suite as suite  # noqa: E402
 
 MODES = ("tensor", "statistics")
+HERE = Path(__file__).resolve().parent
+#: msprobe 8.3.3 in a venv of its own (scripts/msprobe_venv.sh), as tests/interop finds it
+MSPROBE_VENV = Path(os.environ.get("PARITY_MSPROBE_VENV") or HERE.parent / ".venv-msprobe")
+
+
+def dump(dumper: str, dump_dir: Path, family: str, task: str, fault: suite.Fault | None = None,
+         sigma: float = 0.0, seed: int = 0) -> Path:  # fmt: skip
+    """One run dumped by ``dumper``: Parity's client in this process, msprobe in its own interpreter."""
+    if dumper == "parity":
+        return suite.dump_run(dump_dir, family, task=task, fault=fault, sigma=sigma, seed=seed)
+    command = [str(MSPROBE_VENV / "bin" / "python"), str(HERE / "msprobe_case.py"), str(dump_dir), family,
+               task, fault.label if fault else "-", repr(sigma), str(seed)]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def quick_subset(faults: list[suite.Fault]) -> list[suite.Fault]:
@@ -61,7 +85,7 @@ def judge(mode: str, label: str, target: Path, bench: Path, truth: str | None, n
 
 
 def run_family(mode: str, family: str, faults: list[tuple[int, suite.Fault]], seed: int, noise_pairs: int,
-               verbose: bool) -> list[suite.Outcome]:  # fmt: skip
+               verbose: bool, dumper: str = "parity") -> list[suite.Outcome]:  # fmt: skip
     """Every pair of one model family in one mode (one worker's share): the bench run, an identical run,
     noise-only runs, and each fault clean and noisy. Noise levels come from ``seed``, family and mode, so a
     case's level and its noise pattern do not depend on how the work was spread."""
@@ -70,21 +94,20 @@ def run_family(mode: str, family: str, faults: list[tuple[int, suite.Fault]], se
     root = suite.workdir()
     out: list[suite.Outcome] = []
     try:
-        bench = suite.dump_run(root / "bench", family, task=mode)
-        same = suite.dump_run(root / "identical", family, task=mode)
+        bench = dump(dumper, root / "bench", family, mode)
+        same = dump(dumper, root / "identical", family, mode)
         out.append(judge(mode, f"{family}:identical", same, bench, None, False, verbose))
         for k in range(noise_pairs):
             sigma = suite.noise_sigma(rng)
-            noisy = suite.dump_run(root / f"noise{k}", family, task=mode, sigma=sigma,
-                                   seed=rng.randrange(2**31))  # fmt: skip
+            noisy = dump(dumper, root / f"noise{k}", family, mode, sigma=sigma, seed=rng.randrange(2**31))
             label = f"{family}:noise-only sigma={sigma:.0e}"
             out.append(judge(mode, label, noisy, bench, None, True, verbose))
         for n, fault in faults:
-            target = suite.dump_run(root / f"fault{n}" / "clean", family, task=mode, fault=fault)
+            target = dump(dumper, root / f"fault{n}" / "clean", family, mode, fault)
             out.append(judge(mode, fault.label, target, bench, fault.entry, False, verbose))
             sigma = suite.noise_sigma(rng)
-            target = suite.dump_run(root / f"fault{n}" / "noisy", family, task=mode, fault=fault, sigma=sigma,
-                                    seed=rng.randrange(2**31))  # fmt: skip
+            noise_seed = rng.randrange(2**31)
+            target = dump(dumper, root / f"fault{n}" / "noisy", family, mode, fault, sigma, noise_seed)
             out.append(judge(mode, f"{fault.label} +noise {sigma:.0e}", target, bench, fault.entry, True,
                              verbose))  # fmt: skip
     finally:
@@ -92,8 +115,8 @@ def run_family(mode: str, family: str, faults: list[tuple[int, suite.Fault]], se
     return out
 
 
-def run(quick: bool, verbose: bool, seed: int, noise_pairs: int, jobs: int,
-        families: set[str] | None = None, modes: tuple[str, ...] = MODES) -> list[suite.Outcome]:  # fmt: skip
+def run(quick: bool, verbose: bool, seed: int, noise_pairs: int, jobs: int, families: set[str] | None = None,
+        modes: tuple[str, ...] = MODES, dumper: str = "parity") -> list[suite.Outcome]:  # fmt: skip
     faults = [f for f in suite.FAULTS if families is None or f.family in families]
     faults = quick_subset(faults) if quick else faults
     numbered = list(enumerate(faults))
@@ -101,10 +124,11 @@ def run(quick: bool, verbose: bool, seed: int, noise_pairs: int, jobs: int,
     work = [(mode, fam, [(n, f) for n, f in numbered if f.family == fam])
             for mode in modes for fam in families]  # fmt: skip
     if jobs <= 1:
-        return [o for mode, fam, fs in work for o in run_family(mode, fam, fs, seed, noise_pairs, verbose)]
+        return [o for mode, fam, fs in work
+                for o in run_family(mode, fam, fs, seed, noise_pairs, verbose, dumper)]  # fmt: skip
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads or modes inherited
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(run_family, mode, fam, fs, seed, noise_pairs, verbose)
+        futures = [pool.submit(run_family, mode, fam, fs, seed, noise_pairs, verbose, dumper)
                    for mode, fam, fs in work]  # fmt: skip
         return [o for fut in futures for o in fut.result()]
 
@@ -197,6 +221,8 @@ def main() -> int:
     parser.add_argument("--families", help=f"comma-separated families (default: {','.join(suite.MODELS)})")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes (default: both)")
     parser.add_argument("--speed", action="store_true", help="localize's cost on a 60,000-row table, only")
+    parser.add_argument("--dumper", choices=("parity", "msprobe"), default="parity",
+                        help="the dump tool: Parity's client (default), or msprobe 8.3.3")  # fmt: skip
     args = parser.parse_args()
     if args.speed:
         print(speed(repeat=5))
@@ -208,12 +234,16 @@ def main() -> int:
     modes = tuple(args.modes.split(","))
     if not set(modes) <= set(MODES):
         parser.error(f"--modes: unknown {sorted(set(modes) - set(MODES))}; known: {list(MODES)}")
+    if args.dumper == "msprobe" and not (MSPROBE_VENV / "bin" / "python").is_file():
+        parser.error(f"--dumper msprobe: {MSPROBE_VENV} is missing; run `make msprobe-venv`")
     logging.basicConfig(level=logging.ERROR)
     started = time.perf_counter()
-    outcomes = run(args.quick, args.verbose, args.seed, args.noise_pairs, args.jobs, families, modes)
+    outcomes = run(args.quick, args.verbose, args.seed, args.noise_pairs, args.jobs, families, modes,
+                   args.dumper)  # fmt: skip
     faults = len({o.label for o in outcomes if o.truth is not None and not o.noisy})
     kinds = len({label.split(":")[-1] for label in (o.label for o in outcomes if o.truth and not o.noisy)})
-    print(f"\nlocalization (seed {args.seed}): {faults} faults x (clean, noisy) in {kinds} kinds, "
+    print(f"\nlocalization (seed {args.seed}, dumped by {args.dumper}): {faults} faults x (clean, noisy) "
+          f"in {kinds} kinds, "
           f"{len({o.label.split(':')[0] for o in outcomes})} model families, "
           f"{time.perf_counter() - started:.0f} s (shared machine)")  # fmt: skip
     print(table(outcomes))

@@ -1,5 +1,6 @@
 """The injected-fault suite behind ``bench_localization.py`` (and its slow test): small models of six
-families, one training step each, dumped by Parity's own client, one API call degraded in the target run.
+families, one training step each, dumped by Parity's own client (or by msprobe 8.3.3's, from its own venv:
+``msprobe_case.py``), one API call degraded in the target run.
 
 A fault is injected by a ``TorchFunctionMode`` entered *below* the client's capture mode: the capture records
 a call's inputs, then calls the function, which reaches this mode, which runs it degraded; so the dump shows
@@ -10,6 +11,10 @@ capture's own hook, which therefore records the degraded gradients as that call'
 The noisy variant perturbs every floating output of every call (forward, and backward through the same node
 hooks) by a relative ``sigma`` drawn per case between 1e-6 and 1e-4, as two devices' kernels differ; the bench
 run is always clean.
+
+Which dump tool records the run is a ``Dumper``: it says which API call is in flight (the name its dump
+uses) and keeps the fault's own tensor work out of the dump. Parity's client is imported only by its dumper,
+so msprobe's interpreter, which has no Parity, can run this module.
 """
 
 from __future__ import annotations
@@ -22,14 +27,13 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from parity.client import PrecisionDebugger
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -256,39 +260,159 @@ def _map_floats(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 _TORCH_DIR = str(Path(torch.__file__).parent)
 
 
-def _call_lines() -> frozenset[int]:
-    """The lines of ``Recorder.record_api`` that run the recorded function itself."""
-    from parity.client.recorder import Recorder
-
-    lines, start = inspect.getsourcelines(Recorder.record_api)
-    return frozenset(start + k for k, line in enumerate(lines) if "= func(*args, **kwargs)" in line)
-
-
-_CALL_LINES = _call_lines()
-
-
-def _captured_api() -> str | None:
-    """The API name the capture records for the call in flight, or None for the client's own work (copies,
-    statistics), which reaches this mode too and is left alone.
-
-    The call in flight is an API call when the first caller outside torch (``torch.nn.functional`` and
-    ``handle_torch_function`` sit in between) is ``Recorder.record_api``; its ``prefix_api`` is the name the
-    dump uses, so names always agree with the dump."""
-    frame = sys._getframe(2)
+def _first_caller_outside_torch() -> Any:
+    """The innermost frame outside torch above the caller's caller (``torch.nn.functional`` and
+    ``handle_torch_function`` sit between a dump tool's wrapper and the mode)."""
+    frame = sys._getframe(3)
     while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
         frame = frame.f_back
-    if frame is None or frame.f_code.co_name != "record_api" or frame.f_lineno not in _CALL_LINES:
-        return None
-    name = frame.f_locals.get("prefix_api")
-    return name if isinstance(name, str) else None
+    return frame
+
+
+class Dumper(Protocol):
+    """A dump tool as the suite drives it."""
+
+    name: str
+
+    def api_in_flight(self) -> str | None:
+        """The dump's API name (``Functional.gelu``) for the call reaching the fault mode, or None for the
+        tool's own work (copies, statistics), which reaches the mode too and is left alone."""
+
+    def quiet(self) -> AbstractContextManager[object]:
+        """A context in which the fault's own tensor work is not dumped."""
+
+    def session(self, dump_dir: Path, task: str, summary_mode: str) -> AbstractContextManager[object]:
+        """Configure the tool to dump one step into ``dump_dir``, and finish the dump on exit."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class ParityDumper:
+    """Parity's client: its capture is a ``TorchFunctionMode`` above the fault mode, so the fault's own work
+    (done inside the fault mode's handler) never reaches it."""
+
+    name = "parity"
+
+    def __init__(self) -> None:
+        from parity.client import PrecisionDebugger
+        from parity.client.recorder import Recorder
+
+        self.debugger = PrecisionDebugger
+        lines, start = inspect.getsourcelines(Recorder.record_api)
+        # The lines of ``Recorder.record_api`` that run the recorded function itself.
+        self.call_lines = frozenset(start + k for k, line in enumerate(lines)
+                                    if "= func(*args, **kwargs)" in line)  # fmt: skip
+
+    def api_in_flight(self) -> str | None:
+        """An API call when the first caller outside torch is ``Recorder.record_api`` running the function;
+        its ``prefix_api`` is the name the dump uses."""
+        frame = _first_caller_outside_torch()
+        if frame is None or frame.f_code.co_name != "record_api" or frame.f_lineno not in self.call_lines:
+            return None
+        name = frame.f_locals.get("prefix_api")
+        return name if isinstance(name, str) else None
+
+    def quiet(self) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    @contextmanager
+    def session(self, dump_dir: Path, task: str, summary_mode: str) -> Iterator[None]:
+        self.debugger.reset()
+        body: dict[str, Any] = {"task": task, "dump_path": str(dump_dir), "level": "L1", "step": [0]}
+        if task == "statistics":
+            body["statistics"] = {"summary_mode": summary_mode}
+        self.debugger(_write_config(dump_dir, body))
+        try:
+            yield
+            self.debugger.step()
+        finally:
+            self.debugger.drain()
+            self.debugger.reset()
+
+    def start(self) -> None:
+        self.debugger.start()
+
+    def stop(self) -> None:
+        self.debugger.stop()
+
+
+class MsprobeDumper:
+    """msprobe 8.3.3's own ``PrecisionDebugger`` (run in msprobe's venv). It wraps every API in a module
+    (``ApiTemplate``) whose ``forward`` runs the original function; calls made inside an API are not dumped,
+    and its hook manager's per-thread ``inner_switch`` turns its hooks off (its own work runs so), which
+    keeps the fault's gradient work in backward out of the dump as well."""
+
+    name = "msprobe"
+
+    def __init__(self) -> None:
+        from msprobe.core.hook_manager import BaseHookManager
+        from msprobe.pytorch import PrecisionDebugger
+
+        self.switch, self.depth = BaseHookManager.inner_switch, BaseHookManager.inner_api_count
+        self.debugger_type = PrecisionDebugger
+        self.debugger: Any = None
+
+    def api_in_flight(self) -> str | None:
+        """An API call when the first caller outside torch is the wrapping module's forward (or msprobe's
+        Tensor/Distributed forward helper) calling the original function: its ``prefix_api_name`` is
+        ``Functional.gelu.``, the dump's counter follows."""
+        import threading
+
+        tid = threading.get_ident()
+        if self.switch[tid] or self.depth[tid] != 1:  # msprobe's own work, or a call inside an API
+            return None
+        frame = _first_caller_outside_torch()
+        if frame is None or "msprobe" not in frame.f_code.co_filename:
+            return None
+        wrapper = frame.f_locals.get("self" if frame.f_code.co_name == "forward" else "module")
+        name = getattr(wrapper, "prefix_api_name", None)
+        return name.rstrip(".") if isinstance(name, str) else None
+
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        import threading
+
+        tid = threading.get_ident()
+        before = self.switch[tid]
+        self.switch[tid] = True
+        try:
+            yield
+        finally:
+            self.switch[tid] = before
+
+    @contextmanager
+    def session(self, dump_dir: Path, task: str, summary_mode: str) -> Iterator[None]:
+        section: dict[str, Any] = {"scope": [], "list": [], "data_mode": ["all"]}
+        if task == "statistics":
+            section["summary_mode"] = summary_mode
+        body = {"task": task, "dump_path": str(dump_dir), "rank": [], "step": [], "level": "L1",
+                "async_dump": False, task: section}  # fmt: skip
+        self.debugger = self.debugger_type(config_path=str(_write_config(dump_dir, body)))
+        yield
+        self.debugger.step()
+
+    def start(self) -> None:
+        self.debugger.start()
+
+    def stop(self) -> None:
+        self.debugger.stop()
+
+
+def _write_config(dump_dir: Path, body: dict[str, Any]) -> Path:
+    dump_dir.parent.mkdir(parents=True, exist_ok=True)
+    cfg = dump_dir.parent / f"{dump_dir.name}.config.json"
+    cfg.write_text(json.dumps(body))
+    return cfg
 
 
 class Perturb(TorchFunctionMode):
     """Degrades one call (``fault``) and/or every call (``sigma``); see the module docstring."""
 
-    def __init__(self, fault: Fault | None, sigma: float, seed: int) -> None:
+    def __init__(self, fault: Fault | None, sigma: float, seed: int, dumper: Dumper) -> None:
         super().__init__()
-        self.fault, self.sigma = fault, sigma
+        self.fault, self.sigma, self.dumper = fault, sigma, dumper
         self.counts: dict[str, int] = {}
         self.gen = torch.Generator().manual_seed(seed)  # its own: the run's RNG (dropout) stays in step
         self.hit = False
@@ -303,9 +427,13 @@ class Perturb(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:  # fmt: skip
         kwargs = kwargs or {}
-        name = _captured_api()
+        name = self.dumper.api_in_flight()
         if name is None:  # the client's own work (copies, statistics) reaches this mode too: left alone
             return func(*args, **kwargs)
+        with self.dumper.quiet():
+            return self._call(name, func, args, kwargs)
+
+    def _call(self, name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         k = self.counts.get(name, 0)
         self.counts[name] = k + 1
         fault = self.fault if self.fault and self.fault.api == name and self.fault.index == k else None
@@ -329,17 +457,18 @@ class Perturb(TorchFunctionMode):
 
     def _grad_hook(self, kind: str | None) -> Callable[[Any, Any], Any]:
         def hook(grad_inputs: Any, grad_outputs: Any) -> Any:
-            def degrade(g: torch.Tensor) -> torch.Tensor:
-                # New tensors, never in place: a view's backward hands on a view of its incoming gradient,
-                # which the capture records as the call's backward input.
-                if kind == "bwd-fp16":
-                    g = g.half().to(g.dtype)
-                elif kind == "bwd-noise-1e-3":
-                    g = self._noise(g.clone(), 1e-3)
-                return self._noise(g.clone(), self.sigma) if self.sigma > 0 else g
+            with self.dumper.quiet():
+                return tuple(degrade(g) if isinstance(g, torch.Tensor) and g.is_floating_point() else g
+                             for g in grad_inputs)  # fmt: skip
 
-            return tuple(degrade(g) if isinstance(g, torch.Tensor) and g.is_floating_point() else g
-                         for g in grad_inputs)  # fmt: skip
+        def degrade(g: torch.Tensor) -> torch.Tensor:
+            # New tensors, never in place: a view's backward hands on a view of its incoming gradient,
+            # which the capture records as the call's backward input.
+            if kind == "bwd-fp16":
+                g = g.half().to(g.dtype)
+            elif kind == "bwd-noise-1e-3":
+                g = self._noise(g.clone(), 1e-3)
+            return self._noise(g.clone(), self.sigma) if self.sigma > 0 else g
 
         return hook
 
@@ -369,34 +498,23 @@ class Perturb(TorchFunctionMode):
 # running
 
 
-@contextmanager
-def _dumping(dump_dir: Path, task: str, summary_mode: str) -> Iterator[None]:
-    PrecisionDebugger.reset()
-    dump_dir.parent.mkdir(parents=True, exist_ok=True)
-    cfg = dump_dir.parent / f"{dump_dir.name}.config.json"
-    body = {"task": task, "dump_path": str(dump_dir), "level": "L1", "step": [0]}
-    if task == "statistics":
-        body["statistics"] = {"summary_mode": summary_mode}
-    cfg.write_text(json.dumps(body))
-    PrecisionDebugger(cfg)
-    try:
-        yield
-    finally:
-        PrecisionDebugger.drain()
-        PrecisionDebugger.reset()
+_DUMPERS: dict[str, Callable[[], Dumper]] = {"parity": ParityDumper, "msprobe": MsprobeDumper}
+_dumper_cache: dict[str, Dumper] = {}
 
 
 def dump_run(dump_dir: Path, family: str, *, task: str = "tensor", fault: Fault | None = None,
-             sigma: float = 0.0, seed: int = 0, summary_mode: str = "statistics") -> Path:  # fmt: skip
-    """One training step of ``family`` dumped into ``dump_dir``; returns the rank directory's dump.json."""
-    perturb = Perturb(fault, sigma, seed)
+             sigma: float = 0.0, seed: int = 0, summary_mode: str = "statistics",
+             dumper: str = "parity") -> Path:  # fmt: skip
+    """One training step of ``family`` dumped into ``dump_dir`` by ``dumper`` (``parity``, or ``msprobe``
+    in msprobe's own interpreter); returns the rank directory's dump.json."""
+    tool = _dumper_cache.get(dumper) or _dumper_cache.setdefault(dumper, _DUMPERS[dumper]())
+    perturb = Perturb(fault, sigma, seed, tool)
     model, x, y = build(family)
-    with _dumping(dump_dir, task, summary_mode):
-        with perturb:  # entered first: below the capture mode, so the capture sees its outputs
-            PrecisionDebugger.start()
+    with tool.session(dump_dir, task, summary_mode):
+        with perturb:  # entered first: below a capture mode, so the capture sees its outputs
+            tool.start()
             train_step(model, x, y)
-            PrecisionDebugger.stop()
-        PrecisionDebugger.step()
+            tool.stop()
     if fault is not None and not perturb.hit:
         raise RuntimeError(f"{fault.label}: the faulty call never ran")
     found = sorted(dump_dir.glob("step0/*/dump.json"))
@@ -455,4 +573,3 @@ def workdir() -> Path:
 
 def cleanup(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
-

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from parity.shared.compare.call_errors import row_error, row_errors
+from parity.shared.compare.call_errors import CallColumns, row_error, row_errors
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.localization import (
+    SUSPECT_SCORE,
     CallEvidence,
+    _allow_for_small_tensors,
     _first_divergence,
     first_diverged_rank,
     stats_error,
@@ -270,6 +272,70 @@ def test_the_loss_backward_carrying_a_fault_does_not_hide_it(tmp_path: Path) -> 
     result = _compare(tmp_path, *_training(12, 0.0, 3, 1e-3))
     assert [s.api for s in result.suspects][:1] == ["Torch.f3.0.forward"]
     assert result.first_divergence is not None and result.first_divergence.api == "Torch.f3.0.forward"
+
+
+def test_a_small_tensors_chance_draw_is_allowed_its_sampling_spread() -> None:
+    """The same score just above the threshold: an 8-element output's normwise error is one draw spread by
+    ~1/4 of its size, so it is allowed 1.75x and stays below; a 4,096-element output's is spread by ~1%,
+    so it stands out still."""
+    header = ["NPU Name", "NPU Tensor Shape"]
+    rows = [CompareRow([f"{name}.output.0", shape], name, RowStatus.PASS)
+            for name, shape in (("Torch.small.0.forward", "[8]"), ("Torch.big.0.forward", "[64, 64]"))]
+    cols = CallColumns([r.api for r in rows], np.array([0, 1]), np.array([1, 2]), np.array([0, 1]),
+                       np.array([1e-5, 1e-5]), np.array([3e-5, 3e-5]))  # fmt: skip
+    scores = np.full(2, SUSPECT_SCORE + 0.1)
+    _allow_for_small_tensors(rows, ["output", "output"], header, cols, scores, np.ones(2, dtype=bool),
+                             SUSPECT_SCORE)
+    assert scores[0] < SUSPECT_SCORE <= scores[1]
+
+
+def _relu_step(fault: float, *, flips: int = 0, seed: int = 0) -> tuple[DumpBuilder, DumpBuilder]:
+    """Noisy calls (1e-5 relative, fresh at each) around a ReLU, forward then backward, so its forward
+    inputs differ; the target's ReLU backward adds ``fault`` relative noise to the gradient it hands on, and
+    ``flips`` of its forward inputs sit so close to 0 that the noise flips their sign (a tie that flips)."""
+    rng, noise_rng = np.random.default_rng(seed), np.random.default_rng(seed + 1)
+    x0 = rng.standard_normal(1024).astype(np.float32)
+    near_zero = rng.choice(1024, size=flips, replace=False)
+    runs = (DumpBuilder(), DumpBuilder())
+    for side, run in enumerate(runs):
+        target = side == 0
+
+        def out(value: np.ndarray, rel: float = 1e-5, *, target: bool = target) -> np.ndarray:
+            rel = rel if target else 0.0
+            return (value * (1 + rel * noise_rng.standard_normal(value.shape))).astype(np.float32)
+
+        x = x0
+        for k in range(12):
+            y = out(np.tanh(x * 1.1))
+            run.api(f"Torch.f{k}.0.forward", [x], [y])
+            x = y
+        x = x.copy()
+        x[near_zero] = 1e-7 if target else -1e-7  # the sign each side sees
+        run.api("Functional.relu.0.forward", [x], [np.maximum(x, 0.0)])
+        grad = out(np.linspace(0.5, 1.5, 1024, dtype=np.float32))
+        routed = np.where(x > 0.0, grad, 0.0).astype(np.float32)
+        run.api("Functional.relu.0.backward", [grad], [out(routed, fault)])
+        for k in reversed(range(12)):
+            g = out(routed * 0.9)
+            run.api(f"Torch.f{k}.0.backward", [routed], [g])
+            routed = g
+    return runs
+
+
+def test_a_selecting_ops_backward_is_judged_element_by_element(tmp_path: Path) -> None:
+    """ReLU's forward inputs differ, so normwise its gradient error has no yardstick (a flipped tie sends a
+    whole element elsewhere); element-wise, every outgoing element carries its incoming element's error, and
+    the fault's elements newly off by more than 1e-3 stand out."""
+    result = _compare(tmp_path, *_relu_step(1e-3))
+    assert [s.api for s in result.suspects][:1] == ["Functional.relu.0.backward"]
+    assert "routed by its forward's selection" in result.suspects[0].reason
+
+
+def test_flipped_ties_in_a_selecting_ops_backward_are_no_suspect(tmp_path: Path) -> None:
+    """Three flipped ReLU signs route three whole gradient elements differently (normwise, 5% of the
+    gradient), but they are a few elements, within the share that flipped ties explain."""
+    result = _compare(tmp_path, *_relu_step(0.0, flips=3))
+    assert result.suspects == [] and result.first_divergence is None
 
 
 # ------------------------------------------------------------------------------------------------------
