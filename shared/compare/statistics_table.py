@@ -31,6 +31,9 @@ NA = "N/A"
 _PASS_TEXT, _FAIL_TEXT = RowStatus.PASS.value, RowStatus.FAIL.value
 _DOUBLE_CHECK_TEXT = v.join_messages([stats_mode.NEED_DOUBLE_CHECK])
 
+#: a requires_grad cell: ``N/A`` for a leaf without one (``get(rg, rg)``: a C-level pass, not a Python loop)
+_NA_FOR_NONE: dict[str | None, str] = {None: NA}
+
 #: where orjson's float text equals ``repr``: outside it one of them switches to exponent notation
 _PLAIN_LOW, _PLAIN_HIGH = 1e-4, 1e16
 
@@ -138,7 +141,8 @@ def build_statistics_rows(npu: SideRows, bench: SideRows, bench_index: Sequence[
         err_message[i] = _DOUBLE_CHECK_TEXT
     columns: list[list[Cell]] = [
         npu.names, b_names, nc.dtypes, b_dtypes, nc.shapes, b_shapes,  # type: ignore[list-item]
-        [NA if rg is None else rg for rg in nc.requires_grads], [NA if rg is None else rg for rg in b_rgs],
+        list(map(_NA_FOR_NONE.get, nc.requires_grads, nc.requires_grads)),
+        list(map(_NA_FOR_NONE.get, b_rgs, b_rgs)),
         *d.T.tolist(), *(percents[k * n_rows : (k + 1) * n_rows] for k in range(4)),
         *a.T.tolist(), *b.T.tolist(), [True] * n_rows, results, err_message,
     ]  # fmt: skip
