@@ -82,3 +82,54 @@ def test_metric_executor_is_none_for_one_worker_and_a_shut_pool_after() -> None:
         assert processes.submit(sum, [1, 2]).result() == 3
     with pytest.raises(RuntimeError, match="shutdown"):
         processes.submit(sum, [1])
+
+
+def _spec_with_npu_tensors(tmp_path: Path, sizes: list[int]):  # type: ignore[no-untyped-def]
+    """A single-rank compare.json whose NPU tensor folder holds sparse files of ``sizes`` bytes (the
+    warm-up's estimate reads sizes only, so nothing is written to disk)."""
+    from parity.shared.compare.spec import parse_compare_spec
+
+    for side in ("npu", "bench"):
+        tensors = tmp_path / side / "dump_tensor_data"
+        tensors.mkdir(parents=True)
+        (tmp_path / side / "dump.json").write_text("{}")
+        for i, size in enumerate(sizes):
+            with (tensors / f"t{i}.pt").open("wb") as fh:
+                fh.truncate(size)
+    return parse_compare_spec(
+        {"npu_path": str(tmp_path / "npu" / "dump.json"), "bench_path": str(tmp_path / "bench" / "dump.json")}
+    )
+
+
+def test_the_kernel_warms_up_early_only_for_a_compare_that_will_use_it(tmp_path: Path) -> None:
+    """``parity compare`` starts loading numba as soon as compare.json is read, but only where the tensors
+    reach the size at which ``metrics.parallel`` takes the kernel; a small compare never pays for numba."""
+    import sys
+
+    from parity.shared.metrics.parallel import COMPILED_FROM_BYTES
+
+    from parity.process_policy import warm_kernel_if_large
+
+    assert warm_kernel_if_large(_spec_with_npu_tensors(tmp_path / "small", [1024, 4096])) is None
+    half = COMPILED_FROM_BYTES // 2
+    assert warm_kernel_if_large(_spec_with_npu_tensors(tmp_path / "just-under", [half // 2, half // 2 - 1])) is None
+    thread = warm_kernel_if_large(_spec_with_npu_tensors(tmp_path / "large", [half // 2, half // 2]))
+    assert thread is not None and thread.daemon
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert "parity.shared.metrics.kernel" in sys.modules
+
+
+def test_the_warm_up_estimate_is_bounded_and_ignores_a_missing_folder(tmp_path: Path) -> None:
+    """Many small files stop the estimate undecided (no warm-up) instead of a scan of the whole dump; a
+    statistics dump (no tensor folder) and a folder past the bound never start it."""
+    from parity.process_policy import _WARM_UP_SCAN_ENTRIES, _holds_at_least
+
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(_WARM_UP_SCAN_ENTRIES + 1):
+        (many / f"{i}.pt").touch()
+    (many / "zz-large.pt").open("wb").truncate(1 << 30)  # scandir's order is the file system's: may come first
+    assert _holds_at_least([tmp_path / "absent"], 1) is False
+    assert _holds_at_least([many], 1 << 40) is False
+    assert _holds_at_least([tmp_path / "absent", many], 0) is True
