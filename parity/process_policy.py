@@ -120,9 +120,12 @@ def warm_kernel_if_large(spec: CompareSpec) -> threading.Thread | None:
     counted there; an estimate from a bounded ``scandir``): a small compare never imports numba, so its
     fixed cost stays what it was. Returns the thread (for tests), or None when nothing was started.
     """
+    folders = [folder for folder in _npu_tensor_dirs(spec) if folder.is_dir()]
+    if not folders:  # statistics or md5 mode: not even the metrics module is imported
+        return None
     from parity.shared.metrics.parallel import COMPILED_FROM_BYTES
 
-    if not _holds_at_least(_npu_tensor_dirs(spec), COMPILED_FROM_BYTES // 2):
+    if not _holds_at_least(folders, COMPILED_FROM_BYTES // 2):
         return None
     thread = threading.Thread(target=_load_kernel, name="parity-kernel-warm-up", daemon=True)
     thread.start()

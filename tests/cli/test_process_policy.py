@@ -110,9 +110,13 @@ def test_the_kernel_warms_up_early_only_for_a_compare_that_will_use_it(tmp_path:
 
     from parity.process_policy import warm_kernel_if_large
 
+    statistics = _spec_with_npu_tensors(tmp_path / "statistics", [])
+    (tmp_path / "statistics" / "npu" / "dump_tensor_data").rmdir()
+    assert warm_kernel_if_large(statistics) is None
     assert warm_kernel_if_large(_spec_with_npu_tensors(tmp_path / "small", [1024, 4096])) is None
     half = COMPILED_FROM_BYTES // 2
-    assert warm_kernel_if_large(_spec_with_npu_tensors(tmp_path / "just-under", [half // 2, half // 2 - 1])) is None
+    just_under = _spec_with_npu_tensors(tmp_path / "just-under", [half // 2, half // 2 - 1])
+    assert warm_kernel_if_large(just_under) is None
     thread = warm_kernel_if_large(_spec_with_npu_tensors(tmp_path / "large", [half // 2, half // 2]))
     assert thread is not None and thread.daemon
     thread.join(timeout=120)
@@ -129,7 +133,8 @@ def test_the_warm_up_estimate_is_bounded_and_ignores_a_missing_folder(tmp_path: 
     many.mkdir()
     for i in range(_WARM_UP_SCAN_ENTRIES + 1):
         (many / f"{i}.pt").touch()
-    (many / "zz-large.pt").open("wb").truncate(1 << 30)  # scandir's order is the file system's: may come first
+    with (many / "zz-large.pt").open("wb") as fh:  # scandir's order is the file system's: it may come first
+        fh.truncate(1 << 30)
     assert _holds_at_least([tmp_path / "absent"], 1) is False
     assert _holds_at_least([many], 1 << 40) is False
     assert _holds_at_least([tmp_path / "absent", many], 0) is True
