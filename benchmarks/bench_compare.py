@@ -190,8 +190,8 @@ def bench_tensor(base: Path, quick: bool, repeat: int, workers: int | None) -> l
     marker = out / f"generated-{'quick' if quick else 'full'}"
     if not marker.is_file():  # a --dir kept from an earlier run is reused: 1.6 GB take a minute to write
         shutil.rmtree(out, ignore_errors=True)
-        subprocess.run([sys.executable, __file__, "--generate-tensor", str(out)] + (["--quick"] if quick else []),
-                       check=True)  # fmt: skip
+        quick_flag = ["--quick"] if quick else []
+        subprocess.run([sys.executable, __file__, "--generate-tensor", str(out), *quick_flag], check=True)
         marker.touch()
     os.sync()  # 1.6 GB just written: its writeback must not run during the measurement
     from parity.shared.metrics.parallel import TensorPairJob, compare_tensor_files
