@@ -9,23 +9,13 @@ decided here, once, by the entry point that owns the process, and handed to the 
 from __future__ import annotations
 
 import gc
-import logging
 import os
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
-
-    from parity.shared.compare.spec import CompareSpec
-
-logger = logging.getLogger(__name__)
-
-#: Directory entries the warm-up's size estimate looks at, at most (a bounded ``scandir``, ~1 ms a thousand).
-_WARM_UP_SCAN_ENTRIES = 4096
 
 #: What each forked tensor-metric worker needs at once: numba and the compiled kernel (from numba's cache).
 _METRIC_WORKER_MODULES = ["parity.shared.metrics.kernel", "parity.shared.metrics.parallel"]
@@ -105,69 +95,3 @@ def preload_metric_workers() -> None:
 
     if "forkserver" in multiprocessing.get_all_start_methods():
         multiprocessing.set_forkserver_preload(_METRIC_WORKER_MODULES)
-
-
-def warm_kernel_if_large(spec: CompareSpec) -> threading.Thread | None:
-    """Start loading the compiled tensor kernel on a daemon thread when this compare will use it.
-
-    A fresh process pays 0.5 s to 0.7 s (measured) for importing numba and loading the cached kernel, and
-    ``metrics.parallel`` loads it only at the first pair, after the imports and the dump reads, with every
-    metric worker waiting on it. Started here, as soon as compare.json is read, it overlaps the engine's
-    imports and the dump reads; the workers' own import then finds it loaded or waits on Python's import
-    lock for the rest, so the numbers and the choice between kernel and numpy pass never change.
-
-    Only where the NPU side's tensor folders already hold half of ``COMPILED_FROM_BYTES`` (both sides are
-    counted there; an estimate from a bounded ``scandir``): a small compare never imports numba, so its
-    fixed cost stays what it was. Returns the thread (for tests), or None when nothing was started.
-    """
-    folders = [folder for folder in _npu_tensor_dirs(spec) if folder.is_dir()]
-    if not folders:  # statistics or md5 mode: not even the metrics module is imported
-        return None
-    from parity.shared.metrics.parallel import COMPILED_FROM_BYTES
-
-    if not _holds_at_least(folders, COMPILED_FROM_BYTES // 2):
-        return None
-    thread = threading.Thread(target=_load_kernel, name="parity-kernel-warm-up", daemon=True)
-    thread.start()
-    return thread
-
-
-def _npu_tensor_dirs(spec: CompareSpec) -> list[Path]:
-    from parity.shared.dump.layout import TENSOR_DIR, find_rank_dirs
-    from parity.shared.errors import ParityError
-
-    if not spec.multi_rank:
-        return [spec.npu_path.parent / TENSOR_DIR]
-    try:
-        return [rank.tensor_dir for rank in find_rank_dirs(spec.npu_path)]
-    except ParityError:
-        return []  # the compare itself reports the bad layout
-
-
-def _holds_at_least(dirs: Iterable[Path], limit: int) -> bool:
-    """Whether the files directly in ``dirs`` add up to ``limit`` bytes, looking at a bounded number of
-    entries (a folder of many tiny files stays undecided: no warm-up, the kernel loads when used)."""
-    total = seen = 0
-    for folder in dirs:
-        try:
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    seen += 1
-                    if seen > _WARM_UP_SCAN_ENTRIES:
-                        return False
-                    try:
-                        total += entry.stat(follow_symlinks=False).st_size
-                    except OSError:
-                        continue
-                    if total >= limit:
-                        return True
-        except OSError:
-            continue
-    return False
-
-
-def _load_kernel() -> None:
-    try:
-        _warm_up_metric_worker()
-    except Exception:  # noqa: BLE001 - a warm-up only: the first pair loads the kernel and reports any error
-        logger.debug("kernel warm-up failed; the first large pair loads it", exc_info=True)

@@ -167,9 +167,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"parity compare: note: {note}\n")
     spec = load_compare_spec(args.input_path)
 
-    from parity.process_policy import collector_paused, metric_executor, warm_kernel_if_large
-
-    warm_kernel_if_large(spec)  # numba loads on the other core while the engine's modules and dumps load
+    from parity.process_policy import collector_paused, metric_executor
     from parity.shared.compare.job import run_compare
     from parity.shared.compare.options import CompareOptions
     from parity.shared.report.advisor import suspect_lines
