@@ -225,6 +225,7 @@ def bench_tensor(base: Path, quick: bool, repeat: int, workers: int | None) -> l
                            workers))  # fmt: skip
     rows += cli_rows(f"this pair ({total / MB:.0f} MB)", out, repeat, mb=total / MB)
     tiny = base / "tiny"
+    shutil.rmtree(tiny, ignore_errors=True)  # a kept --dir: the last run's reports must not count in its size
     subprocess.run([sys.executable, __file__, "--generate-tiny", str(tiny)], check=True)
     size = sum(f.stat().st_size for f in (tiny / "tensor").rglob("*") if f.is_file())
     rows += cli_rows(f"a {size / 1000:.0f} KB tensor pair", tiny / "tensor", repeat, fixed=True)
