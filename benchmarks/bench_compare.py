@@ -187,8 +187,12 @@ def generate_tiny_dumps(out: Path) -> None:
 
 def bench_tensor(base: Path, quick: bool, repeat: int, workers: int | None) -> list[tuple[str, str]]:
     out = base / "tensor"
-    subprocess.run([sys.executable, __file__, "--generate-tensor", str(out)] + (["--quick"] if quick else []),
-                   check=True)  # fmt: skip
+    marker = out / f"generated-{'quick' if quick else 'full'}"
+    if not marker.is_file():  # a --dir kept from an earlier run is reused: 1.6 GB take a minute to write
+        shutil.rmtree(out, ignore_errors=True)
+        quick_flag = ["--quick"] if quick else []
+        subprocess.run([sys.executable, __file__, "--generate-tensor", str(out), *quick_flag], check=True)
+        marker.touch()
     os.sync()  # 1.6 GB just written: its writeback must not run during the measurement
     from parity.shared.metrics.parallel import TensorPairJob, compare_tensor_files
 
@@ -221,6 +225,7 @@ def bench_tensor(base: Path, quick: bool, repeat: int, workers: int | None) -> l
                            workers))  # fmt: skip
     rows += cli_rows(f"this pair ({total / MB:.0f} MB)", out, repeat, mb=total / MB)
     tiny = base / "tiny"
+    shutil.rmtree(tiny, ignore_errors=True)  # a kept --dir: the last run's reports must not count in its size
     subprocess.run([sys.executable, __file__, "--generate-tiny", str(tiny)], check=True)
     size = sum(f.stat().st_size for f in (tiny / "tensor").rglob("*") if f.is_file())
     rows += cli_rows(f"a {size / 1000:.0f} KB tensor pair", tiny / "tensor", repeat, fixed=True)
@@ -334,7 +339,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="about a tenth of the data")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
     parser.add_argument("--workers", type=int, default=None, help="metric workers (default: all cores)")
-    parser.add_argument("--dir", type=Path, default=None, help="where to build the data (default: temp)")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where to build the data, kept and reused by the next run (default: temp)")
     parser.add_argument("--only", choices=["tensor", "statistics"], default=None)
     parser.add_argument("--generate-tensor", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--generate-tiny", type=Path, help=argparse.SUPPRESS)

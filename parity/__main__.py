@@ -1,5 +1,5 @@
 """``python -m parity`` is the ``parity`` command."""
 
-from parity.cli import main
+from parity.cli import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())

@@ -9,10 +9,12 @@ decided here, once, by the entry point that owns the process, and handed to the 
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -95,3 +97,20 @@ def preload_metric_workers() -> None:
 
     if "forkserver" in multiprocessing.get_all_start_methods():
         multiprocessing.set_forkserver_preload(_METRIC_WORKER_MODULES)
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """End a finished ``parity compare`` process at once: flush what it printed and logged, then ``_exit``.
+
+    The interpreter's own teardown after a tensor compare (unloading numba and LLVM, freeing the heap the
+    compare built) took 0.3 s of a 2.1 s CLI run on the 1.7 GB pair (measured A/B, 1.70-1.87 s without it);
+    nothing a compare leaves needs it: its reports are written and closed, its pool shut down, and it
+    registers no atexit hook of its own. Only for commands that are done; never from library code.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken pipe: what could be said was said
+    logging.shutdown()
+    os._exit(code)

@@ -82,3 +82,26 @@ def test_metric_executor_is_none_for_one_worker_and_a_shut_pool_after() -> None:
         assert processes.submit(sum, [1, 2]).result() == 3
     with pytest.raises(RuntimeError, match="shutdown"):
         processes.submit(sum, [1])
+
+
+def test_a_compare_process_ending_without_teardown_loses_no_output(tmp_path: Path) -> None:
+    """``exit_without_teardown`` skips the interpreter's teardown, not what the command printed or logged:
+    buffered stdout (a pipe), a log file's last line and the exit code all come through."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "run.log"
+    code = (
+        "import logging, sys\n"
+        f"logging.basicConfig(filename={str(log)!r})\n"
+        "print('x' * 100000)\n"
+        "sys.stderr.write('to stderr')\n"
+        "logging.getLogger('t').warning('the last line')\n"
+        "from parity.process_policy import exit_without_teardown\n"
+        "exit_without_teardown(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert proc.stdout == "x" * 100000 + "\n"
+    assert proc.stderr == "to stderr"
+    assert log.read_text().strip().endswith("the last line")
