@@ -1,7 +1,8 @@
 """When each phase of a task happened: one log line per task, read back by ``bench_scale.py --trace``.
 
-Two workers were idle 13–17% of a comparison's time between tasks on Celery, and the task rows only say
-when a task was claimed and finished. These lines say where the rest goes: when the broker's message
+The task rows only say when a task was claimed and finished (``finished_at`` before the commit), which
+made two Celery workers look idle 13–17% of a comparison's time between tasks; these lines showed 1–5 ms.
+They say where a task's time goes: when the broker's message
 reached the worker (``received``, Celery's main process), when the runner got the task (``start``), claimed
 it, had staged its files, compared them, stored its reports and then its rows, and let the task go
 (``end``: its lease thread stopped). Timestamps are the
