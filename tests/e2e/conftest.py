@@ -3,7 +3,11 @@
 The server runs on SQLite in a temporary data dir, and again on PostgreSQL when ``PARITY_TEST_POSTGRES_URL``
 is set (``scripts/test.sh`` exports it). One server per backend for the whole session (per xdist worker),
 shared by the modules, keeps the suite fast (a start is 2-3 s); tests use unique run names, so they never see
-each other's runs (on PostgreSQL they shared one database already).
+each other's runs.
+
+Each PostgreSQL server gets a database of its own. Servers that share a database must share the blob store:
+the workers of one claim any validation or rank task the database holds, so a second server (another xdist
+worker's, with its own data dir) once took a run uploaded to the first and found its blobs missing.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from parity.client.rest import ParityClient
 
 from parity.demo import ServerProcess
 from tests.factories import DumpBuilder
+from tests.server.conftest import fresh_postgres_database
 
 BACKENDS = ["sqlite"] + (["postgres"] if os.environ.get("PARITY_TEST_POSTGRES_URL") else [])
 
@@ -30,7 +35,7 @@ def server(
     """A running server (session scope); its log is printed when it fails to start."""
     env = {"PARITY_WORKERS": "2"}
     if request.param == "postgres":
-        env["PARITY_DATABASE_URL"] = os.environ["PARITY_TEST_POSTGRES_URL"]
+        env["PARITY_DATABASE_URL"] = fresh_postgres_database(os.environ["PARITY_TEST_POSTGRES_URL"])
     proc = ServerProcess(tmp_path_factory.mktemp(f"server-{request.param}"), env=env)
     proc.start()
     yield proc
