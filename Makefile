@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml shared/metrics/_fused.c | sha1sum | cut -c1-12)
 TORCH := torch==2.13.0
 # msprobe itself, for the interoperability tests (tests/interop): a venv of its own (it pins numpy<2, pandas<2.1)
 MSPROBE_VENV := .venv-msprobe
@@ -14,7 +14,7 @@ MSPROBE_STAMP := $(MSPROBE_VENV)/.installed-$(shell cat scripts/msprobe_venv.sh 
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml shared/metrics/_fused.c
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)

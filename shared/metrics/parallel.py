@@ -10,8 +10,9 @@ The workers belong to the caller: the entry point that owns the process (``parit
 builds the executor (``parity.process_policy.metric_executor``) and hands it in, or hands in none. This
 module only decides whether a compare is worth spreading: under :data:`SERIAL_BYTES` (both sides together)
 the pairs are compared one by one in the calling thread, whatever executor was given, because handing a
-few kilobytes to a worker costs more than comparing them; and under :data:`COMPILED_FROM_BYTES` every pair
-takes the numpy pass, since importing numba would cost more than the compiled kernel saves.
+few kilobytes to a worker costs more than comparing them; and, where the kernel is numba's (the C module not
+built), under :data:`COMPILED_FROM_BYTES` every pair takes the numpy pass, since importing numba would cost
+more than the compiled kernel saves.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from parity.shared.metrics.tensor import (
     TensorMetrics,
     compare_raw,
     missing_file_message,
+    native_kernel,
 )
 from parity.shared.tensor_io import RawTensor, open_tensor
 
@@ -142,7 +144,7 @@ def compare_tensor_files(
         return
     sizes = [_job_bytes(job) for job in jobs]
     total = sum(sizes)
-    compiled = total >= COMPILED_FROM_BYTES
+    compiled = native_kernel() or total >= COMPILED_FROM_BYTES
     if executor is None or len(jobs) == 1 or total < SERIAL_BYTES:
         for job in jobs:
             yield _deliver(_run_job(job, max_bytes, compiled), progress)

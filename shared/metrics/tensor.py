@@ -23,6 +23,7 @@ a lone call chooses by the pair's size (``NUMPY_MAX_ELEMENTS``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,10 +125,23 @@ NUMPY_MAX_ELEMENTS = 1 << 16
 NUMPY_CHUNK = 64 * _BLOCK
 
 
+@functools.cache
+def native_kernel() -> bool:
+    """Whether the compiled kernel is the C module's (``_fused.c``), which costs nothing to start, so every
+    pair takes it; else numba's, worth its start-up only for a large compare. Asking imports no numba."""
+    try:
+        from parity.shared.metrics import _fused  # type: ignore[attr-defined]
+    except ImportError:  # not built: no C compiler where the package was installed
+        return False
+    # A build left over from other constants would sum differently: numba's kernel reads them afresh.
+    return (_fused.BLOCK, _fused.N_ACC) == (_BLOCK, N_ACC)
+
+
 def _as_float64(arr: np.ndarray, kind: int) -> np.ndarray:
     """The elements as float64, exactly (bfloat16 and float16 bit patterns decoded)."""
     if kind == KIND_BF16:
-        return (arr.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        with np.errstate(invalid="ignore"):  # a signalling-NaN pattern warns as it widens; it stays NaN
+            return (arr.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     if kind == KIND_FP16:
         return arr.view(np.float16).astype(np.float64)
     return arr.astype(np.float64)
@@ -280,9 +294,11 @@ def segments(size: int) -> list[tuple[int, int]]:
 
 def run_segment(pair: PreparedPair, start: int, stop: int, *, compiled: bool | None = None) -> np.ndarray:
     """Accumulators of one segment of a prepared pair: on the compiled kernel (imported at its first use; it
-    releases the GIL while it runs) or the numpy pass; ``compiled=None`` takes the kernel for a pair of more
-    than ``NUMPY_MAX_ELEMENTS``."""
-    if not (compiled if compiled is not None else pair.size > NUMPY_MAX_ELEMENTS):
+    releases the GIL while it runs) or the numpy pass; ``compiled=None`` takes the C kernel for any pair and
+    numba's for a pair of more than ``NUMPY_MAX_ELEMENTS``."""
+    if compiled is None:
+        compiled = native_kernel() or pair.size > NUMPY_MAX_ELEMENTS
+    if not compiled:
         return numpy_pass(pair.n, pair.b, pair.n_kind, pair.b_kind, pair.re_in_f32, start, stop)
     from parity.shared.metrics.kernel import fused_pass
 

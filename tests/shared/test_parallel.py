@@ -162,9 +162,9 @@ def test_the_engine_gives_the_same_rows_with_and_without_a_pool(
 
 
 def test_numba_is_loaded_only_for_a_compare_large_enough(tmp_path: Path) -> None:
-    """One choice a compare (``COMPILED_FROM_BYTES``): a few pairs of 70k elements (each above the numpy
-    pass's default per-pair limit) in a small compare stay on numpy; the same pairs with the threshold at 0
-    load the kernel; the cells are the same."""
+    """Without the C kernel, one choice a compare (``COMPILED_FROM_BYTES``): a few pairs of 70k elements
+    (each above the numpy pass's default per-pair limit) in a small compare stay on numpy; the same pairs
+    with the threshold at 0 load numba's kernel; the cells are the same."""
     import json
     import subprocess
     import sys
@@ -172,6 +172,7 @@ def test_numba_is_loaded_only_for_a_compare_large_enough(tmp_path: Path) -> None
     jobs = _write_pairs(tmp_path, [70_000, 70_000, 100])
     code = (
         "import json, sys\n"
+        "sys.modules['parity.shared.metrics._fused'] = None\n"  # as if the C module had not been built
         "from parity.shared.metrics import parallel\n"
         "jobs = [parallel.TensorPairJob(i, n, b) for i, n, b in json.loads(sys.argv[1])]\n"
         "parallel.COMPILED_FROM_BYTES = int(sys.argv[2])\n"

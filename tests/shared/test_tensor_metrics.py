@@ -365,34 +365,71 @@ def test_int_and_bool_pairs_use_float64_relative_error() -> None:
     assert flags.max_abs_err == 1.0 and flags.one_thousandth == _fmt(2 / 3)
 
 
-# --- the numpy pass of small pairs against the compiled kernel, bit for bit -------------------------
+# --- the numpy pass of small pairs against the compiled kernels (C and numba), bit for bit ----------
 
 
-def _assert_same_accumulators(prepared: tm.PreparedPair, start: int, stop: int) -> None:
-    from parity.shared.metrics.kernel import fused_pass
+def _c_pass() -> Any:
+    from parity.shared.metrics import kernel
 
+    if not kernel.NATIVE:
+        pytest.fail("the C kernel (parity.shared.metrics._fused) is not built; reinstall with a C compiler")
+    return kernel.fused_pass
+
+
+def _numba_pass() -> Any:
+    from parity.shared.metrics.numba_kernel import fused_pass
+
+    return fused_pass
+
+
+KERNELS = {"c": _c_pass, "numba": _numba_pass}
+
+
+def _assert_same_accumulators(prepared: tm.PreparedPair, start: int, stop: int, kernel: str) -> None:
+    fused_pass = KERNELS[kernel]()
     args = (prepared.n, prepared.b, prepared.n_kind, prepared.b_kind, prepared.re_in_f32, start, stop)
-    ours, kernel = tm.numpy_pass(*args), fused_pass(*args)
-    assert np.array_equal(ours, kernel, equal_nan=True), (ours, kernel)
-    assert np.array_equal(np.signbit(ours), np.signbit(kernel))  # -0.0 would print as "-0.0"
+    ours, compiled = tm.numpy_pass(*args), fused_pass(*args)
+    assert np.array_equal(ours, compiled, equal_nan=True), (ours, compiled)
+    assert np.array_equal(np.signbit(ours), np.signbit(compiled))  # -0.0 would print as "-0.0"
 
 
+def test_the_c_kernel_is_built_where_a_c_compiler_is() -> None:
+    """The install builds ``_fused.c`` as an optional extension; where a compiler exists a failed build
+    would go unnoticed (numba's kernel taking over, 0.5 s slower a compare), so it is an error here."""
+    import shutil
+    import sysconfig
+
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}): the package runs on numba's kernel")
+    from parity.shared.metrics import kernel
+
+    assert kernel.NATIVE and tm.native_kernel()
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pairs())
-def test_numpy_pass_equals_the_kernel_on_hypothesis_pairs(pair: tuple[Any, Any, str, str]) -> None:
+def test_numpy_pass_equals_the_kernel_on_hypothesis_pairs(
+    kernel: str, pair: tuple[Any, Any, str, str]
+) -> None:
     n, b, _, _ = pair
     prepared = tm.validate(RawTensor(np.asarray(n)), RawTensor(np.asarray(b)))
     if isinstance(prepared, tm.PreparedPair):
-        _assert_same_accumulators(prepared, 0, prepared.size)
+        _assert_same_accumulators(prepared, 0, prepared.size, kernel)
 
 
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
 @pytest.mark.parametrize("seed", range(6))
-def test_numpy_pass_equals_the_kernel_across_blocks(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_numpy_pass_equals_the_kernel_across_blocks(
+    seed: int, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Several ``_BLOCK``s, raw bfloat16 and float16 bits, zeros of both signs, NaN/Inf at the same and at
     different places, a segment that does not start at 0, and (odd seeds) the numpy pass taking its input in
     chunks of two blocks: the same accumulators, the same cells."""
     if seed % 2:
         monkeypatch.setattr(tm, "NUMPY_CHUNK", 2 * tm._BLOCK)
+    fused_pass = KERNELS[kernel]()
     rng = np.random.default_rng(seed)
     for _ in range(40):
         size = int(rng.integers(1, 5 * tm._BLOCK))
@@ -407,7 +444,7 @@ def test_numpy_pass_equals_the_kernel_across_blocks(seed: int, monkeypatch: pyte
             n[odd], b[odd] = np.inf, rng.choice([np.inf, -np.inf])
         sides = []
         for values in (n, b):
-            kind = rng.choice(["float32", "float64", "float16", "bfloat16", "int32"])
+            kind = rng.choice(["float32", "float64", "float16", "bfloat16", "int32", "uint8", "int64"])
             if kind == "bfloat16":
                 sides.append(_bf16_raw(values))
             else:
@@ -415,19 +452,49 @@ def test_numpy_pass_equals_the_kernel_across_blocks(seed: int, monkeypatch: pyte
                     sides.append(RawTensor(values.astype(kind)))
         prepared = tm.validate(*sides)
         assert isinstance(prepared, tm.PreparedPair)
-        _assert_same_accumulators(prepared, 0, prepared.size)
-        _assert_same_accumulators(prepared, size // 3, size)
+        _assert_same_accumulators(prepared, 0, prepared.size, kernel)
+        _assert_same_accumulators(prepared, size // 3, size, kernel)
         acc = tm.numpy_pass(prepared.n, prepared.b, prepared.n_kind, prepared.b_kind, prepared.re_in_f32, 0,
                             prepared.size)  # fmt: skip
-        from parity.shared.metrics.kernel import fused_pass
-
-        kernel = fused_pass(prepared.n, prepared.b, prepared.n_kind, prepared.b_kind, prepared.re_in_f32, 0,
-                            prepared.size)  # fmt: skip
-        assert tm.finish(prepared, acc) == tm.finish(prepared, kernel)
+        compiled = fused_pass(prepared.n, prepared.b, prepared.n_kind, prepared.b_kind, prepared.re_in_f32, 0,
+                              prepared.size)  # fmt: skip
+        assert tm.finish(prepared, acc) == tm.finish(prepared, compiled)
 
 
-def test_a_small_pair_never_imports_numba() -> None:
-    """The fixed cost of a small tensor compare: numba is loaded only for a pair above NUMPY_MAX_ELEMENTS."""
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_every_float16_bit_pattern_and_strided_input_give_the_numpy_pass(kernel: str) -> None:
+    """All 65,536 float16 and bfloat16 patterns (subnormals, both zeros, NaNs, infinities) against a shifted
+    copy, and inputs that are strided views rather than contiguous arrays."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    shifted = np.roll(bits, 7)
+    for kind in (tm.KIND_FP16, tm.KIND_BF16):
+        pair = tm.PreparedPair(bits, shifted, kind, kind, True, bits.size, ())
+        _assert_same_accumulators(pair, 0, bits.size, kernel)
+    values = np.random.default_rng(3).standard_normal(18 * tm._BLOCK)
+    n, b = values[::3], (values * 1.001)[::2][: values[::3].size]
+    strided = tm.PreparedPair(n, b, tm.KIND_NATIVE, tm.KIND_NATIVE, False, n.size, ())
+    _assert_same_accumulators(strided, 5, strided.size, kernel)
+
+
+def test_the_c_kernel_refuses_what_it_cannot_read() -> None:
+    fused_pass = _c_pass()
+    x = np.zeros(4, np.float32)
+    with pytest.raises(TypeError, match="unsupported element format"):
+        fused_pass(x.astype(np.complex64), x, tm.KIND_NATIVE, tm.KIND_NATIVE, True, 0, 4)
+    with pytest.raises(IndexError, match="outside"):
+        fused_pass(x, x, tm.KIND_NATIVE, tm.KIND_NATIVE, True, 0, 5)
+    with pytest.raises(ValueError, match="1-d"):
+        fused_pass(np.zeros((2, 2), np.float32), x, tm.KIND_NATIVE, tm.KIND_NATIVE, True, 0, 4)
+
+
+#: A prelude for a child interpreter that runs as if the C module had not been built (numba's kernel).
+WITHOUT_C_KERNEL = "import sys; sys.modules['parity.shared.metrics._fused'] = None\n"
+
+
+@pytest.mark.parametrize("c_kernel", [True, False], ids=["c", "numba"])
+def test_a_small_pair_never_imports_numba(c_kernel: bool) -> None:
+    """The fixed cost of a small tensor compare: with numba's kernel numba is loaded only for a pair above
+    NUMPY_MAX_ELEMENTS; with the C kernel, never."""
     code = (
         "import sys, numpy as np\n"
         "from parity.shared.metrics.tensor import NUMPY_MAX_ELEMENTS, compare_arrays\n"
@@ -440,5 +507,6 @@ def test_a_small_pair_never_imports_numba() -> None:
     import subprocess
     import sys
 
+    code = code if c_kernel else WITHOUT_C_KERNEL + code
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "True"]
+    assert out.split() == (["False", "False"] if c_kernel else ["False", "True"])
