@@ -7,8 +7,10 @@ UPDATE per claim, ``validation_attempt`` + 1, renewed every third of ``PARITY_JO
 worker killed mid-validation is taken over once its lease passes (the local pool requeues it at once).
 
 Parsing a dump.json takes about 7x its size in memory (a 200 MB file: ~1.4 GB). The worker does it in a
-short-lived spawned child, one file after another, so its own memory stays that of a worker and the
-parse's goes back to the system when the child exits; the child dies with the worker (``PR_SET_PDEATHSIG``).
+short-lived child interpreter (``python -m parity.server.jobs.validation``, a subprocess and not a
+multiprocessing child: a Celery prefork worker's processes are daemonic, and multiprocessing refuses them
+children), one file after another, so its own memory stays that of a worker and the parse's goes back to
+the system when the child exits; the child dies with the worker (``PR_SET_PDEATHSIG``).
 The child writes each dump's parsed columns (``shared.dump.sidecar``), which the worker stores beside the
 blob for the compare tasks, and returns only the first problem's text. Then one transaction, guarded by
 the attempt, makes the run ``complete`` (and queues its comparison against the project's baseline) or
@@ -18,12 +20,13 @@ so nothing of an invalid run is published.
 
 from __future__ import annotations
 
+import json
 import logging
-import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -280,19 +283,33 @@ def _validation_lease(db: Database, run_id: str, attempt: int, seconds: float) -
 
 # -- the parse, in a child process ------------------------------------------------------------------------
 def validate_dumps(dumps: Sequence[tuple[str, Path]], sidecar_dir: Path | None = None) -> str | None:
-    """The first problem among ``(rel, local path)`` dump.json files, parsed in a spawned child process;
-    with ``sidecar_dir``, the sidecar of the i-th file is written there as ``{i}.columns``."""
+    """The first problem among ``(rel, local path)`` dump.json files, parsed in a child interpreter; with
+    ``sidecar_dir``, the sidecar of the i-th file is written there as ``{i}.columns``. Raises
+    :class:`ValidationChildError` when the child itself fails (killed, out of memory, a bug)."""
     work = [(rel, str(path), str(sidecar_dir / f"{i}.columns") if sidecar_dir else None)
             for i, (rel, path) in enumerate(dumps)]  # fmt: skip
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=context, initializer=_die_with, initargs=(os.getpid(),)) as pool:
-        return pool.submit(first_problem, work).result()
+    request = json.dumps({"parent": os.getpid(), "dumps": work})
+    done = subprocess.run([sys.executable, "-m", __name__], input=request, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise ValidationChildError(f"the parsing child failed: {tail[0]}")
+    problem: str | None = json.loads(done.stdout)["problem"]
+    return problem
 
 
-def _die_with(parent_pid: int) -> None:
+class ValidationChildError(RuntimeError):
+    """The child that parses the dump.json files ended without an answer."""
+
+
+def _child_main() -> None:
+    """``python -m parity.server.jobs.validation``: reads ``{"parent", "dumps"}`` from stdin and prints
+    ``{"problem": ...}``; dies with the worker that started it."""
     from parity.server.jobs.local import _die_with_parent
 
-    _die_with_parent(parent_pid)
+    request = json.load(sys.stdin)
+    _die_with_parent(int(request["parent"]))
+    problem = first_problem([(rel, local, sidecar) for rel, local, sidecar in request["dumps"]])
+    sys.stdout.write(json.dumps({"problem": problem}))
 
 
 def first_problem(dumps: Sequence[tuple[str, str, str | None]]) -> str | None:
@@ -323,3 +340,7 @@ def describe(exc: Exception) -> str:
     if problem is None:
         return str(exc)
     return f"{where}: {problem}" if where else str(problem)
+
+
+if __name__ == "__main__":
+    _child_main()

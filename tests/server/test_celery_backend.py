@@ -55,17 +55,20 @@ def redis_url_or_skip() -> str:
 
 class WorkerProcess(LoggedProcess):
     """``celery -A parity.server.jobs.celery_app worker`` as a subprocess, configured by ``env`` as the server
-    is (database, store, broker), as it is deployed."""
+    is (database, store, broker), as it is deployed. ``pool="solo"`` runs the tasks in the worker process
+    itself (killing it kills the task); Celery's default, ``prefork``, in ``concurrency`` daemonic children."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, pool: str = "solo", concurrency: int = 1) -> None:
         self.env = dict(env)
         self.log_path = log_path
+        self.pool, self.concurrency = pool, concurrency
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", CELERY_APP, "worker", "--pool=solo", "--concurrency=1",
+            [sys.executable, "-m", "celery", "-A", CELERY_APP, "worker", f"--pool={self.pool}",
+             f"--concurrency={self.concurrency}",
              "-l", "info", "--without-gossip", "--without-mingle", "-n", f"test-{uuid.uuid4().hex[:8]}@%h"],
             cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -152,7 +155,9 @@ def test_worker_runs_the_job_as_the_local_pool_does(
 ) -> None:
     data_dir = tmp_path / "data"
     srv: ServerProcess = spawn(ServerProcess(data_dir, celery_env(redis_url)))
-    worker: WorkerProcess = spawn(WorkerProcess(srv.env, tmp_path / "worker.log"))
+    # Celery's default pool, as deployed: its processes are daemonic, and the runs' validation (which
+    # parses in a child of its own) runs there too.
+    worker: WorkerProcess = spawn(WorkerProcess(srv.env, tmp_path / "worker.log", "prefork", 2))
     with srv.client() as api:
         target, bench = upload_pair(api, tmp_path)
         cid = post_comparison(api, target, bench)["id"]
