@@ -30,6 +30,7 @@ machine shared with other jobs the speed-up is distorted: the load average is pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -267,14 +268,16 @@ class Servers:
     """``parity server`` processes over one data folder: the runs are uploaded once, then each measurement
     starts a server (and Celery workers) with its own backend and worker count on the same database."""
 
-    def __init__(self, data: Path, npu: Path, gpu: Path, trace: bool = False, celery_pool: str = "prefork"
-                 ) -> None:  # fmt: skip
+    def __init__(self, data: Path, npu: Path, gpu: Path, trace: bool = False, celery_pool: str = "prefork",
+                 database_url: str | None = None) -> None:  # fmt: skip
         self.data, self.npu, self.gpu = data, npu, gpu
-        self.trace, self.celery_pool = trace, celery_pool
+        self.trace, self.celery_pool, self.database_url = trace, celery_pool, database_url
         self.runs: tuple[str, str] | None = None
 
     def compare(self, backend: str, workers: int, redis_url: str | None) -> Measured:
         env = {"PARITY_WORKERS": str(workers)}
+        if self.database_url is not None:
+            env["PARITY_DATABASE_URL"] = self.database_url
         if backend == "celery":
             assert redis_url is not None
             env |= {"PARITY_JOB_BACKEND": "celery", "PARITY_CELERY_BROKER_URL": redis_url}
@@ -419,18 +422,27 @@ def _rank_bytes(step: Path) -> int:
 
 
 def bench_pairs(
-    label: str, base: Path, npu: Path, gpu: Path, backends: list[str], redis_url: str | None, repeat: int = 1,
+    label: str,
+    base: Path,
+    npu: Path,
+    gpu: Path,
+    backends: list[str],
+    redis_url: str | None,
+    repeat: int = 1,
     traced: bool = False,
     celery_pool: str = "prefork",
+    database_url: str | None = None,
 ) -> list[tuple[str, str]]:
     """1 then 2 workers, ``repeat`` times in turn (so that a change of the machine's load falls on both),
     each measurement printed; then the median of each and the median of the paired ratios."""
     rows = _Printed()
     rank_pair = _rank_bytes(npu / "step0") + _rank_bytes(gpu / "step0")
-    servers = Servers(base / f"data-{label.split()[0]}", npu, gpu, trace=traced, celery_pool=celery_pool)
+    servers = Servers(base / f"data-{label.split()[0]}", npu, gpu, trace=traced, celery_pool=celery_pool,
+                      database_url=database_url)  # fmt: skip
+    database = "postgresql" if database_url else "sqlite"
     try:
         for backend in backends:
-            backend_name = f"celery {celery_pool}" if backend == "celery" else backend
+            backend_name = f"{'celery ' + celery_pool if backend == 'celery' else backend} ({database})"
             walls: dict[int, list[float]] = {1: [], 2: []}
             for _ in range(repeat):
                 for workers in (1, 2):
@@ -463,6 +475,27 @@ def bench_pairs(
     finally:
         shutil.rmtree(servers.data, ignore_errors=True)
     return rows
+
+
+@contextlib.contextmanager
+def fresh_database(server_url: str | None) -> Iterator[str | None]:
+    """A new database on the PostgreSQL server at ``server_url`` (its URL), dropped after; None for none."""
+    if server_url is None:
+        yield None
+        return
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"parity_bench_{os.getpid()}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def bench_overhead(base: Path, cache: Path, ranks: int) -> list[tuple[str, str]]:
@@ -565,6 +598,11 @@ def main() -> int:
     parser.add_argument("--complete-mb", type=int, default=200, help="dump.json size for the complete figure")
     parser.add_argument("--redis-url", default=os.environ.get("PARITY_TEST_REDIS_URL"))
     parser.add_argument(
+        "--postgres-url", metavar="URL",
+        help="run the statistics pair's servers on a fresh database of this PostgreSQL server (created and "
+        "dropped here; e.g. make test's PARITY_TEST_POSTGRES_URL) instead of SQLite",
+    )  # fmt: skip
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=Path(tempfile.gettempdir()) / "parity-bench-scale-cache",
@@ -606,8 +644,9 @@ def main() -> int:
             apis = 400 if args.quick else 4000
             npu, gpu = cached(cache, f"statistics-16r-{apis}", lambda f: statistics_pair(f, 16, apis))
             label = f"statistics 16 ranks x {apis} APIs"
-            bench_pairs(label, base, npu, gpu, backends, args.redis_url, args.repeat, args.trace,
-                        args.celery_pool)  # fmt: skip
+            with fresh_database(args.postgres_url) as database_url:
+                bench_pairs(label, base, npu, gpu, backends, args.redis_url, args.repeat, args.trace,
+                            args.celery_pool, database_url)  # fmt: skip
             if "celery" in args.backends and not args.redis_url:
                 rows.append(("statistics celery", "skipped: no --redis-url / PARITY_TEST_REDIS_URL"))
         if "tensor" in args.only:
