@@ -56,7 +56,8 @@ def redis_url_or_skip() -> str:
 class WorkerProcess(LoggedProcess):
     """``celery -A parity.server.jobs.celery_app worker`` as a subprocess, configured by ``env`` as the server
     is (database, store, broker), as it is deployed. ``pool="solo"`` runs the tasks in the worker process
-    itself (killing it kills the task); Celery's default, ``prefork``, in ``concurrency`` daemonic children."""
+    itself (killing it kills the task); Celery's default, ``prefork``, in ``concurrency`` daemonic
+    children."""
 
     def __init__(self, env: dict[str, str], log_path: Path, pool: str = "solo", concurrency: int = 1) -> None:
         self.env = dict(env)
