@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
-#: What each forked tensor-metric worker needs at once: numba and the compiled kernel (from numba's cache).
+#: What each forked tensor-metric worker needs at once: the compiled kernel (the C module, or numba's cache).
 _METRIC_WORKER_MODULES = ["parity.shared.metrics.kernel", "parity.shared.metrics.parallel"]
 
 
@@ -80,7 +80,8 @@ def metric_executor(workers: int | None = None, *, processes: bool = False) -> I
 
 
 def _warm_up_metric_worker() -> None:
-    """Load the compiled kernel (from numba's on-disk cache) once per worker process, before any pair."""
+    """Load the compiled kernel (the C module, or numba's from its on-disk cache) once per worker process,
+    before any pair."""
     import numpy as np
 
     from parity.shared.metrics.kernel import fused_pass

@@ -1,7 +1,7 @@
 """Tensor-mode metrics (compare.md §4): the §4.2 validation chain and one fused pass per tensor pair.
 
 msprobe computes each metric with its own numpy pass over float64 copies (a dozen passes, ~5x the tensor's
-bytes of temporaries). Here one numba loop reads both arrays in their own dtype (float16 and bfloat16 as raw
+bytes of temporaries). Here one compiled loop (C, or numba without the C module) reads both arrays in their own dtype (float16 and bfloat16 as raw
 bits, decoded exactly) and accumulates everything at once in float64: the dot product, both squared norms,
 the squared distance, the max absolute error (and where it is), the max relative error and the two ratio
 counts, plus the NaN/Inf position check. Nothing the size of the tensor is allocated.
@@ -15,10 +15,11 @@ Sums are taken block by block (``_BLOCK`` elements, then added to running totals
 ``SEGMENT_ELEMENTS`` segments combined in order, so a tensor split across workers gives bit-identical results
 to the serial pass.
 
-The fused loop is compiled by numba (:mod:`.kernel`), imported only when it is used: ``numpy_pass`` gives
-the same accumulators bit for bit in plain numpy (in bounded chunks), so a compare of small tensors never pays
-numba's start-up (most of a small compare's time). ``parallel`` chooses once per compare, by its total size;
-a lone call chooses by the pair's size (``NUMPY_MAX_ELEMENTS``).
+The fused loop is compiled (:mod:`.kernel`: the C module ``_fused``, or numba's where it was not built),
+imported only when it is used: ``numpy_pass`` gives the same accumulators bit for bit in plain numpy (in
+bounded chunks). The C kernel costs nothing to start, so every pair takes it; numba's start-up is most of a
+small compare's time, so with numba ``parallel`` chooses once per compare, by its total size, and a lone call
+by the pair's size (``NUMPY_MAX_ELEMENTS``).
 """
 
 from __future__ import annotations
