@@ -1,10 +1,11 @@
 """Tensor-mode metrics (compare.md §4): the §4.2 validation chain and one fused pass per tensor pair.
 
 msprobe computes each metric with its own numpy pass over float64 copies (a dozen passes, ~5x the tensor's
-bytes of temporaries). Here one compiled loop (C, or numba without the C module) reads both arrays in their own dtype (float16 and bfloat16 as raw
-bits, decoded exactly) and accumulates everything at once in float64: the dot product, both squared norms,
-the squared distance, the max absolute error (and where it is), the max relative error and the two ratio
-counts, plus the NaN/Inf position check. Nothing the size of the tensor is allocated.
+bytes of temporaries). Here one compiled loop (C, or numba without the C module) reads both arrays in their
+own dtype (float16 and bfloat16 as raw bits, decoded exactly) and accumulates everything at once in float64:
+the dot product, both squared norms, the squared distance, the max absolute error (and where it is), the max
+relative error and the two ratio counts, plus the NaN/Inf position check. Nothing the size of the tensor is
+allocated.
 
 Numbers follow msprobe v2 to the printed digit (§4.3): the relative error is computed in
 ``T = result_type(N, B, float32)`` (float64 once either side is an int or a bool) with ε_T substituted where
