@@ -294,6 +294,16 @@ class TaskRepository:
             select(t.attempt).where(t.comparison_id == comparison_id, t.rank == rank, t.slice == slice_)
         )
 
+    def claimable(self, comparison_id: str, rank: int, now: datetime, slice_: int = 0) -> bool:
+        """Whether ``claim`` could take the task now: a read, so a worker handed a task that another has
+        taken already does not queue for SQLite's write lock to find out."""
+        t = ComparisonTask
+        found = self.session.scalar(
+            select(t.rank).where(t.comparison_id == comparison_id, t.rank == rank, t.slice == slice_,
+                                 _task_claimable(now))  # fmt: skip
+        )
+        return found is not None
+
     def claim_next(self, now: datetime, lease_seconds: float, worker: str) -> tuple[TaskId, int] | None:
         """Claim the oldest queued task, in one statement: (its id, its new attempt), or None when none is
         queued. The local pool's workers pull their work with it: a look then a claim let two idle workers

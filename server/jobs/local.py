@@ -1,8 +1,9 @@
 """The default job backend: a pool of worker processes in the server, pulling rank tasks from the database.
 
 ``workers`` processes (``spawn``: the server never imports the compare engine itself) each loop: claim the
-oldest queued task (one statement, so two workers never pick the same one), run it, look again; an idle
-worker sleeps until ``submit`` wakes it (or a second passes). A process is kept across tasks, so a task
+oldest queued task (one statement, so two workers never pick the same one), run it, and claim the next in
+the transaction that stores it (``TaskRunner(pull_next=True)``), until none is queued; an idle worker
+sleeps until ``submit`` wakes it (or a second passes). A process is kept across tasks, so a task
 costs a claim and its own work, not an interpreter start and the engine's imports. Each child dies with the
 server (``PR_SET_PDEATHSIG``), and the task's ``attempt`` counter stops a stale child from writing over a
 newer attempt in any case.
@@ -98,7 +99,7 @@ def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake
     from parity.server.jobs.runner import TaskRunner, import_engine
     from parity.server.jobs.validation import Validator
 
-    runner = TaskRunner(Settings(**settings_data), worker=name)
+    runner = TaskRunner(Settings(**settings_data), worker=name, pull_next=True)
     validator = Validator.beside(runner, _Wake(wake))
     import_engine()
     while True:

@@ -10,6 +10,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -311,3 +312,56 @@ def test_each_task_logs_its_timeline_in_order(
     failed = records[f"{cid}:2"]
     assert [p for p in PHASES if p in failed] == ["start", "claimed", "end"]
     assert parse(["a line cut short: task-timeline {\"task\": "]) == []
+
+
+def test_a_worker_claims_its_next_task_as_it_stores_one(server: Server, pair: tuple[str, str, Path, Path]
+                                                        ) -> None:  # fmt: skip
+    """``pull_next`` (the job backends' workers): storing a rank claims the oldest queued task in the same
+    transaction, and the runner runs it next; a message whose task another worker took pulls the next queued
+    one; a run's validation waiting ends the chain (workers run those first)."""
+    from parity.server.jobs.runner import TaskRunner
+    from parity.server.models import Run, utcnow
+
+    target, bench, _, _ = pair
+    plain = _create(server, target, bench)
+    _run_all(server, plain, [0, 1, 2])
+    plain_rows = server.rows(plain)
+    server.comparisons.delete(plain)  # the same request again would find it
+
+    def tasks(cid: str) -> list[tuple[int, str, int, str | None]]:
+        with server.db.read() as session:
+            t = ComparisonTask
+            found = session.execute(select(t.rank, t.status, t.attempt, t.worker)
+                                    .where(t.comparison_id == cid).order_by(t.started_at)).all()  # fmt: skip
+        return [tuple(row) for row in found]  # type: ignore[misc]
+
+    runner = TaskRunner(server.settings, worker="puller", pull_next=True)
+    try:
+        cid = _create(server, target, bench)
+        assert runner.run(task_id(cid, 1))  # one message: rank 1, then the ranks still queued, oldest first
+        assert tasks(cid) == [(1, "succeeded", 1, "puller"), (0, "succeeded", 1, "puller"),
+                              (2, "succeeded", 1, "puller")]  # fmt: skip
+        assert server.comparisons.get(cid).status == "succeeded"
+        assert server.rows(cid) == plain_rows
+        assert not runner.run(task_id(cid, 0))  # done, and nothing else queued: a no-op
+        server.comparisons.delete(cid)
+
+        cid = _create(server, target, bench)
+        with server.db.write() as session:  # rank 0 is another worker's, under a live lease
+            session.execute(update(ComparisonTask).where(ComparisonTask.comparison_id == cid,
+                                                         ComparisonTask.rank == 0)
+                            .values(status="running", attempt=1, worker="other", started_at=utcnow(),
+                                    lease_expires_at=utcnow() + timedelta(hours=1)))  # fmt: skip
+        assert runner.run(task_id(cid, 0))  # its message pulls what is queued instead
+        assert tasks(cid) == [(0, "running", 1, "other"), (1, "succeeded", 1, "puller"),
+                              (2, "succeeded", 1, "puller")]  # fmt: skip
+        server.comparisons.delete(cid)
+
+        cid = _create(server, target, bench)
+        with server.db.write() as session:  # a run waits for its validation
+            session.add(Run(id="waiting", name="n", project="p", device="npu", status="validating"))
+        assert runner.run(task_id(cid, 2))
+        assert sorted((rank, status) for rank, status, _, _ in tasks(cid)) == [
+            (0, "queued"), (1, "queued"), (2, "succeeded")]  # fmt: skip
+    finally:
+        runner.close()
