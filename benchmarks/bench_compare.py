@@ -17,6 +17,8 @@ Statistics mode: 20,000 APIs (~60,000 rows a side) through ``compare_dumps`` (ro
 compact and again with the ``indent=1`` layout msprobe writes, and the whole CLI run to xlsx
 (``parity compare -i compare.json -o out``), against msprobe's ~500 rows/s.
 
+Beside each engine figure, a fixed pure-Python loop's time says how fast this (noisy) machine ran then.
+
 Each mode runs in a process of its own (a fresh one per compare is what the CLI and the job workers use).
 Peak RSS is sampled every 20 ms over this process and all its children (sum of RSS, so pages shared between
 processes count more than once: an upper bound). Data is generated in a child process, so this process never
@@ -290,6 +292,20 @@ def _command_seconds(command: list[str], output: Path, repeat: int) -> float:
     return timed(run, repeat)[0]
 
 
+def loop_ms() -> float:
+    """A fixed pure-Python loop, timed (median of 5, ms): this VM's single-core speed moves by up to 1.6x
+    within an hour, and this says how fast the machine ran beside each figure the engine gives."""
+
+    def once() -> float:
+        start = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i & 7
+        return (time.perf_counter() - start) * 1000
+
+    return statistics.median(once() for _ in range(5))
+
+
 def engine_row(label: str, out: Path, repeat: int, rate: Callable[[float], str],
                workers: int | None) -> tuple[str, str]:  # fmt: skip
     from parity.shared.compare.engine import compare_dumps
@@ -303,8 +319,10 @@ def engine_row(label: str, out: Path, repeat: int, rate: Callable[[float], str],
             options = CompareOptions(executor=executor)
             return compare_dumps(out / "npu" / "dump.json", out / "bench" / "dump.json", options)
 
+    loop = loop_ms()
     t, peak, result = timed(run, repeat)
-    return (label, f"{rate(t)}  {t:6.2f} s  peak RSS {peak / 2**20:5.0f} MiB  ({len(result.rows)} rows)")
+    return (label, f"{rate(t)}  {t:6.2f} s  peak RSS {peak / 2**20:5.0f} MiB  ({len(result.rows)} rows; "
+                   f"Python loop {loop:.0f} ms)")  # fmt: skip
 
 
 def bench_statistics(base: Path, quick: bool, repeat: int) -> list[tuple[str, str]]:

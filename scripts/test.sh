@@ -3,6 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
+# The linters first (seconds): a submission that is not ruff and mypy clean fails here, not in review.
+$BIN/ruff check .
+$BIN/mypy shared client server parity
 # PostgreSQL and Redis for the server tests (PARITY_TEST_POSTGRES_URL, PARITY_TEST_REDIS_URL). In CI a
 # failure to start either is fatal; locally the tests needing one are skipped (with a reason) when it cannot
 # start. moto's S3 server is started by the tests themselves (ThreadedMotoServer).

@@ -8,7 +8,8 @@ A message delivered twice is harmless: the runner's claim lets only one delivery
 acknowledged late (after the task) and a worker lost before it claimed the task leaves its message to be
 delivered again. A worker that stores a rank claims the oldest queued task in the same transaction and runs
 it at once (``TaskRunner(pull_next=True)``): the messages wake workers, the database hands out the work, and
-a message whose task another worker took pulls the next queued one, or finds none and is done. No result backend: the task's row in the database is its result.
+a message whose task another worker took pulls the next queued one, or finds none and is done. No result
+backend: the task's row in the database is its result.
 
 A worker killed *mid-rank* leaves that task ``running``. The runner holds each task under a lease that it
 renews while it works (``PARITY_JOB_LEASE_SECONDS``); once a lease has passed, any delivery of the id claims
