@@ -11,6 +11,7 @@ it verbatim (``{"detail": "..."}``).
      +-- Conflict (409)
      +-- PayloadTooLarge (413)
      +-- Unprocessable (422)
+     +-- TooManyRequests (429)  too many wrong tokens from one address: ``retry_after`` seconds to wait
      +-- StoreError (500)    the blob store failed (disk, S3)
      +-- InsufficientStorage (507)  the disk or the database is full: free space by deleting runs
      +-- ConfigError         a setting is invalid: the server refuses to start
@@ -57,6 +58,14 @@ class PayloadTooLarge(ServiceError):
 
 class Unprocessable(ServiceError):
     status_code = 422
+
+
+class TooManyRequests(ServiceError):
+    status_code = 429
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class StoreError(ServiceError):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from datetime import timedelta
 
 import anyio.to_thread
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -22,9 +22,13 @@ from parity.server.api.deps import authorize
 from parity.server.api.routes import baselines, comparisons, runs
 from parity.server.db import Database
 from parity.server.disk import STORAGE_FULL_HINT, Reserve, is_storage_full
-from parity.server.errors import ServiceError
+from parity.server.errors import ServiceError, TooManyRequests
 from parity.server.jobs.base import JobQueue, NullQueue
 from parity.server.schemas import ErrorPublic, Health
+from parity.server.security.headers import NO_FRAMING, SecurityHeaders
+from parity.server.security.sessions import SessionStore
+from parity.server.security.throttle import GuessThrottle
+from parity.server.security.tokens import TokenRegistry, server_key
 from parity.server.services.baselines import BaselineService
 from parity.server.services.calls import CallService
 from parity.server.services.comparisons import ComparisonService
@@ -32,7 +36,6 @@ from parity.server.services.retention import RetentionService
 from parity.server.services.runs import RunService
 from parity.server.settings import Settings
 from parity.server.store import open_store
-from parity.server.web.auth import SessionSigner
 from parity.shared.contract import API_PREFIX
 from sqlalchemy.exc import DBAPIError
 
@@ -55,6 +58,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         409: "The request conflicts with the current state (named in the detail)",
         413: "The body exceeds the server's limit",
         422: "A body or query value fails validation (the detail names the field)",
+        429: "Too many wrong tokens from this address; Retry-After says in how many seconds to try again",
         507: f"The server's storage is full; {STORAGE_FULL_HINT}",
     }.items()
 }
@@ -85,11 +89,14 @@ def _mount_docs(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
+        page = get_swagger_ui_html(
             openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} API",
             swagger_js_url=f"{assets}/swagger-ui-bundle.js", swagger_css_url=f"{assets}/swagger-ui.css",
             swagger_favicon_url=f"{assets}/favicon-32x32.png",
         )  # fmt: skip
+        # Swagger UI runs inline script, so no script policy here; but no other site may frame it.
+        page.headers.update(NO_FRAMING)
+        return page
 
 
 async def _sweep_periodically(retention: RetentionService, interval_s: float) -> None:
@@ -135,17 +142,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reserve.fill()
         queue = make_queue(settings, db)
         app.state.settings = settings
-        app.state.token_roles = settings.token_roles()
+        app.state.tokens = TokenRegistry(settings.token_entries(), server_key(db, settings.session_secret))
+        app.state.tokens.warn_short()
+        app.state.sessions = SessionStore(db, timedelta(hours=settings.session_hours))
+        ended = app.state.sessions.keep_only({t.key for t in app.state.tokens.tokens})
+        if ended:
+            logger.info("ended %d web session(s) of tokens no longer configured, or expired", ended)
+        app.state.throttle = GuessThrottle(settings.auth_failure_limit, settings.auth_failure_window_seconds,
+                                           settings.auth_failure_delay_seconds)  # fmt: skip
         app.state.run_service = RunService(db, store, settings.max_upload_bytes, reserve, queue)
         app.state.comparison_service = ComparisonService(
             db, store, queue, task_max_bytes=settings.task_max_bytes
         )
         app.state.baseline_service = BaselineService(db, app.state.run_service, app.state.comparison_service)
         app.state.call_service = CallService(db)
-        app.state.session_signer = SessionSigner(
-            settings.session_secret.encode() if settings.session_secret else secrets.token_bytes(32),
-            settings.session_hours * 3600,
-        )
         retention = RetentionService(
             db, store, app.state.run_service, app.state.comparison_service,
             retention_days=settings.retention_days, grace_seconds=settings.temp_grace_seconds,
@@ -157,7 +167,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # full collections (pauses of tens of ms with ~10^6 tracked objects) off the request path.
         gc.collect()
         gc.freeze()
-        auth = "on" if app.state.token_roles else "off"
+        auth = "on" if app.state.tokens.enabled else "off"
         logger.info("parity server ready: database %s, store %s, %d worker(s), auth %s", db.dialect,
                     store.url, settings.workers, auth)  # fmt: skip
         try:
@@ -179,14 +189,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     _mount_docs(app)
+    app.add_middleware(SecurityHeaders)
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
         # Messages quoting a library's error (boto3, a JSON parser) can span lines; the client shows one.
         message = " ".join(exc.message.split("\n"))
+        response: Response
         if _is_page(request):
-            return web.error_page(request, exc.status_code, message)
-        return JSONResponse({"detail": message}, status_code=exc.status_code)
+            response = web.error_page(request, exc.status_code, message)
+        else:
+            response = JSONResponse({"detail": message}, status_code=exc.status_code)
+        if isinstance(exc, TooManyRequests):
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
 
     # OSError and database errors are handled here rather than by the catch-all below, which Starlette
     # re-raises after answering (a second traceback in the log per request).

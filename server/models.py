@@ -261,5 +261,35 @@ class ApiAcceptance(Base):
     project: Mapped[str] = mapped_column(String(255), primary_key=True)
     api: Mapped[str] = mapped_column(String(1024), primary_key=True)
     note: Mapped[str] = mapped_column(Text)
+    # Who accepted: the signed-in identity (a token's name or fingerprint; "anonymous" without tokens).
+    # Rows from before revision 0011 hold the free ``author`` field here when one was given.
     accepted_by: Mapped[str] = mapped_column(String(255))
+    # Revision 0011: the free-text author the request named, shown as such, never as who accepted.
+    author: Mapped[str | None] = mapped_column(String(255), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class WebSession(Base):
+    """A web sign-in (revision 0011). The cookie holds a random id; the row is keyed by its SHA-256, so a
+    copy of the database signs no one in. Deleting the row ends the session everywhere at once."""
+
+    __tablename__ = "web_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex of the cookie's id
+    # HMAC-SHA256 of the token under the server key (``security.tokens``): which token signed in, so that
+    # "sign out everywhere" and a token's removal from the settings end its sessions.
+    token_key: Mapped[str] = mapped_column(String(64), index=True)
+    can_write: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ServerSecret(Base):
+    """Keys the server makes once and every process shares (revision 0011): ``session-key`` fingerprints
+    tokens when ``PARITY_SESSION_SECRET`` is unset."""
+
+    __tablename__ = "server_secrets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))

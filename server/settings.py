@@ -6,6 +6,8 @@ process configured through its environment never sees another's configuration.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +18,19 @@ DEFAULT_MAX_UPLOAD_BYTES = 16 * 1024**3
 
 #: ``PARITY_TOKENS`` roles: a token without one may write.
 TOKEN_ROLES = {"rw": True, "ro": False}
+#: Shorter tokens are accepted with a warning at start (README, "Tokens"): 32 random characters are out of
+#: reach of any guessing the sign-in throttle lets through.
+MIN_TOKEN_LENGTH = 32
+_TOKEN_NAME = re.compile(r"[A-Za-z0-9._@+-]{1,64}")
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    """One ``TOKEN[:ROLE[:NAME]]`` entry of ``PARITY_TOKENS``."""
+
+    token: str
+    can_write: bool
+    name: str | None = None
 
 
 class Settings(BaseSettings):
@@ -86,10 +101,33 @@ class Settings(BaseSettings):
 
     session_secret: str | None = Field(
         default=None, min_length=32,
-        description="key that signs the web pages' sign-in cookies; unset: a random key per server start "
-        "(everyone signs in again after a restart)",
+        description="key that fingerprints tokens (sessions, acceptances, the pages); unset: a random key "
+        "made once and kept in the database (set it to keep the key out of the database)",
     )  # fmt: skip
     session_hours: float = Field(default=12.0, gt=0, le=24 * 30, description="how long a web sign-in lasts")
+    https_only: bool = Field(
+        default=False,
+        description="the server is reached over HTTPS only: cookies are always Secure, even when a proxy in "
+        "front does not say the request came over HTTPS",
+    )  # fmt: skip
+    forwarded_allow_ips: str | None = Field(
+        default=None,
+        description="comma-separated addresses of the reverse proxies whose X-Forwarded-For/-Proto are "
+        "trusted (uvicorn's setting; unset: uvicorn's default, 127.0.0.1 or $FORWARDED_ALLOW_IPS)",
+    )  # fmt: skip
+    auth_failure_limit: int = Field(
+        default=10, ge=1,
+        description="wrong tokens from one client address within the window before its token attempts "
+        "are answered 429 with Retry-After",
+    )  # fmt: skip
+    auth_failure_window_seconds: float = Field(
+        default=600.0, gt=0, description="how long a wrong token counts against its address"
+    )
+    auth_failure_delay_seconds: float = Field(
+        default=0.5, ge=0,
+        description="each wrong token past the third in the window is answered this much later per "
+        "failure before it (the fourth 1x, the fifth 2x, ...)",
+    )  # fmt: skip
 
     @field_validator("database_url")
     @classmethod
@@ -113,31 +151,43 @@ class Settings(BaseSettings):
 
     def token_roles(self) -> dict[str, bool]:
         """token -> True when it may write; empty when authentication is off (``PARITY_TOKENS`` unset)."""
-        return parse_tokens(self.tokens) if self.tokens is not None else {}
+        return {e.token: e.can_write for e in self.token_entries()}
+
+    def token_entries(self) -> list[TokenEntry]:
+        """The tokens with their roles and names; empty when authentication is off."""
+        return parse_token_entries(self.tokens) if self.tokens is not None else []
 
 
 def parse_tokens(value: str) -> dict[str, bool]:
-    """``PARITY_TOKENS`` as token -> may write. Raises ``ValueError`` naming the entry for an unknown role,
-    an empty token, a token that is not printable ASCII, or a list with no token at all."""
-    roles: dict[str, bool] = {}
-    for entry in value.split(","):
+    """``PARITY_TOKENS`` as token -> may write (see ``parse_token_entries``)."""
+    return {e.token: e.can_write for e in parse_token_entries(value)}
+
+
+def parse_token_entries(value: str) -> list[TokenEntry]:
+    """``PARITY_TOKENS`` (``TOKEN[:ROLE[:NAME]]``, comma-separated) as entries. Raises ``ValueError`` naming
+    the entry for an unknown role, an empty token, a token that is not printable ASCII, a name that is not
+    1-64 of ``A-Za-z0-9._@+-``, or a list with no token at all. The message never quotes a token."""
+    entries: dict[str, TokenEntry] = {}
+    for number, entry in enumerate(value.split(","), 1):
         entry = entry.strip()
         if not entry:
             continue
-        token, sep, role = entry.partition(":")
-        token, role = token.strip(), role.strip().lower()
+        token, sep, rest = entry.partition(":")
+        role, has_name, name = rest.partition(":")
+        token, role, name = token.strip(), role.strip().lower(), name.strip()
+        where = f"PARITY_TOKENS entry {number}"
         if not token:
-            raise ValueError(f"PARITY_TOKENS entry {entry!r}: empty token")
+            raise ValueError(f"{where} ({entry!r}): empty token")
         if not (token.isascii() and token.isprintable()) or " " in token:
-            raise ValueError(f"PARITY_TOKENS entry {entry!r}: a token must be printable ASCII without spaces")
+            raise ValueError(f"{where}: a token must be printable ASCII without spaces")
         if sep and role not in TOKEN_ROLES:
-            raise ValueError(
-                f"PARITY_TOKENS entry {entry!r}: unknown role {role!r} (use {' or '.join(TOKEN_ROLES)})"
-            )
-        roles[token] = TOKEN_ROLES[role] if sep else True
-    if not roles:
+            raise ValueError(f"{where}: unknown role {role!r} (use {' or '.join(TOKEN_ROLES)})")
+        if has_name and not _TOKEN_NAME.fullmatch(name):
+            raise ValueError(f"{where}: name {name!r} must be 1-64 of A-Za-z0-9._@+-")
+        entries[token] = TokenEntry(token, TOKEN_ROLES[role] if sep else True, name or None)
+    if not entries:
         raise ValueError(f"PARITY_TOKENS={value!r} names no token; unset it to run without authentication")
-    return roles
+    return list(entries.values())
 
 
 def load_settings(**overrides: object) -> Settings:

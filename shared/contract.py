@@ -334,7 +334,8 @@ class ApiVerdict(_Response):
     verdict: Literal["new", "known"]
     failed_before: bool
     note: str | None = None
-    accepted_by: str | None = None
+    accepted_by: str | None = None  # the signed-in identity (token name or fingerprint)
+    author: str | None = None  # free text the acceptance named, not checked
 
 
 class RegressionsPublic(_Response):
@@ -352,6 +353,7 @@ class AcceptanceCreate(_Request):
 
     api: str = Field(min_length=1, max_length=1024)
     note: str = Field(min_length=1, max_length=4000)
+    #: Free text kept beside the note; who accepted is the signed-in identity, recorded by the server.
     author: str | None = Field(default=None, max_length=255)
 
 
@@ -359,7 +361,8 @@ class AcceptancePublic(_Response):
     project: str
     api: str
     note: str
-    accepted_by: str
+    accepted_by: str  # the signed-in identity: a token's name or fingerprint, or "anonymous"
+    author: str | None = None  # free text the request named, shown as such
     created_at: datetime
 
 

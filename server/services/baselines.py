@@ -166,6 +166,7 @@ class BaselineService:
             verdicts.append(ApiVerdict(
                 api=api, verdict="known" if known else "new", failed_before=api in before,
                 note=note.note if note else None, accepted_by=note.accepted_by if note else None,
+                author=note.author if note else None,
             ))  # fmt: skip
         new = sum(v.verdict == "new" for v in verdicts)
         return RegressionsPublic(
@@ -174,17 +175,19 @@ class BaselineService:
         )  # fmt: skip
 
     def accept(self, project: str, body: AcceptanceCreate, who: str) -> AcceptancePublic:
-        """Accept ``body.api`` in ``project`` with a note (again: the note is replaced)."""
-        by = body.author.strip() if body.author and body.author.strip() else who
+        """Accept ``body.api`` in ``project`` with a note (again: the note is replaced). ``who`` is the
+        authenticated identity and is what ``accepted_by`` records; ``body.author`` is free text kept
+        beside it, so no one can accept under another's name."""
+        author = body.author.strip() if body.author and body.author.strip() else None
         with self.db.write() as session:
             row = session.get(ApiAcceptance, (project, body.api))
             if row is None:
-                row = ApiAcceptance(project=project, api=body.api, note=body.note, accepted_by=by,
-                                    created_at=utcnow())  # fmt: skip
+                row = ApiAcceptance(project=project, api=body.api, note=body.note, accepted_by=who,
+                                    author=author, created_at=utcnow())  # fmt: skip
                 session.add(row)
             else:
-                row.note, row.accepted_by, row.created_at = body.note, by, utcnow()
-        return AcceptancePublic(project=project, api=body.api, note=body.note, accepted_by=by,
+                row.note, row.accepted_by, row.author, row.created_at = body.note, who, author, utcnow()
+        return AcceptancePublic(project=project, api=body.api, note=body.note, accepted_by=who, author=author,
                                 created_at=row.created_at)  # fmt: skip
 
     def acceptances(self, project: str) -> AcceptancesPublic:
@@ -193,7 +196,7 @@ class BaselineService:
                 select(ApiAcceptance).where(ApiAcceptance.project == project).order_by(ApiAcceptance.api)
             ).all()
             data = [AcceptancePublic(project=r.project, api=r.api, note=r.note, accepted_by=r.accepted_by,
-                                     created_at=r.created_at) for r in rows]  # fmt: skip
+                                     author=r.author, created_at=r.created_at) for r in rows]  # fmt: skip
         return AcceptancesPublic(data=data, count=len(data))
 
     # -- history and environment ------------------------------------------------------------------------

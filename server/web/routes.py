@@ -20,6 +20,7 @@ from parity.server.api.deps import (
     CallServiceDep,
     ComparisonServiceDep,
     RunServiceDep,
+    check_token,
 )
 from parity.server.errors import BadRequest, PayloadTooLarge, ServiceError
 from parity.server.schemas import (
@@ -30,15 +31,16 @@ from parity.server.schemas import (
     RunStatus,
     RunUpdate,
 )
+from parity.server.security.sessions import SessionStore
 from parity.server.services.comparisons import RowFilter
 from parity.server.web.auth import (
     SESSION_COOKIE,
     WebUser,
     check_form,
+    clear_session,
     current_user,
     require_writer,
-    token_digest,
-    token_role,
+    start_session,
 )
 from parity.server.web.render import render
 from parity.shared.contract import split_tag
@@ -91,25 +93,37 @@ async def login(request: Request) -> Response:
     form = await read_form(request)
     token = form.get("token", "").strip()
     target = _safe_next(form.get("next", "/"))
-    if not request.app.state.token_roles:
+    if not request.app.state.tokens.enabled:
         return back(target)
-    if not token or token_role(request, token) is None:
+    # The form's text as UTF-8 bytes: a non-ASCII or huge token is a wrong one, compared as REST compares.
+    found = await check_token(request, token.encode("utf-8"), "web") if token else None
+    if found is None:
         return render(request, "login.html", {"next": target, "error": "Unknown token.", "user": None},
                       status_code=401)  # fmt: skip
+    sessions: SessionStore = request.app.state.sessions
+    previous = request.cookies.get(SESSION_COOKIE)
+    if previous:
+        await run_in_threadpool(sessions.end, previous)
+    session_id = await run_in_threadpool(sessions.create, found.key, found.can_write)
     response = back(target)
-    signer = request.app.state.session_signer
-    response.set_cookie(
-        SESSION_COOKIE, signer.sign(token_digest(token)), max_age=int(signer.lifetime_s), httponly=True,
-        samesite="strict", path="/", secure=request.url.scheme == "https",
-    )  # fmt: skip
+    start_session(request, response, session_id)
     return response
 
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    await read_form(request)
+    """End this session (``everywhere=1``: every session of its token) and clear the cookie."""
+    form = await read_form(request)
+    sessions: SessionStore = request.app.state.sessions
+    session_id = request.cookies.get(SESSION_COOKIE, "")
+    if session_id:
+        info = await run_in_threadpool(sessions.get, session_id)
+        if info is not None and form.get("everywhere") == "1":
+            await run_in_threadpool(sessions.end_all_of, info.token_key)
+        else:
+            await run_in_threadpool(sessions.end, session_id)
     response = back("/login")
-    response.delete_cookie(SESSION_COOKIE, path="/")
+    clear_session(request, response)
     return response
 
 

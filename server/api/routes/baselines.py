@@ -4,11 +4,16 @@ history across the project's comparisons."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
-from parity.server.api.deps import JSON_BODY_LIMIT, BaselineServiceDep, CallServiceDep, ComparisonServiceDep
+from parity.server.api.deps import (
+    JSON_BODY_LIMIT,
+    BaselineServiceDep,
+    CallServiceDep,
+    ComparisonServiceDep,
+    identity,
+)
 from parity.server.errors import BadRequest
 from parity.server.schemas import (
     AcceptanceCreate,
@@ -25,14 +30,6 @@ from parity.server.schemas import (
 from parity.server.services.calls import first_divergence
 
 router = APIRouter(tags=["baselines"])
-
-
-def caller(request: Request) -> str:
-    """Who made a request, for an acceptance's ``accepted_by``: a short fingerprint of the bearer token
-    (never the token), or ``anonymous`` without one."""
-    _, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
-    return f"token {hashlib.sha256(token.encode()).hexdigest()[:8]}" if token else "anonymous"
 
 
 @router.patch("/runs/{run_id}", summary="Rename or retag a run, or make it its project's baseline",
@@ -78,7 +75,7 @@ def list_acceptances(project: str, baselines: BaselineServiceDep) -> Acceptances
 def accept_api(
     project: str, body: AcceptanceCreate, request: Request, baselines: BaselineServiceDep
 ) -> AcceptancePublic:
-    return baselines.accept(project, body, caller(request))
+    return baselines.accept(project, body, identity(request))
 
 
 @router.get("/projects/{project}/api-history", summary="One API's error across the project's comparisons")
