@@ -1,4 +1,4 @@
-"""The pure parts behind the pages: metric cells to numbers, rows to calls, signed sessions, the
+"""The pure parts behind the pages: metric cells to numbers, rows to calls, the guess throttle and tokens, the
 environment difference, safe redirects and shareable URLs."""
 
 from __future__ import annotations
@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from parity.server.errors import BadRequest
+from parity.server.errors import BadRequest, TooManyRequests
+from parity.server.security.throttle import GuessThrottle
+from parity.server.security.tokens import TokenRegistry
 from parity.server.services.baselines import environment_diff
 from parity.server.services.calls import first_divergence, parse_error, summarize_rows
-from parity.server.web.auth import SessionSigner
+from parity.server.settings import parse_token_entries
 from parity.server.web.routes import _parse_tags, _safe_next, query_url
 
 HEADER = ["NPU Name", "Bench Name", "Cosine", "MaxRelativeErr", "Parity Status"]
@@ -63,15 +65,35 @@ def test_first_divergence_prefers_the_localization() -> None:
     assert first_divergence(None, 0) is None
 
 
-def test_sessions_are_signed_and_expire() -> None:
-    signer = SessionSigner(b"k" * 32, lifetime_s=60)
-    cookie = signer.sign("digest", now=1000)
-    assert signer.verify(cookie, now=1059) == "digest"
-    assert signer.verify(cookie, now=1061) is None  # expired
-    assert SessionSigner(b"x" * 32, 60).verify(cookie, now=1000) is None  # another server's key
-    payload, mac = cookie.split(".")
-    assert signer.verify(payload[:-1] + ("A" if payload[-1] != "A" else "B") + "." + mac, now=1000) is None
-    assert signer.verify("garbage", now=1000) is None and signer.verify("", now=1000) is None
+def test_the_throttle_slows_then_blocks_one_address_for_its_window() -> None:
+    now = [1000.0]
+    throttle = GuessThrottle(limit=5, window_s=60, delay_s=0.5, clock=lambda: now[0])
+    delays = [throttle.failed("10.0.0.1", "REST") for _ in range(5)]
+    assert delays == [0, 0, 0, 0.5, 1.0]  # a typo or three cost nothing, then each one more
+    with pytest.raises(TooManyRequests) as info:
+        throttle.check("10.0.0.1")
+    assert info.value.retry_after == 60 and info.value.status_code == 429
+    throttle.check("10.0.0.2")  # another address is not held back
+    now[0] += 30
+    with pytest.raises(TooManyRequests) as info:
+        throttle.check("10.0.0.1")
+    assert info.value.retry_after == 30
+    now[0] += 30.5  # the oldest failures left the window
+    throttle.check("10.0.0.1")
+
+
+def test_tokens_match_as_bytes_and_are_fingerprinted_with_the_key() -> None:
+    entries = parse_token_entries("a" * 32 + ":rw:alice, " + "b" * 32 + ":ro")
+    registry = TokenRegistry(entries, b"k" * 32)
+    alice, viewer = registry.tokens
+    assert registry.match(b"a" * 32) is alice and registry.match(b"b" * 32) is viewer
+    for wrong in (b"", "sécret".encode(), b"\xff" * 32, b"a" * 33, b"a" * 100_000):
+        assert registry.match(wrong) is None
+    assert alice.identity == "alice" and viewer.identity == f"token {viewer.key[:12]}"
+    assert TokenRegistry(entries, b"x" * 32).tokens[1].key != viewer.key  # keyed: another server, another
+    assert registry.by_key(viewer.key) is viewer and registry.by_key("0" * 64) is None
+    with pytest.raises(ValueError, match="entry 1: name"):
+        parse_token_entries("abc:rw:bad name")
 
 
 def test_environment_diff_lists_settings_and_packages_apart() -> None:
