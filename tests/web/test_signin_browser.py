@@ -129,3 +129,28 @@ def test_a_queued_comparison_page_follows_its_status(
         pass
     assert p.locator("#table").count() == 0  # no rows before it succeeded
     assert page.console_errors == [] and page.foreign_requests() == []
+
+
+def test_signing_out_ends_the_session_on_the_server(
+    guarded: tuple[ServerProcess, dict[str, Any]], open_page: Any
+) -> None:
+    """The cookie saved before "Sign out" signs no one in after it; "Sign out everywhere" ends the token's
+    sessions in other browsers too."""
+    server, run = guarded
+    p = open_page(server.url).page
+    sign_in(p, server.url, RW, f"/runs/{run['id']}")
+    saved = next(c for c in p.context.cookies() if c["name"] == "parity_session")
+    p.locator("#sign-out").click()
+    p.wait_for_url(f"{server.url}/login")
+    assert not [c for c in p.context.cookies() if c["name"] == "parity_session"]
+    p.context.add_cookies([saved])
+    p.goto(server.url + "/", wait_until="networkidle")
+    assert "/login" in p.url
+
+    other = open_page(server.url).page
+    sign_in(other, server.url, RO)
+    sign_in(p, server.url, RO)
+    p.locator("#sign-out-everywhere").click()
+    p.wait_for_url(f"{server.url}/login")
+    other.goto(server.url + "/", wait_until="networkidle")
+    assert "/login" in other.url
