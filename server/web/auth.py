@@ -41,7 +41,6 @@ class WebUser:
     csrf: str
     auth_on: bool
     who: str  # a token's name, "token " + its keyed fingerprint, or "anonymous"
-    token_key: str | None = None
 
 
 def cookie_attributes(request: Request) -> dict[str, Any]:
@@ -93,8 +92,7 @@ def current_user(request: Request) -> WebUser:
     if token is None:  # removed from PARITY_TOKENS (or the server key changed): the session ends here
         sessions.end(session_id)
         raise LoginRequired()
-    return WebUser(can_write=info.can_write and token.can_write, csrf=csrf, auth_on=True, who=token.identity,
-                   token_key=token.key)  # fmt: skip
+    return WebUser(can_write=info.can_write and token.can_write, csrf=csrf, auth_on=True, who=token.identity)
 
 
 def check_form(request: Request, form: dict[str, str]) -> None:
