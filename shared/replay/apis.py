@@ -1,8 +1,8 @@
 """Which recorded calls the float64 replay may run, and the callable each one names.
 
 A dump is untrusted input, so its API names are never evaluated or imported: each name is looked up in a
-fixed allow-list below, per msprobe prefix (``Torch``, ``Functional``, ``Tensor``, ``VF``), and the callable is
-taken with ``getattr`` from one of a few namespaces imported here (``torch``, ``torch.nn.functional``,
+fixed allow-list below, per msprobe prefix (``Torch``, ``Functional``, ``Tensor``, ``VF``), and the callable
+is taken with ``getattr`` from one of a few namespaces imported here (``torch``, ``torch.nn.functional``,
 ``torch.Tensor``, ``torch.linalg``, ``torch.special``, ``torch._VF``). A name outside the list is refused with
 its reason: a custom op (another prefix: ``NPU``, ``MindSpeed``, ``Distributed``, a user prefix), randomness
 (dropout that is on, ``rand*``, ``bernoulli``...), or an API not on the list.

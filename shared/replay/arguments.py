@@ -23,13 +23,15 @@ from parity.shared.tensor_io import load_torch_tensor
 __all__ = ["RecordedCall", "is_tensor_leaf", "tensor_file_names"]
 
 _SCALAR_TYPES = frozenset(("bool", "int", "float", "str"))
-_NUMPY_SCALARS = frozenset(("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_"))
+_NUMPY_SCALARS = frozenset("float16 float32 float64 int8 int16 int32 int64 uint8 bool_".split())
 _DTYPES: dict[str, torch.dtype] = {
     str(d): d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
                         torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 }  # fmt: skip
-_MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
-                   "channels_last_3d": torch.channels_last_3d, "preserve_format": torch.preserve_format}  # fmt: skip
+_MEMORY_FORMATS = {
+    "contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d, "preserve_format": torch.preserve_format,
+}  # fmt: skip
 _MAX_DEPTH = 64
 
 
@@ -125,8 +127,9 @@ class RecordedCall:
                 )
 
     def value(self, record: Any, what: str, *, float64: bool, grad: bool = False, depth: int = 0) -> Any:
-        """One recorded argument as the value the call received (tensors loaded). ``grad``: a floating tensor
-        recorded with ``requires_grad`` takes part in autograd (as a copy, so in-place calls may change it)."""
+        """One recorded argument as the value the call received (tensors loaded). ``grad``: a floating
+        tensor recorded with ``requires_grad`` takes part in autograd (a copy: in-place calls may alter
+        it)."""
         if depth > _MAX_DEPTH:
             raise ReplayRefusal(f"{self.where} {what}: nested too deeply")
         if record is None:

@@ -39,7 +39,6 @@ from parity.shared.replay.arguments import RecordedCall, is_tensor_leaf, tensor_
 from parity.shared.replay.rounding import reduction_length, rounding_allowance
 
 __all__ = [
-    "REPLAY_TOP",
     "Allowance",
     "DumpSide",
     "ReplayVerdict",
@@ -51,8 +50,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: How many top suspects a compare replays (and the first divergence).
-REPLAY_TOP = 10
 #: Elements one side's replay may load or produce (float64: 512 MiB); a larger call is refused.
 DEFAULT_MAX_ELEMENTS = 2**26
 #: ``allowance(dtype, K)``: the rounding a correct kernel may add (swap in a fuller expected-error model).
@@ -89,7 +86,9 @@ class SideReplay:
     @property
     def off(self) -> bool:
         """The recorded output is farther from its replay than rounding allows."""
-        return self.distance is not None and self.allowance is not None and not self.distance <= self.allowance
+        if self.distance is None or self.allowance is None:
+            return False
+        return not self.distance <= self.allowance  # a NaN distance is off
 
     def as_dict(self) -> dict[str, object]:
         return {"distance": _finite(self.distance), "allowance": self.allowance, "dtype": self.dtype,
@@ -109,8 +108,11 @@ class ReplayVerdict:
 
     def as_dict(self) -> dict[str, object]:
         """Plain JSON values (the summary file, the server)."""
-        return {"entry": self.entry, "direction": self.direction, "verdict": self.verdict.value,
-                "text": self.text, "target": self.target.as_dict(), "bench": self.bench.as_dict()}  # fmt: skip
+        return {
+            "entry": self.entry, "direction": self.direction, "verdict": self.verdict.value,
+            "text": self.text,
+            "target": self.target.as_dict(), "bench": self.bench.as_dict(),
+        }  # fmt: skip
 
 
 def _finite(value: float | None) -> float | str | None:
@@ -198,10 +200,11 @@ def _bound_size(func: Callable[..., Any], api: str, args: list[Any], kwargs: dic
     except Exception as exc:  # noqa: BLE001 - no meta kernel, or a data-dependent shape
         if api in _BOUNDED_WITHOUT_META:
             return
-        raise ReplayRefusal(f"the size of its replay cannot be bounded beforehand ({type(exc).__name__})") from None
+        why = f"the size of its replay cannot be bounded beforehand ({type(exc).__name__})"
+        raise ReplayRefusal(why) from None
     total = sum(int(t.numel()) for t in _tensors(out, []) if t is not None)
     if total > max_elements:
-        raise ReplayRefusal(f"its replay would produce {total} elements, over the {max_elements} a replay may")
+        raise ReplayRefusal(f"its replay would produce {total} elements, over the cap of {max_elements}")
 
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -209,7 +212,8 @@ def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> 
         return func(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the recorded arguments do not make a valid float64 CPU call
         message = " ".join(str(exc).split())[:200]
-        raise ReplayRefusal(f"the call fails on the CPU in float64: {type(exc).__name__}: {message}") from None
+        why = f"the call fails on the CPU in float64: {type(exc).__name__}: {message}"
+        raise ReplayRefusal(why) from None
 
 
 def _distance(recorded: torch.Tensor, replay: torch.Tensor) -> float:
@@ -277,7 +281,8 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
     fwd = side.entry(forward)
     raw_args, raw_kwargs = fwd.get("input_args") or [], fwd.get("input_kwargs") or {}
     if isinstance(raw_args, list) and isinstance(raw_kwargs, dict):
-        why = is_random(prefix, api, [_plain(a) for a in raw_args], {k: _plain(v) for k, v in raw_kwargs.items()})
+        plain_kwargs = {k: _plain(v) for k, v in raw_kwargs.items()}
+        why = is_random(prefix, api, [_plain(a) for a in raw_args], plain_kwargs)
         if why is not None:
             raise ReplayRefusal(f"randomness: {why}; no replay reproduces its output")
     func = resolve(prefix, api)
@@ -300,18 +305,21 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
         anchor = next((t for t in out if t is not None and t.grad_fn is not None), None)
         if anchor is None:
             raise ReplayRefusal("the replay builds no autograd node (no input that requires grad)")
-        node = anchor.grad_fn
+        node: Any = anchor.grad_fn  # an autograd Node: calling it runs its backward function
         try:
             grads_in = node(*grads_out)
         except Exception as exc:  # noqa: BLE001 - the recorded gradients do not fit the node
             message = " ".join(str(exc).split())[:160]
-            raise ReplayRefusal(f"the recorded backward does not fit the replay's {type(node).__name__} "
-                                f"({len(grads_out)} output gradients recorded): {message}") from None  # fmt: skip
+            why = (f"the recorded backward does not fit the replay's {type(node).__name__} "
+                   f"({len(grads_out)} output gradients recorded): {message}")  # fmt: skip
+            raise ReplayRefusal(why) from None
         replayed = list(grads_in) if isinstance(grads_in, (list, tuple)) else [grads_in]
         if len(replayed) != len(recorded):
-            raise ReplayRefusal(f"the recorded backward has {len(recorded)} input gradients, the replay's "
-                                f"{type(node).__name__} gives {len(replayed)}: the recorded autograd graph is "
-                                "another one (another kernel, or a wrapper around the call)")  # fmt: skip
+            raise ReplayRefusal(
+                f"the recorded backward has {len(recorded)} input gradients, the replay's "
+                f"{type(node).__name__} gives {len(replayed)}: the recorded autograd graph is another one "
+                "(another kernel, or a wrapper around the call)"
+            )
         distance, dtype = _judge(recorded, replayed, "input gradients")
         k = reduction_length(api, args, kwargs, [t for t in out if t is not None],
                              [g for g in grads_out if g is not None])  # fmt: skip
@@ -361,11 +369,11 @@ def verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay
     elif bench.off:
         verdict, tail = Verdict.BENCH, "the bench's kernel is wrong"
     elif target.replayed and bench.replayed:
-        verdict, tail = Verdict.NEITHER, "both kernels agree with float64 within rounding (the difference comes " \
-                                         "from their inputs)"
+        verdict = Verdict.NEITHER
+        tail = "both kernels agree with float64 within rounding (the difference comes from their inputs)"
     else:
-        verdict, tail = Verdict.UNDECIDED, f"the {shown.side}'s kernel is within rounding; the other side is " \
-                                           "not replayed"
+        verdict = Verdict.UNDECIDED
+        tail = f"the {shown.side}'s kernel is within rounding; the other is not replayed"
     return ReplayVerdict(entry, direction, verdict, target, bench, f"{head}: {tail}")
 
 

@@ -76,7 +76,7 @@ def _forward_length(api: str, args: Sequence[Any], kwargs: Mapping[str, Any],
     if api in _MATMUL:
         operand = tensors[1] if api in _MATMUL_SECOND and len(tensors) > 1 else first
         return int(operand.shape[-1]) if operand.dim() else 1
-    if api == "einsum" and len(tensors) > 1:  # the contracted size: what the operands hold that the output lacks
+    if api == "einsum" and len(tensors) > 1:  # the contracted size: what the operands span beyond the output
         out = max((_numel(o) for o in outputs), default=1)
         return max(1, math.prod(_numel(t) for t in tensors) // max(out, 1))
     if api in _CONV and len(tensors) > 1:
@@ -114,8 +114,13 @@ def _forward_length(api: str, args: Sequence[Any], kwargs: Mapping[str, Any],
     return max(1, max(_numel(t) for t in tensors) // max(out, 1))
 
 
-def reduction_length(api: str, args: Sequence[Any], kwargs: Mapping[str, Any],
-                     outputs: Sequence[torch.Tensor], grads_of_outputs: Sequence[torch.Tensor] = ()) -> int:  # fmt: skip
+def reduction_length(
+    api: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    outputs: Sequence[torch.Tensor],
+    grads_of_outputs: Sequence[torch.Tensor] = (),
+) -> int:
     """K: the longest reduction of the call, from its recorded arguments and output shapes.
 
     Matmul-class calls: the contracted dimension; convolutions C_in x kh x kw; norms the normalized size;
