@@ -91,6 +91,9 @@ def dump_model(root: Path, *, gelu: Callable[..., torch.Tensor] | None = None,
     if input_noise:
         x = x + input_noise * torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
     original = F.gelu
+    # torch names callables from an index built on first use: build it with the real gelu, or a wrapper
+    # installed first would take the name ``Functional.gelu`` for good
+    torch.overrides.resolve_name(original)
     if gelu is not None:
         F.gelu = gelu
     PrecisionDebugger.reset()
