@@ -1,5 +1,5 @@
-"""``parity replay -i compare.json ENTRY...``: one verdict per entry, ``--json``, and exit code 2 with one line
-for a bad request (unknown entry, not an entry name, bad compare.json, step directories without a rank)."""
+"""``parity replay -i compare.json ENTRY...``: one verdict per entry, ``--json``, and exit code 2 with one
+line for a bad request (unknown entry, not an entry name, bad compare.json, step directories without a rank)."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ def test_a_bad_request_is_one_line_and_exit_2(spec: Path, capsys: pytest.Capture
     assert len(err) == 1 and err[0].startswith("parity replay: error: ") and fragment in err[0], err
 
 
-def test_a_bad_compare_json_and_step_directories_without_a_rank(tmp_path: Path, spec: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_bad_compare_json_and_step_directories_without_a_rank(
+    tmp_path: Path, spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = write_compare_json(tmp_path / "c.json", tmp_path / "nope" / "dump.json", tmp_path / "dump.json")
     assert main(["replay", "-i", str(missing), GELU]) == 2
     assert "'npu_path'" in capsys.readouterr().err
