@@ -1,5 +1,5 @@
 """``parity replay -i compare.json ENTRY...``: one verdict per entry, ``--json``, and exit code 2 with one
-line for a bad request (unknown entry, not an entry name, bad compare.json, step directories without a rank)."""
+line for a bad request (unknown entry, not an entry name, bad compare.json, step directories and no rank)."""
 
 from __future__ import annotations
 
