@@ -5,7 +5,6 @@ beside its suspect. Dumps are made by Parity's client; the target's gelu kernel 
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 import httpx
 import pytest
