@@ -28,7 +28,8 @@ def comparison(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) 
     return done
 
 
-def test_the_verdicts_are_stored_with_the_comparison(api: httpx.Client, comparison: dict[str, object]) -> None:
+def test_the_verdicts_are_stored_with_the_comparison(api: httpx.Client, comparison: dict[str, object]
+                                                     ) -> None:  # fmt: skip
     cid = comparison["id"]
     summary = comparison["summary"]
     assert isinstance(summary, dict)
