@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 
 REPLAY_TOP = 10  # the engine's REPLAY_TOP, kept here so that a compare without tensors never imports torch
 NO_TENSORS_NOTE = "{mode} mode: no float64 replay (the dumps hold no tensors)"
-#: ``stage(target files, bench files)``: fetch the named ``dump_tensor_data`` files before the replay reads
-#: them (a server worker that compared a slice of the rank holds only that slice's files).
+#: ``stage(target files, bench files)``: fetch the named ``dump_tensor_data`` files, which the folder lacks,
+#: before the replay reads them (a server worker that compared a slice of a rank holds that slice's files).
 StageFiles = Callable[[Sequence[str], Sequence[str]], None]
 
 
@@ -40,6 +40,14 @@ def replay_entries_of(result: CompareResult, limit: int = REPLAY_TOP) -> list[st
     if limit > 0 and first is not None and first.api not in entries:
         entries.append(first.api)
     return entries
+
+
+def _lacking(dump_json: str | Path, entries: Sequence[str]) -> list[str]:
+    """The tensor files a replay of ``entries`` reads that are not in the dump's folder yet."""
+    from parity.shared.replay.engine import replay_files
+
+    folder = Path(dump_json).parent / "dump_tensor_data"
+    return [name for name in replay_files(dump_json, entries) if not (folder / name).exists()]
 
 
 def replay_summary(
@@ -58,11 +66,11 @@ def replay_summary(
     entries = replay_entries_of(result, limit)
     if not entries:
         return {"verdicts": [], "note": "no suspect to replay"}
-    from parity.shared.replay.engine import replay_calls, replay_files
+    from parity.shared.replay.engine import replay_calls
 
     try:
         if stage is not None:
-            stage(replay_files(npu_dump, entries), replay_files(bench_dump, entries))
+            stage(_lacking(npu_dump, entries), _lacking(bench_dump, entries))
         verdicts = replay_calls(npu_dump, bench_dump, entries)
     except ParityError as exc:
         logger.warning("float64 replay not run: %s", exc)
