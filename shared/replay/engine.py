@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 #: Elements one side's replay may load or produce (float64: 512 MiB); a larger call is refused.
 DEFAULT_MAX_ELEMENTS = 2**26
+#: Floating-point operations one side's replay may take (about a minute of float64 on one CPU core).
+MAX_FLOPS = 2**36
 #: ``allowance(dtype, K)``: the rounding a correct kernel may add (swap in a fuller expected-error model).
 Allowance = Callable[[torch.dtype, int], float]
 _BOUNDED_WITHOUT_META = frozenset(("__getitem__",))  # data-dependent shapes, never larger than the input
@@ -194,8 +196,10 @@ def _to_meta(value: Any) -> Any:
 def _bound_size(func: Callable[..., Any], api: str, args: list[Any], kwargs: dict[str, Any],
                 max_elements: int) -> None:  # fmt: skip
     """Infer the replay's output sizes on the meta device (nothing allocated); refuse a replay too large."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     try:
-        with torch.no_grad():
+        with torch.no_grad(), FlopCounterMode(display=False) as flops:
             out = func(*_to_meta(args), **_to_meta(kwargs))
     except Exception as exc:  # noqa: BLE001 - no meta kernel, or a data-dependent shape
         if api in _BOUNDED_WITHOUT_META:
@@ -205,6 +209,10 @@ def _bound_size(func: Callable[..., Any], api: str, args: list[Any], kwargs: dic
     total = sum(int(t.numel()) for t in _tensors(out, []) if t is not None)
     if total > max_elements:
         raise ReplayRefusal(f"its replay would produce {total} elements, over the cap of {max_elements}")
+    work = flops.get_total_flops()  # matmul, conv, attention: where a crafted shape could cost hours
+    if work > MAX_FLOPS:
+        raise ReplayRefusal(f"its replay would take {work:.1e} floating-point operations, over the cap of "
+                            f"{MAX_FLOPS:.1e}")  # fmt: skip
 
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:

@@ -13,7 +13,7 @@ import torch
 from parity.shared.compare.job import run_compare
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.spec import load_compare_spec
-from parity.shared.replay import apis
+from parity.shared.replay import apis, engine
 from parity.shared.replay.apis import ReplayRefusal, resolve
 from parity.shared.replay.engine import Verdict, replay_calls, replay_files
 from parity.shared.replay.rounding import rounding_allowance
@@ -185,9 +185,14 @@ def test_unsafe_tensor_files_and_names_are_refused(dumps: dict[str, Path], tmp_p
     assert v.target.refusal is not None and "is not a plain file name" in v.target.refusal
 
 
-def test_a_replay_too_large_is_refused_before_it_runs(dumps: dict[str, Path]) -> None:
+def test_a_replay_too_large_is_refused_before_it_runs(dumps: dict[str, Path],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     v = one(dumps["bench"], dumps["bench"], "Functional.linear.0.forward", max_elements=100)
     assert v.verdict is Verdict.NOT_REPLAYED and "elements" in v.text, v.text
+    monkeypatch.setattr(engine, "MAX_FLOPS", 1000)  # the linear takes 6 x 8 x 16 x 2 = 1536
+    v = one(dumps["bench"], dumps["bench"], "Functional.linear.0.forward")
+    assert v.text == ("not replayed: its replay would take 1.5e+03 floating-point operations, over the cap of "
+                      "1.0e+03"), v.text  # fmt: skip
 
 
 def test_the_allowance_grows_with_the_reduction_and_the_dtype(dumps: dict[str, Path]) -> None:
