@@ -191,8 +191,8 @@ def test_a_replay_too_large_is_refused_before_it_runs(dumps: dict[str, Path],
     assert v.verdict is Verdict.NOT_REPLAYED and "elements" in v.text, v.text
     monkeypatch.setattr(engine, "MAX_FLOPS", 1000)  # the linear takes 6 x 8 x 16 x 2 = 1536
     v = one(dumps["bench"], dumps["bench"], "Functional.linear.0.forward")
-    assert v.text == ("not replayed: its replay would take 1.5e+03 floating-point operations, over the cap of "
-                      "1.0e+03"), v.text  # fmt: skip
+    expected = "its replay would take 1.5e+03 floating-point operations, over the cap of 1.0e+03"
+    assert v.text == f"not replayed: {expected}", v.text
 
 
 def test_the_allowance_grows_with_the_reduction_and_the_dtype(dumps: dict[str, Path]) -> None:
