@@ -11,7 +11,6 @@ from it would blame the kernel for the overwrite.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,8 +189,7 @@ class RecordedCall:
                   for k, v in raw_kwargs.items() if k != "out"}  # fmt: skip
         return args, kwargs
 
-    def tensors_of(self, records: Any, what: str, *, float64: bool,
-                   keep: Callable[[Any], bool] = is_tensor_leaf) -> list[torch.Tensor | None]:  # fmt: skip
+    def tensors_of(self, records: Any, what: str, *, float64: bool) -> list[torch.Tensor | None]:
         """A recorded list (an output, a backward's gradients), flattened to its tensors in order; None where
         the record holds no tensor."""
         if not isinstance(records, list):
@@ -199,8 +197,8 @@ class RecordedCall:
         flat: list[torch.Tensor | None] = []
         for i, record in enumerate(records):
             if isinstance(record, list):
-                flat.extend(self.tensors_of(record, f"{what}.{i}", float64=float64, keep=keep))
-            elif keep(record):
+                flat.extend(self.tensors_of(record, f"{what}.{i}", float64=float64))
+            elif is_tensor_leaf(record):
                 flat.append(self.value(record, f"{what}.{i}", float64=float64))
             else:
                 flat.append(None)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from parity.shared.dump.naming import parse_entry
 from parity.shared.dump.reader import read_json
-from parity.shared.errors import CompareInputError, DumpError
+from parity.shared.errors import DumpError
 from parity.shared.replay.apis import ReplayRefusal, is_random, resolve
 from parity.shared.replay.arguments import RecordedCall, is_tensor_leaf, tensor_file_names
 from parity.shared.replay.rounding import reduction_length, rounding_allowance
@@ -185,9 +185,10 @@ def _tensors(value: Any, out: list[torch.Tensor | None]) -> list[torch.Tensor | 
 def _to_meta(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return torch.empty(value.shape, dtype=value.dtype, device="meta")
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_meta(v) for v in value) if isinstance(value, list) else tuple(
-            _to_meta(v) for v in value)  # fmt: skip
+    if isinstance(value, list):
+        return [_to_meta(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_to_meta(v) for v in value)
     if isinstance(value, dict):
         return {k: _to_meta(v) for k, v in value.items()}
     return value
@@ -423,9 +424,3 @@ def replay_files(dump_json: str | Path, entries: Sequence[str]) -> list[str]:
                 tensor_file_names(record, names)
     return list(dict.fromkeys(names))
 
-
-def check_entries(known: Mapping[str, Any], entries: Sequence[str], where: str) -> None:
-    """Refuse, as a request error, entry names that are in neither dump (a typo, not a refusal)."""
-    unknown = [e for e in entries if e not in known]
-    if unknown:
-        raise CompareInputError(f"{where}: no entry {', '.join(unknown)} in the target dump.json")
