@@ -71,3 +71,17 @@ def test_a_bad_compare_json_and_step_directories_without_a_rank(
     assert "choose a rank with --rank ([0])" in capsys.readouterr().err
     assert main(["replay", "-i", str(tmp_path / "steps.json"), GELU, "--rank", "0"]) == 0
     assert capsys.readouterr().out.startswith(f"{GELU}: [target]")
+
+
+def test_parity_compare_prints_the_replay_of_its_suspects(
+    spec: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["compare", "-i", str(spec), "-o", str(tmp_path / "out"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "  Float64 replay (each side's recorded output against its own inputs" in out
+    assert f"  - [target] {GELU}: target output " in out
+    off = ["compare", "-i", str(spec), "-o", str(tmp_path / "off"), "--no-progress", "--replay", "0"]
+    assert main(off) == 0
+    assert "Float64 replay" not in capsys.readouterr().out
+    assert main(["compare", "-i", str(spec), "-o", str(tmp_path / "bad"), "--replay", "-1"]) == 2
+    assert "--replay must be 0 or more" in capsys.readouterr().err
