@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from parity.client import PrecisionDebugger
 from parity.shared.compare.job import run_compare
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.spec import load_compare_spec
@@ -236,3 +237,27 @@ def test_statistics_mode_says_once_that_there_is_no_replay(tmp_path: Path) -> No
     assert summary["replay"] == {"verdicts": [], "note": "statistics mode: no float64 replay (the dumps hold "
                                                          "no tensors)"}  # fmt: skip
     assert outputs.advisors[0].read_text().count("no float64 replay") == 1
+
+
+@pytest.mark.parametrize("kind", ["cnn", "lstm", "transformer"])
+def test_every_call_of_the_client_test_models_replays_clean(tmp_path: Path, kind: str) -> None:
+    """A convolution and a batch norm (the conv's bias gradient cancels to rounding), ``VF.lstm`` and an
+    indexed output, embedding and attention: a correct run is never blamed; the rest says why not."""
+    from tests.client.conftest import dump_once
+
+    root = dump_once(tmp_path, kind, "L1", task="tensor")
+    PrecisionDebugger.reset()
+    dump = root / "step0" / "rank0" / "dump.json"
+    names = list(json.loads(dump.read_text())["data"])
+    verdicts = {v.entry: v for v in replay_calls(dump, dump, names)}
+    assert {v.verdict for v in verdicts.values()} <= {Verdict.NEITHER, Verdict.NOT_REPLAYED}, [
+        v.text for v in verdicts.values() if v.verdict not in (Verdict.NEITHER, Verdict.NOT_REPLAYED)]
+    refused = [v.text for v in verdicts.values() if v.verdict is not Verdict.NEITHER]
+    assert len(refused) <= 3, refused  # dropout (both ways), Torch.ones_like / Torch.zeros, an int add_
+    keys = {
+        "cnn": ("Functional.conv2d.0.backward", "Functional.batch_norm.0.backward"),
+        "lstm": ("VF.lstm.0.forward", "VF.lstm.0.backward", "Tensor.__getitem__.0.forward"),
+        "transformer": ("Functional.embedding.0.backward", "Tensor.__matmul__.1.backward"),
+    }[kind]
+    for key in keys:
+        assert verdicts[key].verdict is Verdict.NEITHER, verdicts[key].text
