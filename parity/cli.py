@@ -16,6 +16,7 @@ from collections.abc import Sequence
 # name -> (module under parity.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("compare", "compare two dumps described by a compare.json (no server needed)"),
+    "replay": ("replay", "run recorded calls again on the CPU in float64: which side's kernel is wrong"),
     "server": ("server", "run the Parity server (FastAPI under uvicorn)"),
     "db": ("db", "database maintenance: 'parity db upgrade' runs the migrations"),
     "upload": ("upload", "upload an existing dump directory to a server"),

@@ -50,6 +50,9 @@ __all__ = [
     "MAX_INDEX",
     "MAX_METADATA_DEPTH",
     "RankTaskPublic",
+    "ReplaySidePublic",
+    "ReplayVerdictPublic",
+    "ReplayVerdictsPublic",
     "RowPublic",
     "RowsPublic",
     "RunCreate",
@@ -246,6 +249,36 @@ class SuspectPublic(_Response):
     collectives_before: int = 0  # collectives the rank ran before this call (who diverged first)
 
 
+class ReplaySidePublic(_Response):
+    """One side of a float64 replay: how far its recorded output is from the replay, or why not replayed."""
+
+    distance: float | str | None = None  # ||recorded - replay|| / ||replay||; "inf" / "nan" as text
+    allowance: float | None = None  # what rounding explains for its dtype and reduction length
+    dtype: str | None = None
+    reduction_length: int | None = None
+    refusal: str | None = None
+
+
+class ReplayVerdictPublic(_Response):
+    """The float64 replay of one call (a top suspect or the first divergence): whose kernel is wrong."""
+
+    entry: str
+    direction: str
+    verdict: str  # target, bench, both, neither, undecided, not-replayed
+    text: str
+    target: ReplaySidePublic
+    bench: ReplaySidePublic
+    compare_rank: int = 0
+
+
+class ReplayVerdictsPublic(_Response):
+    """``GET /comparisons/{id}/replay``: the verdicts stored with the comparison, and why a rank has none."""
+
+    data: list[ReplayVerdictPublic]
+    count: int
+    notes: list[str] = Field(default_factory=list)
+
+
 class ComparisonSummary(_Response):
     """The verdict of a succeeded comparison, over every compared rank."""
 
@@ -258,6 +291,8 @@ class ComparisonSummary(_Response):
     mode: str
     status_counts: dict[str, int] = Field(default_factory=dict)
     skipped_ranks: list[int] = Field(default_factory=list)  # in both runs, but a side has no dump.json
+    replay: list[ReplayVerdictPublic] = Field(default_factory=list)  # the top suspects' float64 replays
+    replay_notes: list[str] = Field(default_factory=list)  # why a rank has no replay (statistics mode)
 
 
 class RankTaskPublic(_Response):

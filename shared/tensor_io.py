@@ -127,7 +127,26 @@ def load_tensor(path: Path, *, max_bytes: int | None = None) -> np.ndarray:
     return np.squeeze(array)
 
 
-def _load_pt_with_torch(path: Path) -> np.ndarray:
+def load_torch_tensor(path: Path, *, max_bytes: int | None = None) -> Any:
+    """Load one dumped tensor as a CPU ``torch.Tensor`` in its own dtype and shape (the float64 replay needs
+    both), with the same refusals as :func:`load_tensor`: weights-only ``torch.load``, the size and element
+    caps, dense tensors only. A ``.npy`` file is read with ``allow_pickle=False`` and wrapped."""
+    import torch
+
+    path = Path(path)
+    _check_size(path, max_bytes)
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        array = np.array(_load_npy(path))  # a private copy: the memory map is read-only
+        _check_elements(path, tuple(array.shape))
+        return torch.from_numpy(array)
+    if suffix != ".pt":
+        raise DumpError(path, f"unsupported tensor file type {suffix or '(none)'!r}: expected .pt or .npy")
+    return _load_pt_tensor(path)
+
+
+def _load_pt_tensor(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` of a file that must hold one dense tensor; returned detached."""
     import torch  # lazily: the compare engine runs without torch for .npy dumps and statistics mode
 
     try:
@@ -152,6 +171,13 @@ def _load_pt_with_torch(path: Path) -> np.ndarray:
     tensor = obj.detach()
     if tensor.layout is not torch.strided:
         raise DumpError(path, f"holds a {tensor.layout} tensor; only dense tensors are compared")
+    return tensor
+
+
+def _load_pt_with_torch(path: Path) -> np.ndarray:
+    import torch
+
+    tensor = _load_pt_tensor(path)
     if tensor.is_floating_point() and tensor.dtype not in (torch.float16, torch.float32, torch.float64):
         tensor = tensor.float()  # bfloat16 and the float8 family: numpy has no such dtype
     try:

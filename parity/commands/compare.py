@@ -130,6 +130,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the xlsx without red/yellow row fills",
     )
     parser.add_argument(
+        "--replay",
+        type=int,
+        default=10,
+        metavar="N",
+        help="tensor mode: replay the top N suspects and the first divergence on the CPU in float64 and say "
+        "which side's kernel is wrong (default 10; 0: no replay)",
+    )
+    parser.add_argument(
         "--no-progress", dest="progress", action="store_false", help="never draw the progress bar on stderr"
     )
 
@@ -156,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
     from parity.shared.compare.spec import load_compare_spec
     from parity.shared.errors import CompareInputError
 
+    if args.replay < 0:
+        raise CompareInputError(f"--replay must be 0 or more, got {args.replay}")
     if args.workers is not None and args.workers < 1:
         raise CompareInputError(f"--workers must be at least 1, got {args.workers}")
     if args.data_mapping is not None:
@@ -170,14 +180,16 @@ def run(args: argparse.Namespace) -> int:
     from parity.process_policy import collector_paused, metric_executor
     from parity.shared.compare.job import run_compare
     from parity.shared.compare.options import CompareOptions
+    from parity.shared.replay.text import replay_lines
     from parity.shared.report.advisor import suspect_lines
 
     bar = ProgressBar("compare") if args.progress else None
     try:
         with collector_paused(), metric_executor(args.workers) as executor:
             options = CompareOptions(
-                fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, executor=executor
-            )
+                fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, executor=executor,
+                replay_top=args.replay,
+            )  # fmt: skip
             outputs = run_compare(
                 spec,
                 args.output_path,
@@ -203,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
                 out.write(f"  {line}\n" if line else "\n")
         else:
             out.write(f"{where}no suspect: {result.advice.text}\n")
+        for line in replay_lines(result.replay):
+            out.write(f"  {line}\n")
     for rank in outputs.npu_only_ranks:
         out.write(f"rank {rank}: only in the NPU dump, not compared\n")
     for rank in outputs.bench_only_ranks:

@@ -332,7 +332,9 @@ class TaskRunner:
             parts.append(table if j == k else decode_part(b"".join(self.store.iter_bytes(key)), source=key))
         lease.check()
         xlsx, advisor = out_dir / "report.xlsx", out_dir / "advisor.txt"
-        return finish_rank(pair, parts, xlsx_path=xlsx, advisor_path=advisor)
+        # the replay of the rank's top suspects reads their tensor files: fetch those this slice lacks
+        return finish_rank(pair, parts, xlsx_path=xlsx, advisor_path=advisor, replay_top=options.replay_top,
+                           stage_files=files.stage)  # fmt: skip
 
     def _tmp_root(self) -> Path:
         # Beside the blobs on a file store, so the hard links of the staging folder stay on one filesystem.
@@ -629,13 +631,27 @@ def comparison_summary(rank_docs: Sequence[dict[str, Any]], *, skipped: Sequence
         for rank in doc["ranks"]:
             if rank["rank"] == origin["rank"] and rank.get("first_divergence"):
                 first = {**rank["first_divergence"], "compare_rank": rank["rank"]}
+    replay, notes = _replay_of(doc["ranks"])
     return {
+        "replay": replay, "replay_notes": notes,
         "rows": sum(counts.values()), "failing_rows": sum(counts[s] for s in _FAILING),
         "failing_apis": list(failing_apis), "top_suspects": suspects[:TOP_SUSPECTS],
         "first_divergence": first,
         "ranks": doc["compared_ranks"], "mode": doc["mode"] or "none", "status_counts": counts,
         "skipped_ranks": doc["skipped_ranks"],
     }  # fmt: skip
+
+
+def _replay_of(ranks: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every rank's float64 replay verdicts (with their rank), and the distinct notes of ranks without."""
+    verdicts: list[dict[str, Any]] = []
+    notes: dict[str, None] = {}
+    for rank in ranks:
+        doc = rank.get("replay") or {}
+        verdicts += [{**v, "compare_rank": rank["rank"]} for v in doc.get("verdicts") or []]
+        if doc.get("note"):
+            notes.setdefault(str(doc["note"]))
+    return verdicts, list(notes)
 
 
 def _row_name(cells: list[Any]) -> str:

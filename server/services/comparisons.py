@@ -34,6 +34,7 @@ from parity.server.schemas import (
     ComparisonsPublic,
     ComparisonSummary,
     RankTaskPublic,
+    ReplayVerdictsPublic,
 )
 from parity.server.services.runs import resolve_run
 from parity.server.store import BlobStore, comparison_key
@@ -442,6 +443,18 @@ class ComparisonService:
         ).all()  # fmt: skip
         return {(int(rank), status): int(n or 0)
                 for rank, *sums in per_rank for status, n in zip(statuses, sums, strict=True)}  # fmt: skip
+
+    def replay(self, comparison_id: str, *, rank: int | None = None, entry: str | None = None
+               ) -> ReplayVerdictsPublic:  # fmt: skip
+        """The float64 replay verdicts stored with a succeeded comparison (its top suspects and first
+        divergence, each side against its own inputs), narrowed to one rank or entry."""
+        c = self.get(comparison_id)
+        if c.status != "succeeded" or c.summary is None:
+            why = "replay verdicts exist once it succeeded"
+            raise Conflict(f"comparison {comparison_id} is {c.status}; {why}")
+        data = [v for v in c.summary.replay
+                if rank in (None, v.compare_rank) and entry in (None, v.entry)]  # fmt: skip
+        return ReplayVerdictsPublic(data=data, count=len(data), notes=c.summary.replay_notes)
 
     # -- reports ----------------------------------------------------------------------------------------
     def summary_file(self, comparison_id: str) -> tuple[str, Iterator[bytes]]:

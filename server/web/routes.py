@@ -274,7 +274,7 @@ def comparison_page(
         "statuses": ROW_STATUSES,
         "url": lambda **kw: query_url(f"/comparisons/{comparison_id}", params, **kw),
         "target": _run_or_none(runs, c.target_run), "bench": _run_or_none(runs, c.bench_run),
-        "rank_progress": _rank_progress(c),
+        "rank_progress": _rank_progress(c), "replays": {},
     }  # fmt: skip
     _one_of("status", status, ROW_STATUSES)
     context["environment"] = baselines.environment(comparison_id)
@@ -294,6 +294,7 @@ def comparison_page(
             pages=max(1, math.ceil(rows["count"] / ROWS_PER_PAGE)), counts=calls.counts(comparison_id),
             heatmap=calls.heatmap(comparison_id), regressions=baselines.regressions(comparison_id),
             chart_rank=rank if rank is not None else (ranks[0] if ranks else 0), ranks=ranks,
+            replays={f"{v.compare_rank}:{v.entry}": v for v in c.summary.replay},
         )  # fmt: skip
     return render(request, "comparison.html", context)
 

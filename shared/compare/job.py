@@ -39,6 +39,7 @@ from parity.shared.compare.slices import CallSlice, TablePart
 from parity.shared.compare.spec import CompareSpec
 from parity.shared.dump.layout import find_rank_dirs
 from parity.shared.errors import CompareInputError
+from parity.shared.replay.compare import REPLAY_TOP, StageFiles, replay_summary
 from parity.shared.report.advisor import write_advisor
 from parity.shared.report.summary import multi_rank_summary, rank_summary, single_rank_summary, write_summary
 from parity.shared.report.xlsx import write_xlsx
@@ -170,7 +171,7 @@ def compare_rank(
     """
     part = compare_slice(pair, options, None, progress=progress, read_dump=read_dump)
     return finish_rank(pair, [part], xlsx_path=xlsx_path, advisor_path=advisor_path, highlight=highlight,
-                       log_rows=log_rows)  # fmt: skip
+                       log_rows=log_rows, replay_top=options.replay_top)  # fmt: skip
 
 
 def compare_slice(
@@ -220,18 +221,24 @@ def finish_rank(
     advisor_path: Path | None,
     highlight: bool = True,
     log_rows: bool = False,
+    replay_top: int = REPLAY_TOP,
+    stage_files: StageFiles | None = None,
 ) -> RankReport:
     """Join the parts of every slice of a rank (in call order) into its result; write its xlsx and advisor.
 
     The same whatever the slicing: the parts hold the rows as the whole compare builds them, and the
     rank-wide steps (localization, advice, suspects) run here over all of them. ``pair`` names the dumps
-    for the stack.json and the result's paths.
+    for the stack.json and the result's paths. Tensor mode then replays the top ``replay_top`` suspects in
+    float64 (``result.replay``); ``stage_files`` fetches their tensor files first where a worker holds only
+    its slice's.
     """
     from parity.shared.compare import engine
 
     result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path))
     result.rank = pair.rank
     result.npu_path, result.bench_path = str(pair.npu_dump), str(pair.bench_dump)
+    result.replay = replay_summary(result, pair.npu_dump, pair.bench_dump, limit=replay_top,
+                                   stage=stage_files)  # fmt: skip
     if log_rows:
         _log_rows(result)
     write_xlsx(result, xlsx_path, highlight=highlight)

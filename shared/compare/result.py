@@ -106,6 +106,8 @@ class CompareResult:
     bench_path: str | None = None
     #: tensor files a row needed but that were missing or unreadable (each row says so), in row order
     missing_tensor_files: list[str] = field(default_factory=list)
+    #: the float64 replay of the top suspects (``parity.shared.replay.compare``): verdicts, or a note why none
+    replay: dict[str, object] | None = None
 
     @property
     def header(self) -> list[str]:
@@ -144,6 +146,7 @@ class CompareResult:
             },  # fmt: skip
             "suspects": [suspect_dict(s) for s in self.suspects],
             "first_divergence": suspect_dict(self.first_divergence) if self.first_divergence else None,
+            "replay": self.replay,
         }
 
 

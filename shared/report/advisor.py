@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from parity.shared.replay.text import replay_lines
 from parity.shared.report import write_text_atomically
 
 if TYPE_CHECKING:  # the formatter is also the light client's (``parity compare-runs``), which has no msgspec
@@ -112,7 +113,8 @@ def suspect_lines(
 def advisor_text(result: CompareResult) -> str:
     """The whole advisor file: msprobe's three lines, a blank line, the suspects."""
     lines = suspect_lines(result.suspects, result.first_divergence)
-    return "\n".join([*advisor_lines(result), "", *lines]) + "\n"
+    replay = replay_lines(result.replay)  # the float64 replay's verdicts (parity.shared.replay)
+    return "\n".join([*advisor_lines(result), "", *lines, *([""] + replay if replay else [])]) + "\n"
 
 
 def write_advisor(result: CompareResult, path: Path) -> Path:

@@ -14,6 +14,7 @@ from parity.server.schemas import (
     ComparisonPublic,
     ComparisonsPublic,
     JobStatus,
+    ReplayVerdictsPublic,
     RowsPublic,
 )
 from parity.server.services.comparisons import RowFilter
@@ -107,6 +108,21 @@ async def get_rows(
     body = await comparisons.rows_json_async(comparison_id, rows, rank=rank, limit=limit, offset=offset,
                                              sort=sort)  # fmt: skip
     return Response(body, media_type="application/json")
+
+
+@router.get(
+    "/{comparison_id}/replay",
+    summary="Read the float64 replay verdicts of a comparison's top suspects: whose kernel is wrong",
+    response_model=ReplayVerdictsPublic,
+    responses={409: {"description": "The comparison has not succeeded"}},
+)
+def get_replay(
+    comparison_id: str,
+    comparisons: ComparisonServiceDep,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_INDEX)] = None,
+    entry: Annotated[str | None, Query(max_length=1000, description="one dump entry name")] = None,
+) -> ReplayVerdictsPublic:
+    return comparisons.replay(comparison_id, rank=rank, entry=entry)
 
 
 def _download(comparisons: ComparisonServiceDep, comparison_id: str, file_name: str, rank: int | None,

@@ -1,0 +1,121 @@
+"""What a replay found, per side and for the pair, and the one sentence that says it.
+
+Each side is judged against its own replay (``SideReplay``: its distance, the rounding allowance, or why it
+was not replayed); :func:`verdict_of` puts the two together::
+
+    target output 2.1e-02 from its float64 replay, bench 3.0e-08 (rounding allows 1.9e-06: float32, K=16):
+    the target's kernel is wrong
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["ReplayVerdict", "SideReplay", "Verdict", "verdict_of"]
+
+
+class Verdict(str, Enum):
+    """Which side's kernel the replay blames."""
+
+    TARGET = "target"  # the target's output is off its replay, the bench's is not
+    BENCH = "bench"
+    BOTH = "both"
+    NEITHER = "neither"  # both within rounding: the difference comes from the inputs
+    UNDECIDED = "undecided"  # one side replayed and within rounding, the other not replayed
+    NOT_REPLAYED = "not-replayed"
+
+
+@dataclass(frozen=True, slots=True)
+class SideReplay:
+    """One side's replay: how far its recorded output is from float64, or why it was not replayed."""
+
+    side: str  # "target" or "bench"
+    distance: float | None = None  # ||recorded - replay|| / ||replay||, over the floating outputs
+    allowance: float | None = None
+    reduction_length: int | None = None
+    dtype: str | None = None  # the coarsest floating dtype the call wrote
+    refusal: str | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.distance is not None
+
+    @property
+    def off(self) -> bool:
+        """The recorded output is farther from its replay than rounding allows."""
+        if self.distance is None or self.allowance is None:
+            return False
+        return not self.distance <= self.allowance  # a NaN distance is off
+
+    def as_dict(self) -> dict[str, object]:
+        return {"distance": _finite(self.distance), "allowance": self.allowance, "dtype": self.dtype,
+                "reduction_length": self.reduction_length, "refusal": self.refusal}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayVerdict:
+    """The replay of one entry on both sides and what it says."""
+
+    entry: str
+    direction: str
+    verdict: Verdict
+    target: SideReplay
+    bench: SideReplay
+    text: str
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain JSON values (the summary file, the server)."""
+        return {
+            "entry": self.entry, "direction": self.direction, "verdict": self.verdict.value,
+            "text": self.text,
+            "target": self.target.as_dict(), "bench": self.bench.as_dict(),
+        }  # fmt: skip
+
+
+def _finite(value: float | None) -> float | str | None:
+    if value is None or math.isfinite(value):
+        return value
+    return "nan" if value != value else "inf"
+
+
+def _what(direction: str) -> str:
+    return "input gradients" if direction == "backward" else "output"
+
+
+def _side_text(s: SideReplay, what: str) -> str:
+    if s.distance is None:
+        return f"{s.side} not replayed ({s.refusal})"
+    return f"{s.side} {what} {s.distance:.1e} from its float64 replay"
+
+
+def _allows(s: SideReplay) -> str:
+    return f"rounding allows {s.allowance:.1e}: {s.dtype}, K={s.reduction_length}"
+
+
+def verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay) -> ReplayVerdict:
+    """What the two sides' replays say together, in one sentence."""
+    what = _what(direction)
+    if not target.replayed and not bench.replayed:
+        same = target.refusal == bench.refusal or bench.refusal is None
+        why = target.refusal if same else f"target: {target.refusal}; bench: {bench.refusal}"
+        return ReplayVerdict(entry, direction, Verdict.NOT_REPLAYED, target, bench, f"not replayed: {why}")
+    shown = target if target.replayed else bench
+    if target.replayed and bench.replayed:
+        head = f"{_side_text(target, what)}, bench {bench.distance:.1e} ({_allows(shown)})"
+    else:
+        head = f"{_side_text(target, what)}; {_side_text(bench, what)} ({_allows(shown)})"
+    if target.off and bench.off:
+        verdict, tail = Verdict.BOTH, "both kernels are off their float64 replays"
+    elif target.off:
+        verdict, tail = Verdict.TARGET, "the target's kernel is wrong"
+    elif bench.off:
+        verdict, tail = Verdict.BENCH, "the bench's kernel is wrong"
+    elif target.replayed and bench.replayed:
+        verdict = Verdict.NEITHER
+        tail = "both kernels agree with float64 within rounding (the difference comes from their inputs)"
+    else:
+        verdict = Verdict.UNDECIDED
+        tail = f"the {shown.side}'s kernel is within rounding; the other is not replayed"
+    return ReplayVerdict(entry, direction, verdict, target, bench, f"{head}: {tail}")
