@@ -659,7 +659,7 @@ def judged(target: Path, bench: Path) -> tuple[list[str], str | None, dict[str, 
         if score is not None:
             scores[row.api] = score
     first = result.first_divergence.api if result.first_divergence else None
-    systematic = [f.text for f in getattr(result, "systematic", [])]
+    systematic = [f.text for f in result.systematic]
     return [s.api for s in result.suspects], first, scores, systematic
 
 

@@ -67,8 +67,15 @@ from parity.shared.compare.call_errors import (
     row_norms,
     stats_error,
 )
+from parity.shared.compare.expected_error import (
+    Recorded,
+    api_class,
+    expected_rounding,
+    op_of,
+    unit_roundoff,
+)
 from parity.shared.compare.headers import CompareMode
-from parity.shared.compare.result import CompareRow, Suspect
+from parity.shared.compare.result import CompareRow, Suspect, SystematicFinding
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT
 
 __all__ = [
@@ -113,6 +120,24 @@ MIN_KIND_CALLS = 1
 SPREAD_Z = 3.0
 #: "Carries on": a later call's input error reaches this share of the suspect's output error.
 CARRY_SHARE = 0.1
+#: A systematic finding (an API class computed another way on the target: TF32, a lower-precision
+#: accumulation) needs at least this many judged calls of the class ...
+SYSTEMATIC_MIN_CALLS = 3
+#: ... this share of them differing by SYSTEMATIC_RATIO times their expected rounding or more ...
+SYSTEMATIC_SHARE = 0.8
+SYSTEMATIC_RATIO = 10.0
+#: ... its first call among them with fresh error (its inputs carry at most FRESH_SHARE of its output's) ...
+FRESH_SHARE = 0.1
+#: ... and a level a correct lower-precision kernel reaches (TF32's 10 mantissa bits: ~5e-4 to ~3e-3):
+#: above it a class's first call is a fault, whatever follows it.
+SYSTEMATIC_MAX = 5e-3
+_SYSTEMATIC_CAUSE = {
+    "matmul": "TF32 or a lower-precision accumulation on the target",
+    "norm": "another normalization kernel (or a lower-precision statistic) on the target",
+    "softmax": "another softmax kernel (or a lower-precision sum) on the target",
+    "reduce": "another reduction order or a lower-precision accumulation on the target",
+    "loss": "another loss kernel (or a lower-precision sum) on the target",
+}
 _COLLECTIVE_PREFIX = "Distributed."
 _MODULE_PREFIX = "Module."
 _COUNT = re.compile(r"\.\d+(?=\.|$)")
@@ -188,7 +213,7 @@ class CallEvidence:
     output_err: float | None
     direction: str | None = None
     collectives_before: int = 0  # collective calls that ran before this one (multi-rank ordering)
-    expected: float = 0.0  # what its inputs and the noise explain
+    expected: float = 0.0  # what its inputs, its own rounding and the noise explain
     gain: float = 1.0
     score: float = -math.inf  # log10(output_err / expected); suspect_score(mode) and up stand out
     #: a selecting op's backward judged element-wise: the share of its outgoing elements newly off by > 1e-3
@@ -207,7 +232,7 @@ class CallEvidence:
             return f"{inputs}; outputs differ in NaN/Inf positions (or checksum)"
         times = 10.0**self.score if math.isfinite(self.score) else math.inf
         return (f"{inputs}; output relative error {_fmt(self.output_err)}, "
-                f"{_fmt_times(times)} the background {_fmt(self.expected)}")  # fmt: skip
+                f"{_fmt_times(times)} the {_fmt(self.expected)} its inputs and rounding explain")  # fmt: skip
 
 
 def _fmt(x: float) -> str:
@@ -254,6 +279,8 @@ class Localization:
     errors: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per row (``row_errors``; NaN: unjudged)
     suspects: list[CallEvidence] = field(default_factory=list)  # ranked: highest score first
     first_divergence: CallEvidence | None = None
+    #: API classes that differ systematically (no call of theirs is a suspect for that difference alone)
+    systematic: list[SystematicFinding] = field(default_factory=list)
 
     @property
     def calls(self) -> list[CallEvidence]:
@@ -434,14 +461,22 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     else:
         gains = np.ones(n)
 
+    own, classes = _call_rounding(rows, header, cols, directions)
+    findings: list[SystematicFinding] = []
+    background = np.zeros(n)
+    if learning:
+        findings = _systematic(apis, classes, i_err, o_err, own, background)
+
     scores = np.full(n, -math.inf)
     expected = np.zeros(n)
     infinite = judged & np.isinf(o_err)
     scores[infinite & ((i_err == 0.0) | (mode is not CompareMode.MD5))] = INFINITE_SCORE
     expected[infinite] = floor
     finite = judged & ~infinite
-    # Independent errors add in quadrature: what the inputs carry through and what the call adds.
-    expected[finite] = np.hypot(gains[finite] * i_err[finite], call_floor[finite])
+    # Independent errors add in quadrature: what the inputs carry through, what the call's own rounding
+    # adds (its dtype and reduction lengths), the pair's noise, and its API class's systematic background.
+    g, f = gains[finite] * i_err[finite], call_floor[finite]
+    expected[finite] = np.sqrt(g * g + f * f + own[finite] ** 2 + background[finite] ** 2)
     scores[finite] = np.log10(o_err[finite] / expected[finite])
     threshold = suspect_score(mode)
     _allow_for_small_tensors(rows, states, header, cols, scores, finite, threshold)
@@ -460,7 +495,111 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     else:
         suspects.sort(key=lambda c: (-c.score, c.order))
     return Localization(mode=mode, judged=judged_calls, floor=floor, errors=errs, suspects=suspects,
-                        first_divergence=first)  # fmt: skip
+                        first_divergence=first, systematic=findings)  # fmt: skip
+
+
+def _call_rounding(rows: Sequence[CompareRow], header: Sequence[str], cols: CallColumns,
+                   directions: Sequence[str | None]) -> tuple[np.ndarray, list[str]]:  # fmt: skip
+    """Each call's expected rounding (``expected_error``: its least precise floating dtype, either side, and
+    the length of its reductions, a backward's from its forward's recorded arguments) and its API class.
+    Elementwise calls round once; only the reductions' rows are parsed (a 20,000-call table has few)."""
+    n = len(cols.apis)
+    units = _row_units(rows, header)
+    unit = np.maximum.reduceat(units, cols.first_row) if n else np.zeros(0)
+    ops = [op_of(a) for a in cols.apis]
+    classes = [api_class(op) for op in ops]
+    own = expected_rounding("", None, {}, 1.0) * unit  # K = 1
+    if _SHAPE not in header or "NPU Name" not in header:
+        return own, classes
+    pairs = enumerate(zip(cols.apis, directions, strict=True))
+    forwards = {api: k for k, (api, d) in pairs if d != "backward"}
+    for k in range(n):
+        if classes[k] == "elementwise" and not (ops[k] == "embedding" and directions[k] == "backward"):
+            continue
+        source = forwards.get(forward_of(cols.apis[k]), k)
+        own[k] = expected_rounding(ops[k], directions[k], _recorded(rows, header, cols, source), unit[k])
+    return own, classes
+
+
+_DTYPE_COLUMNS = ("NPU Dtype", "Bench Dtype")
+
+
+def _row_units(rows: Sequence[CompareRow], header: Sequence[str]) -> np.ndarray:
+    """Each row's unit roundoff: the larger of its two dtypes' (0 where neither is floating)."""
+    out = np.zeros(len(rows))
+    cache: dict[object, float] = {}
+    for name in _DTYPE_COLUMNS:
+        if name not in header:
+            continue
+        col = header.index(name)
+        cells = [row.cells[col] for row in rows]
+        units = [cache[c] if c in cache else cache.setdefault(c, unit_roundoff(c)) for c in cells]
+        out = np.maximum(out, np.array(units, dtype=np.float64))
+    return out
+
+
+def _recorded(rows: Sequence[CompareRow], header: Sequence[str], cols: CallColumns,
+              k: int) -> dict[str, Recorded]:  # fmt: skip
+    """Call ``k``'s recorded arguments and outputs by their place (``input.0``, ``input.1.0``, ``kwargs.dim``,
+    ``output.0``): shapes, and the value of a scalar (the NPU max cell)."""
+    name_col, shape_col = header.index("NPU Name"), header.index(_SHAPE)
+    value_col = header.index("NPU max") if "NPU max" in header else -1
+    api = cols.apis[k]
+    out: dict[str, Recorded] = {}
+    for j in range(int(cols.first_row[k]), int(cols.stop_row[k])):
+        cells = rows[j].cells
+        name = cells[name_col]
+        if not isinstance(name, str) or not name.startswith(api + "."):
+            continue
+        shape = _dims(cells[shape_col])
+        value = cells[value_col] if value_col >= 0 else None
+        scalar = isinstance(value, (int, float)) and not isinstance(value, bool) and shape in (None, ())
+        out[name[len(api) + 1 :]] = Recorded(shape, float(value) if scalar else None)  # type: ignore[arg-type]
+    return out
+
+
+def _dims(shape: object) -> tuple[int, ...] | None:
+    """A shape cell (``"[2, 4]"``, ``"[]"``) as a tuple; None when it is no shape."""
+    if not isinstance(shape, str) or not shape.startswith("["):
+        return None
+    dims = shape.strip("[]() ").replace(",", " ").split()
+    return tuple(int(d) for d in dims) if all(d.isdigit() for d in dims) else None
+
+
+def _systematic(apis: Sequence[str], classes: Sequence[str], i_err: np.ndarray, o_err: np.ndarray,
+                own: np.ndarray, background: np.ndarray) -> list[SystematicFinding]:  # fmt: skip
+    """The API classes that differ in (nearly) every call, from their first on inputs that carry no such
+    error, by a level a correct lower-precision kernel reaches (see SYSTEMATIC_*): one finding each, and
+    that level set as the class's background (in place), so no call of it is blamed for the difference.
+
+    A fault in a class's very first call whose error carries into every later call of the class looks the
+    same from the table alone (a float64 replay tells them apart); it is reported as the finding."""
+    findings: list[SystematicFinding] = []
+    with np.errstate(invalid="ignore"):
+        judged = np.isfinite(o_err) & ~np.isnan(i_err)
+    for cls in dict.fromkeys(classes):
+        if cls == "elementwise":
+            continue
+        of_class = np.fromiter((c == cls for c in classes), dtype=bool, count=len(apis))
+        members = np.flatnonzero(judged & of_class)
+        if members.size < SYSTEMATIC_MIN_CALLS:
+            continue
+        out, inp, allowed = o_err[members], i_err[members], own[members]
+        differ = out >= SYSTEMATIC_RATIO * np.maximum(allowed, MIN_FLOOR)
+        fresh = differ & (inp <= FRESH_SHARE * out)
+        if differ.mean() < SYSTEMATIC_SHARE or not fresh[0]:
+            continue
+        level = float(np.median(out[fresh]))
+        if level > SYSTEMATIC_MAX:
+            continue
+        typical = float(np.median(out[differ]))
+        background[members] = level
+        cause = _SYSTEMATIC_CAUSE.get(cls, "another kernel on the target")
+        first = apis[int(members[0])]
+        text = (f"every {cls}-class call differs by ~{typical:.0e}: {cause} ({int(differ.sum())} of "
+                f"{members.size} calls, from {first} on inputs without that difference)")  # fmt: skip
+        findings.append(SystematicFinding(cls, typical, int(members.size), int(differ.sum()), first, text))
+    return findings
 
 
 def _allow_for_small_tensors(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str],

@@ -82,6 +82,24 @@ class Suspect:
 
 
 @dataclass(frozen=True, slots=True)
+class SystematicFinding:
+    """One API class that differs by about the same amount in (nearly) every call, from its first call on
+    identical inputs on: the target computes that class another way (TF32, a lower-precision accumulation),
+    one finding for the pair rather than a fault of its first call."""
+
+    api_class: str  # "matmul", "norm", "softmax", "reduce", "loss"
+    level: float  # the typical normwise relative error of the class's calls
+    calls: int  # the class's judged calls
+    differing: int  # those that differ beyond their expected rounding
+    first: str  # the class's first call: where it shows on identical inputs
+    text: str  # the finding in words ("every matmul-class call differs by ~1e-3: TF32 or ...")
+
+    def as_dict(self) -> dict[str, object]:
+        return {"api_class": self.api_class, "level": self.level, "calls": self.calls,
+                "differing": self.differing, "first": self.first, "text": self.text}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class Advice:
     """msprobe's three-line advisor result (compare.md §7.3); ``line`` is None when every row passed."""
 
@@ -106,6 +124,8 @@ class CompareResult:
     bench_path: str | None = None
     #: tensor files a row needed but that were missing or unreadable (each row says so), in row order
     missing_tensor_files: list[str] = field(default_factory=list)
+    #: API classes that differ systematically (another kernel or precision on the target), not suspects
+    systematic: list[SystematicFinding] = field(default_factory=list)
 
     @property
     def header(self) -> list[str]:
@@ -144,6 +164,7 @@ class CompareResult:
             },  # fmt: skip
             "suspects": [suspect_dict(s) for s in self.suspects],
             "first_divergence": suspect_dict(self.first_divergence) if self.first_divergence else None,
+            "systematic": [f.as_dict() for f in self.systematic],
         }
 
 
