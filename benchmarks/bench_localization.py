@@ -206,7 +206,7 @@ def table(outcomes: list[suite.Outcome]) -> str:
     lines.append("")
     lines.append(f"{'mode':<11}{'pairs without a fault':<22}{'calls named':>12}{'systematic':>12}")
     for mode in (m for m in MODES if any(o.mode == m for o in outcomes)):
-        for variant in ("identical", *VARIANTS):
+        for variant in ("identical", *(v for v in VARIANTS if v != "clean")):
             wanted = "clean" if variant == "identical" else variant
             pairs = [o for o in outcomes if o.mode == mode and o.truth is None and o.variant == wanted]
             if pairs:

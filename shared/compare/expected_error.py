@@ -4,9 +4,10 @@ reductions, read from the shapes and arguments the dump recorded.
 Two devices (or two libraries on one device) compute the same reduction in another order or precision: a
 sum of K terms rounds differently by about ``u * sqrt(K)`` of its size (``u`` the unit roundoff of the call's
 least precise floating dtype; random-walk growth, the rounding errors of a sum having random signs). An
-elementwise op rounds once (K = 1). So a call's expected error from rounding alone is
+elementwise op rounds once: ``u`` (two correct kernels agree to an ulp, most often exactly). So a reduction's
+expected error from rounding alone is
 
-    ``ROUNDING_SCALE * u * (1 + sqrt(K))``
+    ``u * (1 + ROUNDING_SCALE * sqrt(K))``
 
 where K is, per API (forward; a backward reduces over the other axes of the same products too, so it takes
 the largest of them):
@@ -213,5 +214,6 @@ def reduction_length(op: str, direction: str | None, args: Mapping[str, Recorded
 
 def expected_rounding(op: str, direction: str | None, args: Mapping[str, Recorded], unit: float) -> float:
     """The normwise relative error a correct kernel may add to the call, whose least precise floating dtype
-    has unit roundoff ``unit`` (0: no floating data, nothing to round)."""
-    return ROUNDING_SCALE * unit * (1.0 + math.sqrt(reduction_length(op, direction, args)))
+    has unit roundoff ``unit`` (0: no floating data, nothing to round): ``unit`` for an elementwise op."""
+    k = reduction_length(op, direction, args)
+    return unit if k <= 1 else unit * (1.0 + ROUNDING_SCALE * math.sqrt(k))
