@@ -448,6 +448,14 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
         gain = np.where(has_gain, o_err / i_err, np.nan)
         judged = ~np.isnan(i_err) & ~np.isnan(o_err) & (o_err != 0.0) & ~np.isinf(i_err)
     learning = mode is not CompareMode.MD5
+    own, classes = _call_rounding(rows, header, cols, directions)
+    findings: list[SystematicFinding] = []
+    background = np.zeros(n)
+    if learning:
+        findings = _systematic(apis, classes, i_err, o_err, own, background)
+        # A class that differs systematically has its own background: its calls are no sample of the
+        # noise every other call is judged against.
+        sample &= background == 0.0
     if not learning:
         sample = np.zeros(n, dtype=bool)
     floor, call_floor = _floors(o_err, sample)
@@ -461,11 +469,6 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     else:
         gains = np.ones(n)
 
-    own, classes = _call_rounding(rows, header, cols, directions)
-    findings: list[SystematicFinding] = []
-    background = np.zeros(n)
-    if learning:
-        findings = _systematic(apis, classes, i_err, o_err, own, background)
 
     scores = np.full(n, -math.inf)
     expected = np.zeros(n)
@@ -592,13 +595,12 @@ def _systematic(apis: Sequence[str], classes: Sequence[str], i_err: np.ndarray, 
         level = float(np.quantile(out[fresh], 0.25, method="lower"))  # a fault among them does not count
         if level > SYSTEMATIC_MAX:
             continue
-        typical = float(np.median(out[differ]))
         background[members] = level
         cause = _SYSTEMATIC_CAUSE.get(cls, "another kernel on the target")
         first = apis[int(members[0])]
-        text = (f"every {cls}-class call differs by ~{typical:.0e}: {cause} ({int(differ.sum())} of "
+        text = (f"every {cls}-class call differs by ~{level:.0e}: {cause} ({int(differ.sum())} of "
                 f"{members.size} calls, from {first} on inputs without that difference)")  # fmt: skip
-        findings.append(SystematicFinding(cls, typical, int(members.size), int(differ.sum()), first, text))
+        findings.append(SystematicFinding(cls, level, int(members.size), int(differ.sum()), first, text))
     return findings
 
 
