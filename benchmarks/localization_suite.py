@@ -508,7 +508,8 @@ class Perturb(TorchFunctionMode):
             return d.requires_grad_(t.requires_grad)
 
         with torch.enable_grad():
-            wide = func(*_map_floats(args, replica), **{k: _map_floats(v, replica) for k, v in kwargs.items()})
+            wide_kwargs = {k: _map_floats(v, replica) for k, v in kwargs.items()}
+            wide = func(*_map_floats(args, replica), **wide_kwargs)
         for t, w in zip(_float_tensors(out), _float_tensors(wide), strict=True):
             t.data.copy_(w.detach().to(t.dtype))
         return next((w.grad_fn for w in _float_tensors(wide) if w.grad_fn is not None), None)

@@ -122,7 +122,7 @@ def _shape(args: Mapping[str, Recorded], *keys: str) -> tuple[int, ...] | None:
 
 def _ints(args: Mapping[str, Recorded], *keys: str) -> list[int]:
     """A scalar or list argument's integer values, under the first of ``keys`` recorded (``input.1``,
-    its elements ``input.1.0``, ``input.1.1``, ..., or ``kwargs.dim``)."""
+    its elements ``input.1.0``, ``input.1.1``, ..., or ``input.dim``)."""
     for key in keys:
         found = args.get(key)
         if found is not None and found.value is not None and found.shape in (None, ()):
@@ -149,15 +149,16 @@ def _axis(shape: tuple[int, ...], dim: int) -> int:
 
 def reduction_length(op: str, direction: str | None, args: Mapping[str, Recorded]) -> int:
     """The length of the longest sum the call computes (1 for an elementwise op), from its forward's recorded
-    arguments and outputs (keys ``input.0``, ``input.1.0``, ``kwargs.dim``, ``output.0``; see the module
-    docstring for each API's rule). An argument the dump lacks counts as 1."""
+    arguments and outputs, keyed as the dump names their rows (``input.0``, a list's ``input.1.0``, a keyword
+    argument's ``input.dim``, ``output.0``; see the module docstring for each API's rule). An argument the
+    dump lacks counts as 1."""
     backward = direction == "backward"
-    x = _shape(args, "input.0", "kwargs.input") or ()
+    x = _shape(args, "input.0", "input.input") or ()
     out = _shape(args, "output.0") or ()
     numel = _prod(x)
     lengths = [1]
     if op in ("linear", "bilinear"):
-        w = _shape(args, "input.1", "kwargs.weight") or ()
+        w = _shape(args, "input.1", "input.weight") or ()
         lengths.append(x[-1] if x else 1)
         if backward:
             lengths += [w[0] if w else 1, _prod(x[:-1])]
@@ -169,12 +170,12 @@ def reduction_length(op: str, direction: str | None, args: Mapping[str, Recorded
         if backward:
             lengths += [b[-1] if len(b) > 1 else 1, _prod(a[:-1])]
     elif op.startswith("conv"):
-        w = _shape(args, "input.1", "kwargs.weight") or ()
+        w = _shape(args, "input.1", "input.weight") or ()
         lengths.append(_prod(w[1:]))
         if backward:
             lengths += [w[0] * _prod(w[2:]) if w else 1, (out[0] * _prod(out[2:])) if out else 1]
     elif op in ("layer_norm", "rms_norm"):
-        size = _prod(_ints(args, "input.1", "kwargs.normalized_shape")) or (x[-1] if x else 1)
+        size = _prod(_ints(args, "input.1", "input.normalized_shape")) or (x[-1] if x else 1)
         lengths.append(size)
         if backward:
             lengths.append(max(1, numel // max(1, size)))
@@ -182,16 +183,16 @@ def reduction_length(op: str, direction: str | None, args: Mapping[str, Recorded
         channels = x[1] if len(x) > 1 else 1
         lengths.append(max(1, numel // max(1, channels * (x[0] if op == "instance_norm" else 1))))
     elif op == "group_norm":
-        groups = (_ints(args, "input.1", "kwargs.num_groups") or [1])[0]
+        groups = (_ints(args, "input.1", "input.num_groups") or [1])[0]
         lengths.append(max(1, numel // max(1, (x[0] if x else 1) * groups)))
     elif op in ("softmax", "log_softmax", "softmin", "logsumexp"):
-        dims = _ints(args, "input.1", "kwargs.dim")
+        dims = _ints(args, "input.1", "input.dim")
         lengths.append(_axis(x, dims[0]) if dims and x else (x[-1] if x else 1))
     elif op in ("sum", "mean", "var", "std", "norm", "nansum", "nanmean", "prod", "cumsum"):
-        dims = _ints(args, "input.1", "kwargs.dim")
+        dims = _ints(args, "input.1", "input.dim")
         lengths.append(_prod([_axis(x, d) for d in dims]) if dims and x else numel)
     elif op == "scaled_dot_product_attention":
-        q, k = _shape(args, "input.0", "kwargs.query") or (), _shape(args, "input.1", "kwargs.key") or ()
+        q, k = _shape(args, "input.0", "input.query") or (), _shape(args, "input.1", "input.key") or ()
         lengths += [q[-1] if q else 1, k[-2] if len(k) > 1 else 1]
         if backward:
             lengths.append(q[-2] if len(q) > 1 else 1)

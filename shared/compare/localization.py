@@ -131,13 +131,11 @@ FRESH_SHARE = 0.1
 #: ... and a level a correct lower-precision kernel reaches (TF32's 10 mantissa bits: ~5e-4 to ~3e-3):
 #: above it a class's first call is a fault, whatever follows it.
 SYSTEMATIC_MAX = 5e-3
-_SYSTEMATIC_CAUSE = {
-    "matmul": "TF32 or a lower-precision accumulation on the target",
-    "norm": "another normalization kernel (or a lower-precision statistic) on the target",
-    "softmax": "another softmax kernel (or a lower-precision sum) on the target",
-    "reduce": "another reduction order or a lower-precision accumulation on the target",
-    "loss": "another loss kernel (or a lower-precision sum) on the target",
-}
+#: The classes a device computes systematically less precisely, and why: matmul-class calls (TF32, or a
+#: lower-precision accumulation, by default on many GPUs). A norm, softmax or sum of a correct fp32 kernel
+#: differs by its rounding only (``expected_error``); a class-wide jump there is the fault of its first call.
+_SYSTEMATIC_CAUSE = {"matmul": "TF32 or a lower-precision accumulation on the target"}
+SYSTEMATIC_CLASSES = frozenset(_SYSTEMATIC_CAUSE)
 _COLLECTIVE_PREFIX = "Distributed."
 _MODULE_PREFIX = "Module."
 _COUNT = re.compile(r"\.\d+(?=\.|$)")
@@ -258,6 +256,9 @@ class JudgedCalls:
     score: np.ndarray  # -inf: not judged, or identical
     collectives_before: np.ndarray  # collective calls that ran before each call
     routed_share: np.ndarray  # a selecting op's backward judged element-wise (``ROUTE_SHARE``); NaN elsewhere
+    #: each call's expected rounding (``expected_error``: dtype and reduction lengths) and its API class
+    rounding: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    classes: list[str] = field(default_factory=list)
 
     def evidence(self, k: int) -> CallEvidence:
         """Call ``k`` as a ``CallEvidence``."""
@@ -490,7 +491,7 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
 
     collective = np.fromiter((a.startswith(_COLLECTIVE_PREFIX) for a in apis), dtype=np.int64, count=n)
     before = np.cumsum(collective) - collective
-    judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares)
+    judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares, own, classes)
     suspects = [judged_calls.evidence(k) for k in np.flatnonzero(scores >= threshold).tolist()]
     first = _first_divergence(i_err, suspects)
     if mode is CompareMode.MD5:
@@ -543,7 +544,7 @@ def _row_units(rows: Sequence[CompareRow], header: Sequence[str]) -> np.ndarray:
 
 def _recorded(rows: Sequence[CompareRow], header: Sequence[str], cols: CallColumns,
               k: int) -> dict[str, Recorded]:  # fmt: skip
-    """Call ``k``'s recorded arguments and outputs by their place (``input.0``, ``input.1.0``, ``kwargs.dim``,
+    """Call ``k``'s recorded arguments and outputs by their place (``input.0``, ``input.1.0``, ``input.dim``,
     ``output.0``): shapes, and the value of a scalar (the NPU max cell)."""
     name_col, shape_col = header.index("NPU Name"), header.index(_SHAPE)
     value_col = header.index("NPU max") if "NPU max" in header else -1
@@ -581,7 +582,7 @@ def _systematic(apis: Sequence[str], classes: Sequence[str], i_err: np.ndarray, 
     with np.errstate(invalid="ignore"):
         judged = np.isfinite(o_err) & ~np.isnan(i_err)
     for cls in dict.fromkeys(classes):
-        if cls == "elementwise":
+        if cls not in SYSTEMATIC_CLASSES:
             continue
         of_class = np.fromiter((c == cls for c in classes), dtype=bool, count=len(apis))
         members = np.flatnonzero(judged & of_class)
