@@ -206,8 +206,8 @@ def reduction_length(op: str, direction: str | None, args: Mapping[str, Recorded
         lengths.append(((x[-1] if x else 1) + hidden) * steps)
     elif "pool" in op and out:
         lengths.append(max(1, numel // max(1, _prod(out))))
-    elif op in ("embedding", "embedding_bag") and backward:
-        lengths.append(numel)
+    elif op in ("embedding", "embedding_bag"):  # a gather; its backward sums repeated indices' gradients
+        lengths.append(numel if backward else 1)
     elif op in API_CLASSES:  # a loss or reduction without its own rule: everything it reads
         lengths.append(numel)
     return max(lengths)

@@ -449,7 +449,9 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
         gain = np.where(has_gain, o_err / i_err, np.nan)
         judged = ~np.isnan(i_err) & ~np.isnan(o_err) & (o_err != 0.0) & ~np.isinf(i_err)
     learning = mode is not CompareMode.MD5
-    own, classes = _call_rounding(rows, header, cols, directions)
+    ids: dict[str, int] = {}
+    kinds = np.fromiter((ids.setdefault(api_kind(a), len(ids)) for a in apis), dtype=np.int64, count=n)
+    own, classes = _call_rounding(rows, header, cols, directions, kinds, list(ids))
     findings: list[SystematicFinding] = []
     background = np.zeros(n)
     if learning:
@@ -464,8 +466,6 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
         (only,) = np.flatnonzero(sample)
         call_floor[only] = _downstream_floor(o_err[only + 1 :])
     if learning:
-        ids: dict[str, int] = {}
-        kinds = np.fromiter((ids.setdefault(api_kind(a), len(ids)) for a in apis), dtype=np.int64, count=n)
         gains = _gains(kinds, gain, gain)
     else:
         gains = np.ones(n)
@@ -503,25 +503,30 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
 
 
 def _call_rounding(rows: Sequence[CompareRow], header: Sequence[str], cols: CallColumns,
-                   directions: Sequence[str | None]) -> tuple[np.ndarray, list[str]]:  # fmt: skip
+                   directions: Sequence[str | None], kinds: np.ndarray,
+                   kind_names: Sequence[str]) -> tuple[np.ndarray, list[str]]:  # fmt: skip
     """Each call's expected rounding (``expected_error``: its least precise floating dtype, either side, and
     the length of its reductions, a backward's from its forward's recorded arguments) and its API class.
-    Elementwise calls round once; only the reductions' rows are parsed (a 20,000-call table has few)."""
+    Elementwise calls round once; only the reductions' rows are parsed, and each API kind is named once (a
+    20,000-call table has few kinds and few reductions)."""
     n = len(cols.apis)
-    units = _row_units(rows, header)
-    unit = np.maximum.reduceat(units, cols.first_row) if n else np.zeros(0)
-    ops = [op_of(a) for a in cols.apis]
-    classes = [api_class(op) for op in ops]
-    own = expected_rounding("", None, {}, 1.0) * unit  # K = 1
+    unit = np.maximum.reduceat(_row_units(rows, header), cols.first_row) if n else np.zeros(0)
+    kind_ops = [op_of(k) for k in kind_names]
+    kind_classes = [api_class(op) for op in kind_ops]
+    classes = [kind_classes[k] for k in kinds.tolist()]
+    own = unit.copy()  # an elementwise op rounds once
     if _SHAPE not in header or "NPU Name" not in header:
+        return own, classes
+    reducing = np.array([c != "elementwise" for c in kind_classes], dtype=bool)
+    todo = np.flatnonzero(reducing[kinds]) if n else np.zeros(0, dtype=np.int64)
+    if todo.size == 0:
         return own, classes
     pairs = enumerate(zip(cols.apis, directions, strict=True))
     forwards = {api: k for k, (api, d) in pairs if d != "backward"}
-    for k in range(n):
-        if classes[k] == "elementwise" and not (ops[k] == "embedding" and directions[k] == "backward"):
-            continue
+    for k in todo.tolist():
         source = forwards.get(forward_of(cols.apis[k]), k)
-        own[k] = expected_rounding(ops[k], directions[k], _recorded(rows, header, cols, source), unit[k])
+        args = _recorded(rows, header, cols, source)
+        own[k] = expected_rounding(kind_ops[kinds[k]], directions[k], args, float(unit[k]))
     return own, classes
 
 
@@ -531,14 +536,13 @@ _DTYPE_COLUMNS = ("NPU Dtype", "Bench Dtype")
 def _row_units(rows: Sequence[CompareRow], header: Sequence[str]) -> np.ndarray:
     """Each row's unit roundoff: the larger of its two dtypes' (0 where neither is floating)."""
     out = np.zeros(len(rows))
-    cache: dict[object, float] = {}
     for name in _DTYPE_COLUMNS:
         if name not in header:
             continue
         col = header.index(name)
         cells = [row.cells[col] for row in rows]
-        units = [cache[c] if c in cache else cache.setdefault(c, unit_roundoff(c)) for c in cells]
-        out = np.maximum(out, np.array(units, dtype=np.float64))
+        table = {c: unit_roundoff(c) for c in set(cells)}
+        out = np.maximum(out, np.fromiter(map(table.__getitem__, cells), dtype=np.float64, count=len(cells)))
     return out
 
 
