@@ -128,8 +128,11 @@ SYSTEMATIC_SHARE = 0.8
 SYSTEMATIC_RATIO = 10.0
 #: ... its first call among them with fresh error (its inputs carry at most FRESH_SHARE of its output's) ...
 FRESH_SHARE = 0.1
-#: ... and a level a correct lower-precision kernel reaches (TF32's 10 mantissa bits: ~5e-4 to ~3e-3):
-#: above it a class's first call is a fault, whatever follows it.
+#: ... and a level a lower-precision kernel reaches: TF32 rounds each operand to 10 mantissa bits (a relative
+#: 2.8e-4 rms), so a matmul differs by ~1e-4 to ~3e-3; below SYSTEMATIC_MIN the difference is no TF32 (and
+#: a pair whose every op differs a little keeps its matmuls as samples of that noise), above SYSTEMATIC_MAX
+#: the class's first call is a fault, whatever follows it.
+SYSTEMATIC_MIN = 1.2e-4
 SYSTEMATIC_MAX = 5e-3
 #: The classes a device computes systematically less precisely, and why: matmul-class calls (TF32, or a
 #: lower-precision accumulation, by default on many GPUs). A norm, softmax or sum of a correct fp32 kernel
@@ -598,7 +601,7 @@ def _systematic(apis: Sequence[str], classes: Sequence[str], i_err: np.ndarray, 
         if differ.mean() < SYSTEMATIC_SHARE or not fresh[0]:
             continue
         level = float(np.quantile(out[fresh], 0.25, method="lower"))  # a fault among them does not count
-        if level > SYSTEMATIC_MAX:
+        if not SYSTEMATIC_MIN <= level <= SYSTEMATIC_MAX:
             continue
         background[members] = level
         cause = _SYSTEMATIC_CAUSE.get(cls, "another kernel on the target")
