@@ -14,7 +14,18 @@ error of its outputs against the error of its inputs:
 (Both come column-wise from ``call_errors``; this module judges them, with numpy over the calls.)
 
 A call is expected to pass on its inputs' error times a gain (the median of the other calls of its API kind,
-else the upper gain of all other calls) plus a noise floor, added in quadrature. The floor is learned from
+else the upper gain of all other calls), plus its own expected rounding (``expected_error``: its dtype and the
+length of its reductions, from the recorded shapes and arguments; two devices round every reduction
+differently while elementwise ops mostly agree bit for bit), plus a noise floor, and its API class's
+systematic background where it has one, all added in quadrature.
+
+A systematic background: when (nearly) every matmul-class call differs by a TF32-like amount
+(SYSTEMATIC_MIN to SYSTEMATIC_MAX), from the class's first call on inputs without that difference on, the
+target computes that class another way (TF32, a lower-precision accumulation): one ``SystematicFinding``
+for the pair, that level the class's background, and no call blamed for it. (A fault in the class's first
+call that carries into all the others looks the same from the table; a float64 replay tells them apart.)
+
+The floor is learned from
 the run pair itself: the median output error of the calls whose inputs are identical (what a call adds on
 its own; a call's own sample never counts for it). A pair often has one such call only, its first (the data
 and the weights agree, nothing else does yet); that call is then judged by what comes after it:
