@@ -145,6 +145,9 @@ FRESH_SHARE = 0.1
 #: the class's first call is a fault, whatever follows it.
 SYSTEMATIC_MIN = 1.2e-4
 SYSTEMATIC_MAX = 5e-3
+#: Statistics mode reads a tensor's error from its max, min, mean and norm, which move less than its
+#: elements (TF32's matmuls: ~7e-5 where tensor mode reads ~3e-4): its levels, scaled alike.
+STATISTICS_SYSTEMATIC = (3e-5, 2e-3)
 #: The classes a device computes systematically less precisely, and why: matmul-class calls (TF32, or a
 #: lower-precision accumulation, by default on many GPUs). A norm, softmax or sum of a correct fp32 kernel
 #: differs by its rounding only (``expected_error``); a class-wide jump there is the fault of its first call.
@@ -469,7 +472,9 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     findings: list[SystematicFinding] = []
     background = np.zeros(n)
     if learning:
-        findings = _systematic(apis, classes, i_err, o_err, own, background)
+        statistics = mode is CompareMode.STATISTICS
+        levels = STATISTICS_SYSTEMATIC if statistics else (SYSTEMATIC_MIN, SYSTEMATIC_MAX)
+        findings = _systematic(apis, classes, i_err, o_err, own, background, levels)
         # A class that differs systematically has its own background: its calls are no sample of the
         # noise every other call is judged against.
         sample &= background == 0.0
@@ -589,7 +594,8 @@ def _dims(shape: object) -> tuple[int, ...] | None:
 
 
 def _systematic(apis: Sequence[str], classes: Sequence[str], i_err: np.ndarray, o_err: np.ndarray,
-                own: np.ndarray, background: np.ndarray) -> list[SystematicFinding]:  # fmt: skip
+                own: np.ndarray, background: np.ndarray,
+                levels: tuple[float, float]) -> list[SystematicFinding]:  # fmt: skip
     """The API classes that differ in (nearly) every call, from their first on inputs that carry no such
     error, by a level a correct lower-precision kernel reaches (see SYSTEMATIC_*): one finding each, and
     that level set as the class's background (in place), so no call of it is blamed for the difference.
@@ -612,7 +618,7 @@ def _systematic(apis: Sequence[str], classes: Sequence[str], i_err: np.ndarray, 
         if differ.mean() < SYSTEMATIC_SHARE or not fresh[0]:
             continue
         level = float(np.quantile(out[fresh], 0.25, method="lower"))  # a fault among them does not count
-        if not SYSTEMATIC_MIN <= level <= SYSTEMATIC_MAX:
+        if not levels[0] <= level <= levels[1]:
             continue
         background[members] = level
         cause = _SYSTEMATIC_CAUSE.get(cls, "another kernel on the target")
