@@ -38,7 +38,7 @@ and the weights agree, nothing else does yet); that call is then judged by what 
   updates make small.
 
 Two runs on different kernels differ a little everywhere; a call is only a suspect when its output
-error stands SUSPECT_SCORE decades (3.2x; 5.6x in statistics mode) or more above that expectation, after
+error stands SUSPECT_SCORE decades (2.5x; 5.6x in statistics mode) or more above that expectation, after
 an allowance for its output's size (a normwise error over few elements is a noisy draw: SPREAD_Z). Its
 score is ``log10(output_err / expected)``, less that allowance. A backward call also reads what its forward
 saved, so its input error includes its forward's input and output error.
@@ -102,11 +102,14 @@ __all__ = [
     "user_frame",
 ]
 
-#: A call stands out when its output error is this many decades above what its inputs and the noise explain
-#: (tensor and md5 mode): 0.5 is 3.2x. It was 0.75 (5.6x) while small tensors' chance draws reached 0.33 on
-#: benchmarks/bench_localization.py's noise-only pairs; with their sampling spread allowed for (SPREAD_Z)
-#: those stay under 0.2, and 0.5 was chosen on seeds 10-12 (its sweep line gives 0.5, 0.75, 1.0 and 1.5).
-SUSPECT_SCORE = 0.5
+#: A call stands out when its output error is this many decades above what its inputs, its rounding and the
+#: noise explain (tensor and md5 mode): 0.4 is 2.5x. It was 0.75 (5.6x) while small tensors' chance draws
+#: reached 0.33 on benchmarks/bench_localization.py's noise-only pairs; with their sampling spread allowed
+#: for (SPREAD_Z) those stay under 0.2, and 0.5 was chosen on seeds 10-12. With each call's expected rounding
+#: and the systematic background modelled (issue 22), the highest call score on 84 noise-only pairs (noisy,
+#: seeds 10-12; another kernel and TF32, seed 10) is 0.17, and 0.4 finds faults of 1e-3 on a TF32 target's
+#: 3e-4 background that 0.5 misses (its sweep line gives 0.3, 0.4, 0.5, 0.75 and 1.0).
+SUSPECT_SCORE = 0.4
 #: Statistics mode reads a tensor's error from four numbers (max, min, mean, norm), a coarser measure whose
 #: noise-only pairs already reach the threshold now and then: it keeps 5.6x.
 STATISTICS_SUSPECT_SCORE = 0.75
