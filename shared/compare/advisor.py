@@ -37,6 +37,11 @@ NO_SUSPECT_SUGGEST = (
     "No API call's output error stands out beyond what its inputs and its expected rounding explain; the "
     "rows that fail the thresholds carry error from their inputs."
 )
+#: Parity's: what a systematic finding cannot rule out from the table alone.
+SYSTEMATIC_ALTERNATIVE = (
+    "If the target should compute these exactly as the bench does, {first} itself may be wrong (its error "
+    "carried into the rest): replay it in float64."
+)
 #: Parity's: a replay showed the bench's kernel is the wrong one.
 BENCH_WRONG_SUGGEST = "The bench's result is the wrong one: check the bench run's implementation of this API."
 BATCH_NORM_SUGGEST = (
@@ -125,8 +130,9 @@ def _replayed(name: str, verdict: ReplayVerdict) -> str:
 
 
 def _with_findings(text: str, findings: Sequence[SystematicFinding]) -> str:
-    """``text`` followed by each systematic finding, a sentence each."""
-    extra = [f"Systematic: {f.text}." for f in findings]
+    """``text`` followed by each systematic finding, and the one alternative the table cannot rule out: a
+    fault in the class's first call, carried into all the others (a float64 replay of it decides)."""
+    extra = [f"Systematic: {f.text}. {SYSTEMATIC_ALTERNATIVE.format(first=f.first)}" for f in findings]
     return "\n".join(part for part in (text, *extra) if part)
 
 

@@ -140,6 +140,7 @@ def test_every_matmul_differing_by_tf32_rounding_is_one_finding_and_no_suspect(t
     # The three lines say so, and name no node.
     assert result.advice.line is None and result.advice.suspect_node is None
     assert finding.text in result.advice.text
+    assert advisor.SYSTEMATIC_ALTERNATIVE.format(first="Functional.linear.0.forward") in result.advice.text
     assert result.summary()["systematic"] == [finding.as_dict()]
 
 
