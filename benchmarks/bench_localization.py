@@ -271,8 +271,8 @@ def main() -> int:
     parser.add_argument("--speed", action="store_true", help="localize's cost on a 60,000-row table, only")
     parser.add_argument("--dumper", choices=("parity", "msprobe"), default="parity",
                         help="the dump tool: Parity's client (default), or msprobe 8.3.3")  # fmt: skip
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help=f"comma-separated target variants (default: {','.join(DEFAULT_VARIANTS)})")
+    parser.add_argument("--variants", help=f"comma-separated target variants (default: "
+                        f"{','.join(DEFAULT_VARIANTS)}; clean,noisy with --dumper msprobe)")  # fmt: skip
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: also the target on the GPU, TF32 off and on (variants cuda, cuda-tf32)")
     args = parser.parse_args()
@@ -286,7 +286,8 @@ def main() -> int:
     modes = tuple(args.modes.split(","))
     if not set(modes) <= set(MODES):
         parser.error(f"--modes: unknown {sorted(set(modes) - set(MODES))}; known: {list(MODES)}")
-    variants = tuple(args.variants.split(","))
+    default = ("clean", "noisy") if args.dumper == "msprobe" else DEFAULT_VARIANTS
+    variants = tuple(args.variants.split(",")) if args.variants else default
     if not set(variants) <= set(VARIANTS):
         parser.error(f"--variants: unknown {sorted(set(variants) - set(VARIANTS))}; known: {list(VARIANTS)}")
     if args.device == "cuda":
