@@ -9,8 +9,18 @@ node hook on the call's autograd node that rewrites the gradients it hands upstr
 capture's own hook, which therefore records the degraded gradients as that call's backward output.
 
 The noisy variant perturbs every floating output of every call (forward, and backward through the same node
-hooks) by a relative ``sigma`` drawn per case between 1e-6 and 1e-4, as two devices' kernels differ; the bench
-run is always clean.
+hooks) by a relative ``sigma`` drawn per case between 1e-6 and 1e-4; the bench run is always clean. Real
+kernels do not differ so: the two kernel variants (issue 22) let the target compute as another device would,
+with no noise anywhere:
+
+* ``f64`` ("another kernel"): every reduction API (``REDUCTION_OPS``: matmul, linear, conv, norms, softmax,
+  sum/mean, sdpa, cross_entropy, lstm, ...) runs in float64 and is rounded back to its dtype, forward and
+  backward (the backward by calling the float64 replica's own autograd node on the real node's gradients),
+  while elementwise ops stay bit-exact, as they are across CPU and GPU;
+* ``tf32``: as ``f64``, and the operands of the matmul-class calls (``MATMUL_OPS``: matmul, linear, conv,
+  bmm, ...) are also rounded to TF32's 10 mantissa bits, forward and backward.
+
+``device="cuda"`` runs the target on a GPU instead (bench on the CPU), for a machine that has one.
 
 Which dump tool records the run is a ``Dumper``: it says which API call is in flight (the name its dump
 uses) and keeps the fault's own tensor work out of the dump. Parity's client is imported only by its dumper,
@@ -79,7 +89,7 @@ class Block(nn.Module):
         q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d // self.heads)
         if self.causal:
-            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
             att = att.masked_fill(mask, float("-inf"))
         att = F.softmax(att, dim=-1)
         y = torch.matmul(att, v).transpose(1, 2).reshape(b, t, d)
@@ -95,7 +105,7 @@ class GPT(nn.Module):
         self.ln, self.head = nn.LayerNorm(32), nn.Linear(32, 50)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
@@ -140,6 +150,29 @@ class LSTMNet(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         out, _ = self.lstm(self.emb(idx))
         return self.fc(F.layer_norm(out, (32,)))
+
+
+#: APIs computed as another device's kernel would in the ``f64``/``tf32`` variants: everything that reduces
+#: (a sum over some axis: its order and precision are the kernel's choice). Elementwise ops stay exact.
+REDUCTION_OPS = frozenset({
+    "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "conv1d", "conv2d", "conv3d",
+    "conv_transpose2d", "layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "softmax",
+    "log_softmax", "sum", "mean", "cross_entropy", "nll_loss", "scaled_dot_product_attention", "lstm", "gru",
+    "adaptive_avg_pool2d", "avg_pool2d", "norm", "var", "std", "logsumexp", "cumsum",
+})  # fmt: skip
+#: Their matmul-class part, whose operands TF32 rounds to 10 mantissa bits (the ``tf32`` variant).
+MATMUL_OPS = frozenset({
+    "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "conv1d", "conv2d", "conv3d",
+    "conv_transpose2d", "scaled_dot_product_attention", "lstm", "gru",
+})  # fmt: skip
+KERNELS = ("f64", "tf32")
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (float32 or float64) with its mantissa rounded to nearest to TF32's 10 bits, in float64."""
+    bits = t.float().contiguous().view(torch.int32)
+    rounded = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)  # round half up on the 13 dropped bits
+    return torch.where(torch.isfinite(t), rounded.double(), t.double())
 
 
 def _batch(family: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -410,9 +443,12 @@ def _write_config(dump_dir: Path, body: dict[str, Any]) -> Path:
 class Perturb(TorchFunctionMode):
     """Degrades one call (``fault``) and/or every call (``sigma``); see the module docstring."""
 
-    def __init__(self, fault: Fault | None, sigma: float, seed: int, dumper: Dumper) -> None:
+    def __init__(self, fault: Fault | None, sigma: float, seed: int, dumper: Dumper,
+                 kernel: str | None = None) -> None:  # fmt: skip
         super().__init__()
-        self.fault, self.sigma, self.dumper = fault, sigma, dumper
+        if kernel is not None and kernel not in KERNELS:
+            raise ValueError(f"unknown kernel variant {kernel!r}; known: {KERNELS}")
+        self.fault, self.sigma, self.dumper, self.kernel = fault, sigma, dumper, kernel
         self.counts: dict[str, int] = {}
         self.gen = torch.Generator().manual_seed(seed)  # its own: the run's RNG (dropout) stays in step
         self.hit = False
@@ -420,7 +456,7 @@ class Perturb(TorchFunctionMode):
     def _noise(self, t: torch.Tensor, rel: float) -> torch.Tensor:
         """``t`` scaled in place by ``1 + rel * N(0, 1)``, through ``.data``: the graph keeps the call's own
         node (its backward entry must mean the same on both sides) and no version counter moves."""
-        scale = 1 + rel * torch.randn(t.shape, generator=self.gen, dtype=torch.float32).to(t.dtype)
+        scale = 1 + rel * torch.randn(t.shape, generator=self.gen, dtype=torch.float32).to(t.device, t.dtype)
         t.data.mul_(scale)
         return t
 
@@ -440,6 +476,9 @@ class Perturb(TorchFunctionMode):
         if fault is not None:
             self.hit = True
         out = func(*args, **kwargs)
+        op = name.split(".")[1] if "." in name else name
+        other = self.kernel is not None and op in REDUCTION_OPS
+        replica = self._other_kernel(op, func, args, kwargs, out) if other else None
         if fault is not None and not fault.backward:
             # Computed apart and copied into the call's own output, so its autograd node stays the real one.
             with torch.no_grad():
@@ -450,10 +489,48 @@ class Perturb(TorchFunctionMode):
             for t in _float_tensors(out):
                 self._noise(t, self.sigma)
         grad_fn = next((t.grad_fn for t in _float_tensors(out) if t.grad_fn is not None), None)
+        if grad_fn is not None and replica is not None:
+            grad_fn.register_hook(self._replica_hook(replica, op in MATMUL_OPS and self.kernel == "tf32"))
         if grad_fn is not None and (self.sigma > 0 or (fault is not None and fault.backward)):
             kind = fault.kind if fault is not None and fault.backward else None
             grad_fn.register_hook(self._grad_hook(kind))
         return out
+
+    def _other_kernel(self, op: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      out: Any) -> Any:  # fmt: skip
+        """Recompute a reduction as another device's kernel (float64, TF32 operands for the matmul class),
+        copy the result, rounded back, into the call's own outputs, and return the float64 replica's autograd
+        node (None when it has none) for the backward."""
+        tf32 = self.kernel == "tf32" and op in MATMUL_OPS
+
+        def replica(t: torch.Tensor) -> torch.Tensor:
+            d = round_tf32(t.detach()) if tf32 else t.detach().double()
+            return d.requires_grad_(t.requires_grad)
+
+        with torch.enable_grad():
+            wide_kwargs = {k: _map_floats(v, replica) for k, v in kwargs.items()}
+            wide = func(*_map_floats(args, replica), **wide_kwargs)
+        for t, w in zip(_float_tensors(out), _float_tensors(wide), strict=True):
+            t.data.copy_(w.detach().to(t.dtype))
+        return next((w.grad_fn for w in _float_tensors(wide) if w.grad_fn is not None), None)
+
+    def _replica_hook(self, node: Any, tf32: bool) -> Callable[[Any, Any], Any]:
+        """A node hook handing upstream the gradients the float64 replica's node computes from the same
+        incoming gradients (rounded to TF32 for the matmul class), each rounded back to its dtype. A node
+        whose gradients do not line up (None where the replica needs one) is left exact."""
+
+        def hook(grad_inputs: Any, grad_outputs: Any) -> Any:
+            if any(g is None for g in grad_outputs):
+                return None
+            with self.dumper.quiet(), torch.no_grad():
+                wide = node(*(round_tf32(g) if tf32 else g.double() for g in grad_outputs))
+                wide = wide if isinstance(wide, tuple) else (wide,)
+                if len(wide) != len(grad_inputs):
+                    return None
+                return tuple(g if g is None or w is None or w.shape != g.shape else w.to(g.dtype)
+                             for g, w in zip(grad_inputs, wide, strict=True))  # fmt: skip
+
+        return hook
 
     def _grad_hook(self, kind: str | None) -> Callable[[Any, Any], Any]:
         def hook(grad_inputs: Any, grad_outputs: Any) -> Any:
@@ -504,12 +581,17 @@ _dumper_cache: dict[str, Dumper] = {}
 
 def dump_run(dump_dir: Path, family: str, *, task: str = "tensor", fault: Fault | None = None,
              sigma: float = 0.0, seed: int = 0, summary_mode: str = "statistics",
-             dumper: str = "parity") -> Path:  # fmt: skip
+             dumper: str = "parity", kernel: str | None = None, device: str = "cpu",
+             tf32: bool = False) -> Path:  # fmt: skip
     """One training step of ``family`` dumped into ``dump_dir`` by ``dumper`` (``parity``, or ``msprobe``
-    in msprobe's own interpreter); returns the rank directory's dump.json."""
+    in msprobe's own interpreter), computed by ``kernel`` (None: the device's own; ``KERNELS``) on ``device``
+    (with TF32 matmuls and convolutions when ``tf32``, on a GPU); returns the rank directory's dump.json."""
     tool = _dumper_cache.get(dumper) or _dumper_cache.setdefault(dumper, _DUMPERS[dumper]())
-    perturb = Perturb(fault, sigma, seed, tool)
+    perturb = Perturb(fault, sigma, seed, tool, kernel)
     model, x, y = build(family)
+    if device != "cpu":
+        model, x, y = model.to(device), x.to(device), y.to(device)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     with tool.session(dump_dir, task, summary_mode):
         with perturb:  # entered first: below a capture mode, so the capture sees its outputs
             tool.start()
@@ -534,11 +616,19 @@ class Outcome:
 
     label: str
     mode: str
-    noisy: bool
+    variant: str  # "clean", "noisy", or the target's kernel ("f64", "tf32", "cuda")
     truth: str | None  # None: a pair with no fault (identical or noise-only)
     ranked: list[str]
     first: str | None
     scores: dict[str, float] = field(default_factory=dict)
+
+    #: the systematic findings the pair reported (the engine's ``Localization.systematic``, in words)
+    systematic: list[str] = field(default_factory=list)
+
+    @property
+    def noisy(self) -> bool:
+        """A pair whose target is not the bench's own computation (noise, or another kernel)."""
+        return self.variant != "clean"
 
     @property
     def top1(self) -> bool:
@@ -555,6 +645,12 @@ class Outcome:
 
 def compare(target: Path, bench: Path) -> tuple[list[str], str | None, dict[str, float]]:
     """The engine's ranked suspects, first divergence and per-call scores for one pair."""
+    ranked, first, scores, _ = judged(target, bench)
+    return ranked, first, scores
+
+
+def judged(target: Path, bench: Path) -> tuple[list[str], str | None, dict[str, float], list[str]]:
+    """``compare``'s three, and the systematic findings the pair reported (in words)."""
     from parity.shared.compare.engine import compare_dumps
     from parity.shared.compare.options import CompareOptions
 
@@ -564,7 +660,8 @@ def compare(target: Path, bench: Path) -> tuple[list[str], str | None, dict[str,
         if score is not None:
             scores[row.api] = score
     first = result.first_divergence.api if result.first_divergence else None
-    return [s.api for s in result.suspects], first, scores
+    systematic = [f.text for f in result.systematic]
+    return [s.api for s in result.suspects], first, scores, systematic
 
 
 def workdir() -> Path:

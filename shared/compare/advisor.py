@@ -1,16 +1,21 @@
-"""msprobe v1's advisor (compare.md §7.3): the first failing row and a canned hint chosen from its name.
+"""msprobe v1's advisor (compare.md §7.3): three lines, ``Line``, ``Suspect Nodes``, ``Expert Advice``.
 
-The texts are msprobe's, word for word, so users who know them read the same advice; ``format_advice`` gives
-the three lines of ``advisor_{ts}.txt``.
+msprobe names the first failing row and picks a canned hint from its name. Parity's lines come from the same
+judgement as its ranked suspects (``localization``): "Suspect Nodes" is the top suspect's worst output row,
+and the advice says what the evidence says: msprobe's hint for that row (its texts word for word, so users
+who know them read the same advice), the verdict of a float64 replay of that call where one was run
+(``ReplayVerdict``: "the target's kernel is wrong"), and the systematic findings (every matmul-class call
+differs by ~1e-3: TF32 on the target), which are a difference of the whole device, no call's fault.
+``format_advice`` gives the three lines of ``advisor_{ts}.txt``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.localization import Localization
-from parity.shared.compare.result import Advice, CompareRow, RowStatus
+from parity.shared.compare.result import Advice, CompareRow, ReplayVerdict, RowStatus, SystematicFinding
 
 NO_ERROR = "NA"
 NO_ERR_SUGGEST = "All data in comparison result meets the accuracy requirements."
@@ -27,6 +32,18 @@ DETERMINISTIC_SUGGEST = (
     "This torch api may be uncertainty in the calculation, can seed_all(mode=True) to enable deterministic "
     "computing."
 )
+#: Parity's: no call stands out, though rows fail msprobe's thresholds (they carry what their inputs had).
+NO_SUSPECT_SUGGEST = (
+    "No API call's output error stands out beyond what its inputs and its expected rounding explain; the "
+    "rows that fail the thresholds carry error from their inputs."
+)
+#: Parity's: what a systematic finding cannot rule out from the table alone.
+SYSTEMATIC_ALTERNATIVE = (
+    "If the target should compute these exactly as the bench does, {first} itself may be wrong (its error "
+    "carried into the rest): replay it in float64."
+)
+#: Parity's: a replay showed the bench's kernel is the wrong one.
+BENCH_WRONG_SUGGEST = "The bench's result is the wrong one: check the bench run's implementation of this API."
 BATCH_NORM_SUGGEST = (
     "Torch API batch_norm input not fixed, the following suggestions may fix it:\n"
     "1. If use torch.nn.functional.batch_norm, you can set parameter training=False.\n"
@@ -68,20 +85,61 @@ def _deterministic(message: str, node_name: str) -> str:
 
 
 def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
-           localization: Localization | None = None) -> Advice:  # fmt: skip
+           localization: Localization | None = None,
+           replays: Mapping[str, ReplayVerdict] | None = None) -> Advice:  # fmt: skip
     """msprobe's three lines, from the same judgement as the suspects below them.
 
-    With a localization: its first divergence (the output row it points at) when there is one; otherwise
-    the first failing row (msprobe's rule: its verdict column, or a row Parity's highlight rules paint red)
-    whose values are not identical on both sides (an identical ``-inf`` fill value is no loss of precision);
-    otherwise the all-clear. Without one, msprobe's rule as it stands.
+    With a localization: the top suspect (the output row it points at) with msprobe's hint for it, or what
+    a float64 replay of it found (``replays``, by entry name: the replay's seam), then the systematic
+    findings; with no suspect, the systematic findings (no node: a whole API class differs), else the
+    all-clear, or ``NO_SUSPECT_SUGGEST`` where rows still fail msprobe's thresholds (their values not
+    identical: an identical ``-inf`` fill value is no loss of precision). Without a localization,
+    msprobe's rule as it stands: the first failing row (its verdict column, or a row Parity's highlight
+    rules paint red).
     """
     name_col = header.index("NPU Name")
-    if localization is not None and localization.first_divergence is not None:
-        first = localization.first_divergence
-        line = first.worst_row if first.worst_row >= 0 else first.first_row
+    if localization is not None and localization.suspects:
+        top = localization.suspects[0]
+        line = top.worst_row if top.worst_row >= 0 else top.first_row
         name = str(rows[line].cells[name_col])
-        return Advice(line=line, suspect_node=name, text=advice_text(name))
+        verdict = replays.get(top.api) if replays else None
+        hint = _replayed(name, verdict) if verdict else advice_text(name)
+        text = _with_findings(hint, localization.systematic)
+        return Advice(line=line, suspect_node=name, text=text)
+    if localization is not None and localization.systematic:
+        return Advice(line=None, suspect_node=None, text=_with_findings("", localization.systematic))
+    failing_row = _first_failing(rows, header, mode, localization)
+    if failing_row is None:
+        return Advice(line=None, suspect_node=None, text=NO_ERR_SUGGEST)
+    if localization is not None and mode is not CompareMode.MD5:
+        return Advice(line=None, suspect_node=None, text=NO_SUSPECT_SUGGEST)
+    name = str(rows[failing_row].cells[name_col])
+    return Advice(line=failing_row, suspect_node=name, text=advice_text(name))
+
+
+def _replayed(name: str, verdict: ReplayVerdict) -> str:
+    """The advice for a suspect whose float64 replay gave ``verdict``: the verdict, then msprobe's words
+    for a computation error when the target's kernel is the wrong one."""
+    if verdict.wrong == "target":
+        hint = FORWARD_OUTPUT_SUGGEST if "forward" in name else BACKWARD_OUTPUT_SUGGEST
+    elif verdict.wrong == "bench":
+        hint = BENCH_WRONG_SUGGEST
+    else:
+        hint = advice_text(name)
+    return f"{verdict.text.rstrip('.')}. {hint}"
+
+
+def _with_findings(text: str, findings: Sequence[SystematicFinding]) -> str:
+    """``text`` followed by each systematic finding, and the one alternative the table cannot rule out: a
+    fault in the class's first call, carried into all the others (a float64 replay of it decides)."""
+    extra = [f"Systematic: {f.text}. {SYSTEMATIC_ALTERNATIVE.format(first=f.first)}" for f in findings]
+    return "\n".join(part for part in (text, *extra) if part)
+
+
+def _first_failing(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
+                   localization: Localization | None) -> int | None:  # fmt: skip
+    """msprobe's failing row: the first whose verdict column fails or that a highlight rule paints red,
+    and whose values are not identical on both sides (where the localization knows)."""
     column, failing = FAILING_VERDICT[mode]
     verdict_col = header.index(column)
     fail = RowStatus.FAIL
@@ -90,9 +148,8 @@ def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
         if row.cells[verdict_col] == failing or row.status is fail:
             if errors is not None and errors[line] == 0.0:
                 continue
-            name = str(row.cells[name_col])
-            return Advice(line=line, suspect_node=name, text=advice_text(name))
-    return Advice(line=None, suspect_node=None, text=NO_ERR_SUGGEST)
+            return line
+    return None
 
 
 def format_advice(advice: Advice) -> str:

@@ -249,7 +249,8 @@ def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None 
     suspects, first = suspects_of(localization, rows, reason_of, stacks)
     return CompareResult(mode=mode, stack_mode=stack_mode, rows=rows, advice=advice, suspects=suspects,
                          first_divergence=first, row_scores=localization.row_scores(len(rows)),
-                         missing_tensor_files=[f for p in parts for f in p.missing_tensor_files])  # fmt: skip
+                         missing_tensor_files=[f for p in parts for f in p.missing_tensor_files],
+                         systematic=localization.systematic)  # fmt: skip
 
 
 def _build_rows(

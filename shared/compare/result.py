@@ -82,6 +82,36 @@ class Suspect:
 
 
 @dataclass(frozen=True, slots=True)
+class SystematicFinding:
+    """One API class that differs by about the same amount in (nearly) every call, from its first call on
+    identical inputs on: the target computes that class another way (TF32, a lower-precision accumulation),
+    one finding for the pair rather than a fault of its first call."""
+
+    api_class: str  # "matmul", "norm", "softmax", "reduce", "loss"
+    level: float  # the typical normwise relative error of the class's calls
+    calls: int  # the class's judged calls
+    differing: int  # those that differ beyond their expected rounding
+    first: str  # the class's first call: where it shows on identical inputs
+    text: str  # the finding in words ("every matmul-class call differs by ~1e-3: TF32 or ...")
+
+    def as_dict(self) -> dict[str, object]:
+        return {"api_class": self.api_class, "level": self.level, "calls": self.calls,
+                "differing": self.differing, "first": self.first, "text": self.text}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayVerdict:
+    """What re-running one call in float64 from each side's recorded inputs says (the replay fills it; the
+    advisor reads it for the call it names): which side's recorded output is farther from its own replay
+    than rounding allows. The seam between the replay and the one judgement (``advisor.advise``)."""
+
+    api: str  # the entry replayed (``Functional.linear.2.forward``)
+    wrong: str | None  # "target" or "bench": whose kernel is wrong; None: both within rounding
+    #: in words: "target output 2.1e-2 from its float64 replay, bench 3e-8: the target's kernel is wrong"
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Advice:
     """msprobe's three-line advisor result (compare.md §7.3); ``line`` is None when every row passed."""
 
@@ -108,6 +138,8 @@ class CompareResult:
     missing_tensor_files: list[str] = field(default_factory=list)
     #: the float64 replay of the top suspects (``parity.shared.replay.compare``): verdicts, or a note why none
     replay: dict[str, object] | None = None
+    #: API classes that differ systematically (another kernel or precision on the target), not suspects
+    systematic: list[SystematicFinding] = field(default_factory=list)
 
     @property
     def header(self) -> list[str]:
@@ -147,6 +179,7 @@ class CompareResult:
             "suspects": [suspect_dict(s) for s in self.suspects],
             "first_divergence": suspect_dict(self.first_divergence) if self.first_divergence else None,
             "replay": self.replay,
+            "systematic": [f.as_dict() for f in self.systematic],
         }
 
 

@@ -3,11 +3,12 @@
 The first three lines are exactly what msprobe writes to ``advisor_{ts}.txt`` (``Line``, ``Suspect Nodes``,
 ``Expert Advice``, with ``NA`` when every row passed), so scripts that read msprobe's file keep working. What
 follows is what msprobe lacks: the first divergence (the earliest call, in execution order, that stands out
-and whose effect carries on) and the ranked suspects (calls whose output error stands 3.2x (0.5 decades;
-5.6x in statistics mode) or more above what their inputs and the run pair's background explain), each with
-its evidence in numbers, its row as Excel numbers it and the innermost frame in the user's own code. The
-three lines come from the same judgement (``parity.shared.compare.localization``), so they never give the
-all-clear above a suspect.
+and whose effect carries on) and the ranked suspects (calls whose output error stands 2.5x (0.4 decades;
+5.6x in statistics mode) or more above what their inputs, their own expected rounding and the run pair's
+backgrounds explain), each with its evidence in numbers, its row as Excel numbers it and the innermost frame
+in the user's own code. The three lines come from the same judgement (``parity.shared.compare.localization``):
+"Suspect Nodes" is the top suspect, and a systematic finding (every matmul-class call differing by TF32's
+rounding) is said in the advice, so they never give the all-clear above a suspect.
 """
 
 from __future__ import annotations

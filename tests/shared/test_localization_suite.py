@@ -39,3 +39,22 @@ def test_the_faulty_call_is_the_top_suspect_and_the_first_divergence(
 def test_an_identical_gpt_run_names_no_suspect(benches: dict[str, Path], tmp_path: Path) -> None:
     same = suite.dump_run(tmp_path / "same", "gpt")
     assert suite.compare(same, benches["gpt"])[:2] == ([], None)
+
+
+@pytest.mark.parametrize("kernel", suite.KERNELS)
+def test_a_gpt_run_on_another_kernel_names_no_call(
+    kernel: str, benches: dict[str, Path], tmp_path: Path
+) -> None:
+    """Another device's kernels (every reduction in float64, or also TF32 matmuls), no fault: no call is
+    named; TF32 is one systematic finding of the matmul class."""
+    target = suite.dump_run(tmp_path / kernel, "gpt", kernel=kernel)
+    ranked, first, _, systematic = suite.judged(target, benches["gpt"])
+    assert (ranked, first) == ([], None)
+    assert len(systematic) == (kernel == "tf32")
+    assert all(f.startswith("every matmul-class call differs by ~") for f in systematic)
+
+
+def test_a_fault_on_another_kernel_is_the_top_suspect(benches: dict[str, Path], tmp_path: Path) -> None:
+    fault = suite.Fault("mlp", "Functional.linear", 1, "fp16")
+    target = suite.dump_run(tmp_path / "target", "mlp", fault=fault, kernel="f64")
+    assert suite.compare(target, benches["mlp"])[0][:1] == [fault.entry]
