@@ -1,9 +1,13 @@
 """Tensor leaves of dump.json (dump-format.md §4.3) with statistics that stay on the device until a flush.
 
-Each tensor costs three small reductions (``aminmax``, ``mean``, ``vector_norm``) whose 0-d results are kept,
-grouped by dtype; :meth:`StatsBuffer.resolve` stacks each group once and moves it to the host with one
-``tolist()``, then fills the ``Max``/``Min``/``Mean``/``Norm`` slots of the leaf dicts in place (the slots
-exist from the start, so the key order of the file is msprobe's). Never one ``.item()`` per tensor.
+Each tensor costs small reductions computed where it lives (any device); their 0-d results are kept, grouped
+by (device, dtype). :meth:`StatsBuffer.resolve` stacks each group once, joins a device's groups into one
+float64 vector and moves it to the host (one copy and one wait per device, see
+:func:`parity.client.devices.to_host`), then fills the ``Max``/``Min``/``Mean``/``Norm`` slots of the leaf
+dicts in place (the slots exist from the start, so the key order of the file is msprobe's). Never one
+``.item()`` per tensor, and no mix of devices (AdamW's CPU ``step`` counters beside CUDA weights) or dtypes
+in one flush can fail it. A tensor whose values cannot be read (``meta``, fake, functional) keeps its dtype
+and shape with null statistics (as msprobe writes it), and the reason is logged once: never a crash.
 Callers run this with torch-function handling disabled and grad off (see ``quiet()``), so the tool's own
 reductions are neither recorded nor part of any autograd graph.
 
@@ -15,13 +19,17 @@ lets those leaves share one set of statistics instead of recomputing them.
 from __future__ import annotations
 
 import contextlib
+import logging
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from parity.client.devices import host_dtype, to_host, unreadable
 
 __all__ = ["StatsBuffer", "crc32_hex", "quiet"]
+
+log = logging.getLogger(__name__)
 
 _DTYPE_STR: dict[torch.dtype, str] = {}
 _FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
@@ -52,6 +60,19 @@ def _type_name(t: torch.Tensor) -> str:
     return f"{cls.__module__}.{cls.__name__}"
 
 
+_noted: set[str] = set()  # reasons already logged in this process
+
+
+def note_unreadable(reason: str, where: str) -> None:
+    """Log once per reason that statistics were left null (the leaf keeps its dtype and shape)."""
+    if reason not in _noted:
+        _noted.add(reason)
+        log.warning("parity: %s (%s): dtype and shape recorded, statistics left null", where, reason)
+
+
+_Group = tuple[list[torch.Tensor], list[list[dict[str, Any]]]]
+
+
 class StatsBuffer:
     """Builds tensor leaves now and fills their statistics at :meth:`resolve`."""
 
@@ -63,13 +84,13 @@ class StatsBuffer:
 
     def __init__(self, *, md5: bool) -> None:
         self.md5 = md5
-        # dtype -> flat list of 0-d stat tensors (4 per float tensor, 2 per bool tensor), and per tensor the
-        # leaves that share those statistics
-        self._values: dict[torch.dtype, list[torch.Tensor]] = {}
-        self._leaves: dict[torch.dtype, list[list[dict[str, Any]]]] = {}
+        # (device, stat dtype) -> flat list of 0-d stat tensors (4 per float tensor, 2 per bool tensor), and
+        # per tensor the leaves that share those statistics
+        self._groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
         # id(tensor) -> (tensor, version, the leaves it feeds, md5); holding the tensor keeps its id unique
         self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], str | None]] = {}
         self.pending = 0
+        self.unreadable = 0  # leaves left null because their values could not be read
 
     def leaf(self, t: torch.Tensor, data_name: str | None = None) -> dict[str, Any]:
         """The leaf dict of ``t``; statistics are queued, filled by the next :meth:`resolve`."""
@@ -83,8 +104,13 @@ class StatsBuffer:
         }  # fmt: skip
         if data_name is not None:
             leaf["data_name"] = data_name
-        if t.is_meta or t.numel() == 0 or dtype in _SKIP_DTYPES or t.layout is not torch.strided:
-            if self.md5 and not t.is_meta and t.layout is torch.strided:
+        reason = unreadable(t)
+        if reason is not None:
+            self.unreadable += 1
+            note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
+            return leaf
+        if t.numel() == 0 or dtype in _SKIP_DTYPES or t.layout is not torch.strided:
+            if self.md5 and t.layout is torch.strided:
                 leaf["md5"] = crc32_hex(t)
             return leaf
         version = t._version
@@ -94,23 +120,22 @@ class StatsBuffer:
             if hit[3] is not None:
                 leaf["md5"] = hit[3]
             return leaf
-        x = t  # no detach(): callers run under quiet() (no grad), so it would only cost a dispatch
-        if dtype is torch.bool:
-            vals = [x.any(), x.all()]
-        else:
-            if x.is_complex():
-                x = x.abs()
-            elif not x.is_floating_point():
-                x = x.double()  # integer stats in float64: exact for any int32, and mean() needs a float
-            mn, mx = torch.aminmax(x)
-            vals = [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
-        key = vals[0].dtype
-        self._values.setdefault(key, []).extend(vals)
+        try:
+            vals = _reductions(t)
+            digest = crc32_hex(t) if self.md5 else None
+        except Exception as exc:  # a tensor subclass that cannot run the reductions: never fail the step
+            self.unreadable += 1
+            note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {type(t).__name__} of dtype {dstr}")
+            return leaf
+        key = (vals[0].device, vals[0].dtype)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = ([], [])
+        group[0].extend(vals)
         sharing = [leaf]
-        self._leaves.setdefault(key, []).append(sharing)
-        digest = None
-        if self.md5:
-            digest = leaf["md5"] = crc32_hex(t)
+        group[1].append(sharing)
+        if digest is not None:
+            leaf["md5"] = digest
         if len(self._cache) >= self.CACHE_SIZE:
             del self._cache[next(iter(self._cache))]
         self._cache[id(t)] = (t, version, sharing, digest)
@@ -124,21 +149,58 @@ class StatsBuffer:
         self._cache.clear()
 
     def resolve(self) -> None:
-        """Move every pending statistic to the host (one stack + tolist per dtype) and fill the leaves."""
-        for dtype, values in self._values.items():
-            leaves = self._leaves[dtype]
-            host = torch.stack(values).tolist()
-            if dtype is torch.bool:
-                for i, sharing in enumerate(leaves):
-                    mx, mn = bool(host[2 * i]), bool(host[2 * i + 1])
-                    for leaf in sharing:
-                        leaf["Max"], leaf["Min"] = mx, mn
-            else:
-                for i, sharing in enumerate(leaves):
-                    j = 4 * i
-                    for leaf in sharing:
-                        leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"] = host[j : j + 4]
-        self._values.clear()
-        self._leaves.clear()
+        """Move every pending statistic to the host (one copy per device) and fill the leaves."""
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        # per device: (offset into its host vector, stat dtype, leaves) of each group
+        layout: dict[torch.device, list[tuple[int, torch.dtype, list[list[dict[str, Any]]]]]] = {}
+        for (device, dtype), (values, leaves) in self._groups.items():
+            try:
+                stacked = torch.stack(values).to(host_dtype(device))
+            except Exception as exc:  # an exotic device or subclass: these leaves keep null statistics
+                self.unreadable += len(leaves)
+                note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
+                continue
+            parts = by_device.setdefault(device, [])
+            offset = sum(p.numel() for p in parts)
+            parts.append(stacked)
+            layout.setdefault(device, []).append((offset, dtype, leaves))
+        self._groups.clear()
         self._cache.clear()
         self.pending = 0
+        for device, parts in by_device.items():
+            try:
+                host = to_host({device: parts})[device].tolist()
+            except Exception as exc:
+                note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
+                continue
+            for offset, dtype, leaves in layout[device]:
+                _fill(host, offset, dtype, leaves)
+
+
+def _reductions(x: torch.Tensor) -> list[torch.Tensor]:
+    """The 0-d statistics of ``x`` where it lives: [any, all] for bool, else [max, min, mean, norm].
+
+    No detach(): callers run under quiet() (no grad), so it would only cost a dispatch."""
+    if x.dtype is torch.bool:
+        return [x.any(), x.all()]
+    if x.is_complex():
+        x = x.abs()
+    elif not x.is_floating_point():
+        x = x.double()  # integer stats in float64: exact for any int32, and mean() needs a float
+    mn, mx = torch.aminmax(x)
+    return [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
+
+
+def _fill(host: list[float], offset: int, dtype: torch.dtype, leaves: list[list[dict[str, Any]]]) -> None:
+    if dtype is torch.bool:
+        for i, sharing in enumerate(leaves):
+            j = offset + 2 * i
+            anyv, allv = bool(host[j]), bool(host[j + 1])
+            for leaf in sharing:
+                leaf["Max"], leaf["Min"] = anyv, allv
+        return
+    for i, sharing in enumerate(leaves):
+        j = offset + 4 * i
+        mx, mn, mean, norm = host[j : j + 4]
+        for leaf in sharing:
+            leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"] = mx, mn, mean, norm
