@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
 from parity.client.config import DebuggerConfig
-from parity.client.stats import StatsBuffer, quiet
+from parity.client.stats import StatsBuffer, grad_off, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
 from parity.shared.dump.naming import backward_of, tensor_file
@@ -37,6 +37,7 @@ Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
 _Stacks = list[tuple[list[str], list[str]]]
 _SCALARS = (bool, int, float, str)
+_TOOL_CODE: dict[CodeType, bool] = {}  # code object -> it is the tool's own (cached per function)
 # Frames of the tool itself are dropped from stack.json (the user wants their own code, not ours).
 _TOOL_DIRS = tuple(
     os.path.dirname(os.path.abspath(p)) + os.sep
@@ -99,6 +100,7 @@ class Recorder:
         self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5")
         self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
+        self._stack_fast: dict[tuple[Any, ...], int] = {}  # (code, offset, code, offset, ...) -> group
         self.stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
@@ -195,24 +197,42 @@ class Recorder:
 
     # ----------------------------------------------------------------------------------- stack / construct
     def record_stack(self, name: str, frame: FrameType | None) -> None:
-        """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped)."""
-        key: list[tuple[CodeType, int]] = []
+        """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped).
+
+        The hot path keys the stack by (code, instruction offset) pairs, cheap to read; only a key not seen
+        before computes line numbers (what the group is deduplicated by) and, for a new group, the text."""
+        key: list[Any] = []
         f = frame
+        tool = _TOOL_CODE
         while f is not None:
             code = f.f_code
-            if not code.co_filename.startswith(_TOOL_DIRS):
-                key.append((code, f.f_lineno))
+            skip = tool.get(code)
+            if skip is None:
+                skip = tool[code] = code.co_filename.startswith(_TOOL_DIRS)
+            if not skip:
+                key.append(code)
+                key.append(f.f_lasti)
             f = f.f_back
         k = tuple(key)
-        idx = self._stack_index.get(k)
+        idx = self._stack_fast.get(k)
         if idx is None:
-            frames = [
-                f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
-                f"{linecache.getline(c.co_filename, ln).strip()}"
-                for c, ln in k
-            ]
-            idx = self._stack_index[k] = len(self.stacks)
-            self.stacks.append(([], frames))
+            lines: list[tuple[CodeType, int]] = []
+            f = frame
+            while f is not None:
+                if not tool[f.f_code]:
+                    lines.append((f.f_code, f.f_lineno))
+                f = f.f_back
+            by_line = tuple(lines)
+            idx = self._stack_index.get(by_line)
+            if idx is None:
+                frames = [
+                    f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
+                    f"{linecache.getline(c.co_filename, ln).strip()}"
+                    for c, ln in by_line
+                ]
+                idx = self._stack_index[by_line] = len(self.stacks)
+                self.stacks.append(([], frames))
+            self._stack_fast[k] = idx
         self.stacks[idx][0].append(name)
 
     def api_parent(self, fwd: str) -> None:
@@ -244,13 +264,13 @@ class Recorder:
         entry: dict[str, Any] | None = None
         self.dirty = True
         if self.want_fwd_in:
-            with torch.no_grad():
+            with grad_off():
                 entry = self.encode_inputs(fwd, *(shown or (args, kwargs)))
             self.data[fwd] = entry
         out = func(*args, **kwargs)
         self.api_counts[prefix_api] = n + 1
         if self.want_fwd_out:
-            with torch.no_grad():
+            with grad_off():
                 encoded = self.encode_output(fwd, out)
             if entry is None:
                 entry = self.data[fwd] = {}
@@ -317,6 +337,7 @@ class Recorder:
         self.construct = {}
         self.stacks = []
         self._stack_index = {}
+        self._stack_fast = {}
         return docs
 
     def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: _Stacks,

@@ -18,16 +18,14 @@ lets those leaves share one set of statistics instead of recomputing them.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from parity.client.devices import host_dtype, to_host, unreadable
 
-__all__ = ["StatsBuffer", "crc32_hex", "quiet"]
+__all__ = ["StatsBuffer", "crc32_hex", "grad_off", "quiet"]
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +35,41 @@ _SKIP_DTYPES = {getattr(torch, n) for n in _FP8
                 if hasattr(torch, n)}  # fmt: skip
 
 
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
+class _GradOff:
+    """``torch.no_grad()`` without its per-use Python overhead (a decorator-capable class, several calls):
+    the recorder enters one or two of these per recorded call."""
+
+    __slots__ = ("_prev",)
+
+    def __enter__(self) -> None:
+        self._prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        torch._C._set_grad_enabled(self._prev)
+
+
+class _Quiet(_GradOff):
+    __slots__ = ("_off",)
+
+    def __enter__(self) -> None:
+        self._off = torch._C.DisableTorchFunction()
+        self._off.__enter__()
+        _GradOff.__enter__(self)
+
+    def __exit__(self, *exc: object) -> None:
+        _GradOff.__exit__(self)
+        self._off.__exit__(None, None, None)
+
+
+def grad_off() -> _GradOff:
+    """Grad off for the tool's own tensor work (cheaper than ``torch.no_grad()``)."""
+    return _GradOff()
+
+
+def quiet() -> _Quiet:
     """Run the tool's own torch calls unseen by any torch-function mode (ours included) and without grad."""
-    with torch._C.DisableTorchFunction(), torch.no_grad():
-        yield
+    return _Quiet()
 
 
 def crc32_hex(t: torch.Tensor) -> str:
@@ -60,6 +88,9 @@ def _type_name(t: torch.Tensor) -> str:
     return f"{cls.__module__}.{cls.__name__}"
 
 
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+_is_functional = torch._is_functional_tensor
 _noted: set[str] = set()  # reasons already logged in this process
 
 
@@ -86,7 +117,7 @@ class StatsBuffer:
         self.md5 = md5
         # (device, stat dtype) -> flat list of 0-d stat tensors (4 per float tensor, 2 per bool tensor), and
         # per tensor the leaves that share those statistics
-        self._groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
+        self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
         # id(tensor) -> (tensor, version, the leaves it feeds, md5); holding the tensor keeps its id unique
         self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], str | None]] = {}
         self.pending = 0
@@ -98,17 +129,20 @@ class StatsBuffer:
         dstr = _DTYPE_STR.get(dtype)
         if dstr is None:
             dstr = _DTYPE_STR[dtype] = str(dtype)
+        cls = type(t)
         leaf: dict[str, Any] = {
-            "type": _type_name(t), "dtype": dstr, "shape": list(t.shape),
+            "type": "torch.Tensor" if cls is _Tensor or cls is _Parameter else _type_name(t), "dtype": dstr,
+            "shape": list(t.shape),
             "Max": None, "Min": None, "Mean": None, "Norm": None, "requires_grad": t.requires_grad,
         }  # fmt: skip
         if data_name is not None:
             leaf["data_name"] = data_name
-        reason = unreadable(t)
-        if reason is not None:
-            self.unreadable += 1
-            note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
-            return leaf
+        if t.is_meta or (cls is not _Tensor and cls is not _Parameter) or _is_functional(t):
+            reason = unreadable(t)
+            if reason is not None:
+                self.unreadable += 1
+                note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
+                return leaf
         if t.numel() == 0 or dtype in _SKIP_DTYPES or t.layout is not torch.strided:
             if self.md5 and t.layout is torch.strided:
                 leaf["md5"] = crc32_hex(t)
@@ -121,13 +155,13 @@ class StatsBuffer:
                 leaf["md5"] = hit[3]
             return leaf
         try:
-            vals = _reductions(t)
+            kind, vals = _reductions(t)
             digest = crc32_hex(t) if self.md5 else None
         except Exception as exc:  # a tensor subclass that cannot run the reductions: never fail the step
             self.unreadable += 1
             note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {type(t).__name__} of dtype {dstr}")
             return leaf
-        key = (vals[0].device, vals[0].dtype)
+        key = (t.device, vals[0].dtype, kind)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = ([], [])
@@ -151,9 +185,9 @@ class StatsBuffer:
     def resolve(self) -> None:
         """Move every pending statistic to the host (one copy per device) and fill the leaves."""
         by_device: dict[torch.device, list[torch.Tensor]] = {}
-        # per device: (offset into its host vector, stat dtype, leaves) of each group
-        layout: dict[torch.device, list[tuple[int, torch.dtype, list[list[dict[str, Any]]]]]] = {}
-        for (device, dtype), (values, leaves) in self._groups.items():
+        # per device: (offset into its host vector, kind, leaves) of each group
+        layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
+        for (device, _, kind), (values, leaves) in self._groups.items():
             try:
                 stacked = torch.stack(values).to(host_dtype(device))
             except Exception as exc:  # an exotic device or subclass: these leaves keep null statistics
@@ -163,7 +197,7 @@ class StatsBuffer:
             parts = by_device.setdefault(device, [])
             offset = sum(p.numel() for p in parts)
             parts.append(stacked)
-            layout.setdefault(device, []).append((offset, dtype, leaves))
+            layout.setdefault(device, []).append((offset, kind, leaves))
         self._groups.clear()
         self._cache.clear()
         self.pending = 0
@@ -173,34 +207,54 @@ class StatsBuffer:
             except Exception as exc:
                 note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
                 continue
-            for offset, dtype, leaves in layout[device]:
-                _fill(host, offset, dtype, leaves)
+            for offset, kind, leaves in layout[device]:
+                _fill(host, offset, kind, leaves)
 
 
-def _reductions(x: torch.Tensor) -> list[torch.Tensor]:
-    """The 0-d statistics of ``x`` where it lives: [any, all] for bool, else [max, min, mean, norm].
+#: What one tensor contributes to its group: max, min, mean, norm; any, all (bool); one value (0-d).
+_FULL, _BOOL, _SCALAR = 4, 2, 1
 
-    No detach(): callers run under quiet() (no grad), so it would only cost a dispatch."""
+
+def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
+    """The 0-d statistics of ``x`` where it lives, and their kind.
+
+    A 0-d tensor costs one copy: msprobe writes its value as all four statistics (the norm too, sign
+    included); any other tensor two or three reductions. No detach(): callers run under quiet() (no grad),
+    so it would only cost a dispatch."""
     if x.dtype is torch.bool:
-        return [x.any(), x.all()]
+        if x.dim() == 0:
+            return _SCALAR, [x.clone()]
+        return _BOOL, [x.any(), x.all()]
     if x.is_complex():
         x = x.abs()
     elif not x.is_floating_point():
         x = x.double()  # integer stats in float64: exact for any int32, and mean() needs a float
+        if x.dim() == 0:
+            return _SCALAR, [x]  # already a copy
+    if x.dim() == 0:
+        return _SCALAR, [x.clone()]
     mn, mx = torch.aminmax(x)
-    return [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
+    return _FULL, [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
 
 
-def _fill(host: list[float], offset: int, dtype: torch.dtype, leaves: list[list[dict[str, Any]]]) -> None:
-    if dtype is torch.bool:
+def _fill(host: list[float], offset: int, kind: int, leaves: list[list[dict[str, Any]]]) -> None:
+    if kind == _BOOL:
         for i, sharing in enumerate(leaves):
             j = offset + 2 * i
             anyv, allv = bool(host[j]), bool(host[j + 1])
             for leaf in sharing:
                 leaf["Max"], leaf["Min"] = anyv, allv
-        return
-    for i, sharing in enumerate(leaves):
-        j = offset + 4 * i
-        mx, mn, mean, norm = host[j : j + 4]
-        for leaf in sharing:
-            leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"] = mx, mn, mean, norm
+    elif kind == _SCALAR:
+        for i, sharing in enumerate(leaves):
+            v = host[offset + i]
+            for leaf in sharing:
+                if leaf["dtype"] == "torch.bool":
+                    leaf["Max"] = leaf["Min"] = bool(v)
+                else:
+                    leaf["Max"] = leaf["Min"] = leaf["Mean"] = leaf["Norm"] = v
+    else:
+        for i, sharing in enumerate(leaves):
+            j = offset + 4 * i
+            mx, mn, mean, norm = host[j : j + 4]
+            for leaf in sharing:
+                leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"] = mx, mn, mean, norm
