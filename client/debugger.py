@@ -159,7 +159,7 @@ class PrecisionDebugger:
             if self.recorder is not None:
                 self.recorder.close()
             if self._writer is None:
-                self._writer = BackgroundWriter()
+                self._writer = BackgroundWriter(max_host_bytes=cfg.host_buffer_mb << 20)
             self.recorder = Recorder(cfg, rank, self.current_step, self._writer)
         if model is not None and cfg.level in ("L0", "mix"):
             self._modules.attach(model)

@@ -71,7 +71,8 @@ class Recorder:
         # One writer thread for the process (the debugger's), shared across steps so a step's files are
         # written while the next step trains; a recorder used on its own gets (and closes) its own.
         self._owns_background = background is None
-        self.background = BackgroundWriter() if background is None else background
+        self.background = (BackgroundWriter(max_host_bytes=cfg.host_buffer_mb << 20) if background is None
+                           else background)  # fmt: skip
         self.writer = self.background if self.tensors else None  # tensor files: task ``tensor`` only
         self._failed: set[Path] = set()  # rank dirs whose last write failed (writer thread only)
         self.lock = threading.RLock()

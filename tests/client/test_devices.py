@@ -11,13 +11,17 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from parity.client import PrecisionDebugger, devices
+from parity.client.config import load_config
+from parity.client.errors import ConfigError
 from parity.client.stats import StatsBuffer, quiet
+from parity.client.tensor_writer import BackgroundWriter
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -185,3 +189,43 @@ def test_available_devices_start_with_cpu() -> None:
     found = devices.available_devices()
     assert found[0] == "cpu"
     assert len(found) == (1 if devices.accelerator() is None else 2)
+
+
+# --------------------------------------------------------------------------------- tensor mode's host copies
+@pytest.mark.parametrize("device", DEVICES)
+def test_staged_copies_are_bounded_and_exact(tmp_path: Path, device: str) -> None:
+    """Device tensors go through bounded host buffers (forced on CPU, where it is a plain copy): while the
+    writer is held, training blocks at the bound instead of holding more bytes; every file is exact."""
+    writer = BackgroundWriter(max_host_bytes=1000)
+    gate = threading.Event()
+    writer.submit_call(lambda: gate.wait(30))  # the writer thread holds here until the gate opens
+    tensors = [torch.full((100,), float(i), device=device) for i in range(4)]  # 400 bytes each
+
+    def produce() -> None:
+        for i, t in enumerate(tensors):
+            writer.submit(tmp_path / f"t{i}.pt", t, staged=True)
+            t.add_(100)  # a later in-place update must not reach the saved copy
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    producer.join(timeout=2)
+    blocked = producer.is_alive()  # two copies fit the bound; the third waits for the writer
+    held = writer.staged_bytes
+    gate.set()
+    producer.join(timeout=30)
+    writer.drain()
+    assert blocked and held == 800
+    assert writer.peak_staged_bytes <= 1000 and writer.staged_bytes == 0
+    for i in range(4):
+        saved = torch.load(tmp_path / f"t{i}.pt", weights_only=True)
+        assert saved.device.type == "cpu" and saved.tolist() == [float(i)] * 100
+    writer.close()
+
+
+def test_host_buffer_setting_is_validated(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"task": "tensor", "host_buffer_mb": 0}))
+    with pytest.raises(ConfigError, match="host_buffer_mb"):
+        load_config(cfg)
+    cfg.write_text(json.dumps({"task": "tensor", "host_buffer_mb": 64}))
+    assert load_config(cfg).host_buffer_mb == 64
