@@ -229,3 +229,26 @@ def test_host_buffer_setting_is_validated(tmp_path: Path) -> None:
         load_config(cfg)
     cfg.write_text(json.dumps({"task": "tensor", "host_buffer_mb": 64}))
     assert load_config(cfg).host_buffer_mb == 64
+
+
+def test_hooked_models_are_tracked_weakly(tmp_path: Path) -> None:
+    """A freed model leaves the hooks' table (an ``id()`` could be reused by the next model)."""
+    import gc
+
+    PrecisionDebugger(dump_path=str(tmp_path), level="L0")
+    model = MLP()
+    PrecisionDebugger.start(model)
+    model(torch.ones(1, 8))
+    PrecisionDebugger.stop()
+    PrecisionDebugger.step()
+    hooks = PrecisionDebugger._get()._modules
+    assert len(hooks._attached) == 1
+    del model
+    gc.collect()
+    assert len(hooks._attached) == 0
+    again = MLP()
+    PrecisionDebugger.start(again)  # a new model, whatever its address, is hooked
+    again(torch.ones(1, 8))
+    PrecisionDebugger.stop()
+    PrecisionDebugger.step()
+    assert any(k.startswith("Module.fc1.Linear.forward.") for k in load_data(tmp_path, step=1))
