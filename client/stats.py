@@ -18,12 +18,13 @@ lets those leaves share one set of statistics instead of recomputing them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import zlib
 from typing import Any
 
 import torch
-from parity.client.devices import host_dtype, to_host, unreadable
+from parity.client.devices import host_dtype, synchronize, to_host, unreadable
 
 __all__ = ["StatsBuffer", "crc32_hex", "grad_off", "quiet"]
 
@@ -187,6 +188,11 @@ class StatsBuffer:
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         # per device: (offset into its host vector, kind, leaves) of each group
         layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
+        # statistics may have been queued on any stream of their device (the user's side streams): wait for
+        # the whole device once before this stream reads them
+        for device in {key[0] for key in self._groups}:
+            with contextlib.suppress(Exception):
+                synchronize(device)
         for (device, _, kind), (values, leaves) in self._groups.items():
             try:
                 stacked = torch.stack(values).to(host_dtype(device))
