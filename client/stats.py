@@ -102,7 +102,8 @@ def note_unreadable(reason: str, where: str) -> None:
         log.warning("parity: %s (%s): dtype and shape recorded, statistics left null", where, reason)
 
 
-_Group = tuple[list[torch.Tensor], list[list[dict[str, Any]]]]
+#: (stacked chunks of statistics, 0-d statistics not stacked yet, per tensor the leaves sharing them)
+_Group = tuple[list[torch.Tensor], list[torch.Tensor], list[list[dict[str, Any]]]]
 
 
 class StatsBuffer:
@@ -111,13 +112,17 @@ class StatsBuffer:
     #: Resolve early past this many pending tensors, so a long step does not pile up device memory.
     MAX_PENDING = 20000
 
+    #: 0-d statistics stacked into one tensor as they come: each live tensor object is one more for the
+    #: garbage collector to walk, and a stack of 256 costs about one reduction
+    CHUNK = 256
+
     #: How many recent tensors the identity cache remembers (it holds references, so keep it small).
     CACHE_SIZE = 64
 
     def __init__(self, *, md5: bool) -> None:
         self.md5 = md5
-        # (device, stat dtype) -> flat list of 0-d stat tensors (4 per float tensor, 2 per bool tensor), and
-        # per tensor the leaves that share those statistics
+        # (device, stat dtype, kind) -> its statistics (4 per float tensor, 2 per bool tensor, 1 per 0-d
+        # tensor), and per tensor the leaves that share them
         self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
         # id(tensor) -> (tensor, version, the leaves it feeds, md5); holding the tensor keeps its id unique
         self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], str | None]] = {}
@@ -165,10 +170,14 @@ class StatsBuffer:
         key = (t.device, vals[0].dtype, kind)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = ([], [])
-        group[0].extend(vals)
+            group = self._groups[key] = ([], [], [])
+        pending = group[1]
+        pending.extend(vals)
+        if len(pending) >= self.CHUNK:  # one tensor instead of CHUNK: fewer objects for the collector
+            group[0].append(torch.stack(pending))
+            pending.clear()
         sharing = [leaf]
-        group[1].append(sharing)
+        group[2].append(sharing)
         if digest is not None:
             leaf["md5"] = digest
         if len(self._cache) >= self.CACHE_SIZE:
@@ -193,9 +202,11 @@ class StatsBuffer:
         for device in {key[0] for key in self._groups}:
             with contextlib.suppress(Exception):
                 synchronize(device)
-        for (device, _, kind), (values, leaves) in self._groups.items():
+        for (device, _, kind), (chunks, pending, leaves) in self._groups.items():
             try:
-                stacked = torch.stack(values).to(host_dtype(device))
+                if pending:
+                    chunks.append(torch.stack(pending))
+                stacked = (chunks[0] if len(chunks) == 1 else torch.cat(chunks)).to(host_dtype(device))
             except Exception as exc:  # an exotic device or subclass: these leaves keep null statistics
                 self.unreadable += len(leaves)
                 note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
