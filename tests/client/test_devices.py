@@ -252,3 +252,25 @@ def test_hooked_models_are_tracked_weakly(tmp_path: Path) -> None:
     PrecisionDebugger.stop()
     PrecisionDebugger.step()
     assert any(k.startswith("Module.fc1.Linear.forward.") for k in load_data(tmp_path, step=1))
+
+
+def test_heap_frozen_while_recording_and_thawed_after(tmp_path: Path) -> None:
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    PrecisionDebugger(dump_path=str(tmp_path), level="L1")
+    PrecisionDebugger.start()
+    during = gc.get_freeze_count()
+    torch.relu(torch.ones(2))
+    PrecisionDebugger.stop()
+    assert during > 0 and gc.get_freeze_count() == 0
+    gc.freeze()  # the process froze its own heap (before forking workers): left as it is
+    try:
+        own = gc.get_freeze_count()
+        PrecisionDebugger.start()
+        PrecisionDebugger.stop()
+        assert gc.get_freeze_count() == own
+    finally:
+        gc.unfreeze()
+    PrecisionDebugger.step()
+    assert "Torch.relu.0.forward" in load_data(tmp_path)
