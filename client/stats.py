@@ -7,7 +7,8 @@ float64 vector and moves it to the host (one copy and one wait per device, see
 dicts in place (the slots exist from the start, so the key order of the file is msprobe's). Never one
 ``.item()`` per tensor, and no mix of devices (AdamW's CPU ``step`` counters beside CUDA weights) or dtypes
 in one flush can fail it. A tensor whose values cannot be read (``meta``, fake, functional) keeps its dtype
-and shape with null statistics (as msprobe writes it), and the reason is logged once: never a crash.
+and shape with null statistics (as msprobe writes it) and a ``note`` naming the reason (a key msprobe's and
+Parity's readers ignore), logged once: never a crash.
 Callers run this with torch-function handling disabled and grad off (see ``quiet()``), so the tool's own
 reductions are neither recorded nor part of any autograd graph.
 
@@ -147,6 +148,7 @@ class StatsBuffer:
             reason = unreadable(t)
             if reason is not None:
                 self.unreadable += 1
+                leaf["note"] = f"{reason}: values not readable, statistics null"
                 note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
                 return leaf
         if t.numel() == 0 or dtype in _SKIP_DTYPES or t.layout is not torch.strided:
@@ -245,7 +247,9 @@ def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
     if x.is_complex():
         x = x.abs()
     elif not x.is_floating_point():
-        x = x.double()  # integer stats in float64: exact for any int32, and mean() needs a float
+        # integer stats in float64 (exact for any int32; mean() needs a float); float32 where the device has
+        # no float64 (MPS)
+        x = x.double() if x.device.type != "mps" else x.float()
         if x.dim() == 0:
             return _SCALAR, [x]  # already a copy
     if x.dim() == 0:

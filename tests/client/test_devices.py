@@ -72,6 +72,8 @@ def test_one_flush_of_several_devices_and_dtypes_never_fails(caplog: pytest.LogC
     for leaf, shape in ((noted, [4]), (meta, [2, 3])):
         assert leaf["shape"] == shape and leaf["dtype"] == "torch.float32"
         assert [leaf[k] for k in ("Max", "Min", "Mean", "Norm")] == [None] * 4
+    assert noted["note"].startswith("fake tensor") and meta["note"].startswith("meta tensor")
+    assert "note" not in leaves["f32"]
     assert buf.unreadable == 2
     assert buf.pending == 0
 
@@ -91,7 +93,8 @@ def test_a_step_mixing_devices_is_dumped_whole(tmp_path: Path) -> None:
     relus = [v for k, v in data.items() if k.startswith("Torch.relu.")]
     assert len(relus) == 2
     fake_in, real_in = (r["input_args"][0] for r in relus)
-    assert fake_in["Max"] is None and fake_in["shape"] == [4]
+    assert fake_in["Max"] is None and fake_in["shape"] == [4] and fake_in["dtype"] == "torch.float32"
+    assert fake_in["note"].startswith("fake tensor")
     assert real_in["Max"] == 2.0
 
 
@@ -137,7 +140,14 @@ def test_meta_model_records_dtype_and_shape(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "step0" / "rank0" / "dump.json").read_text())
     linear = doc["data"]["Functional.linear.0.forward"]
     assert linear["output"][0]["shape"] == [3, 2]
-    assert linear["output"][0]["Max"] is None
+    assert linear["output"][0]["Max"] is None and linear["output"][0]["note"].startswith("meta tensor")
+    # the compare engine reads such a dump (the note is a key it ignores): every row is there, none compared
+    # (imported here: accelerator_check.sh installs the light client, without the [compare] extra)
+    engine = pytest.importorskip("parity.shared.compare.engine")
+    options = pytest.importorskip("parity.shared.compare.options")
+    dump_json = tmp_path / "step0" / "rank0" / "dump.json"
+    result = engine.compare_dumps(dump_json, dump_json, options.CompareOptions())
+    assert len(result.rows) >= 3
 
 
 # ----------------------------------------------------------------------------------------- device module
