@@ -5,11 +5,12 @@ over a step's finished documents, and puts the job on a bounded queue; one daemo
 order. Order is the contract the recorder relies on: a step's tensor files are queued before its dump.json,
 and the uploader hand-off is queued after it, so the uploader only ever sees complete directories.
 
-A tensor on an accelerator is not cloned on the device: it is copied into a page-locked host buffer on a side
-stream (queued behind the work that produced it, so training's own stream never waits), and the writer
-thread waits for that copy's event before saving. The bytes of such copies not yet written are bounded
-(``host_buffer_mb``): past the bound, training waits for the writer, so a step is never slower than writing
-its bytes and host memory never grows with the step. On a CPU-only machine these paths are plain copies
+A tensor on an accelerator is snapshotted on the device (a copy at device bandwidth, so later in-place updates
+cannot reach it) and the snapshot is transferred into a page-locked host buffer on a side stream, overlapping
+training; the writer thread waits for that transfer's event before saving, and only then lets the snapshot
+go. The bytes of such copies not yet written are bounded (``host_buffer_mb``, which bounds the snapshots'
+device memory too): past the bound, training waits for the writer, so a step is never slower than writing
+its bytes and memory never grows with the step. On a CPU-only machine these paths are plain copies
 (see :mod:`parity.client.devices`).
 
 The bounds apply back pressure instead of letting clones (or whole steps of documents) pile up in memory.
@@ -20,7 +21,6 @@ not exist, so jobs there are dropped rather than queued forever.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -86,7 +86,7 @@ class BackgroundWriter:
         def save_staged() -> None:
             try:
                 if ready is not None:
-                    ready.synchronize()  # the side stream's copy has landed in the host buffer
+                    ready[0].synchronize()  # the side stream's copy has landed in the host buffer
                 _save(host, path)
             finally:
                 self._release(nbytes)
@@ -94,8 +94,13 @@ class BackgroundWriter:
         self._queue.put(save_staged)
 
     def _stage(self, src: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """A host copy of ``src``: on its device's side stream into pinned memory (event to wait for), or a
-        plain synchronous copy where there is no stream (CPU, MPS)."""
+        """A host copy of ``src``, and what the writer must wait for before reading it (None: ready).
+
+        With a side stream: a device-side snapshot on the training stream (at device bandwidth, so a later
+        in-place update on that stream cannot reach the copy), then the transfer of the snapshot into pinned
+        host memory on the side stream, overlapping training. The returned job keeps the snapshot alive until
+        the transfer's event has completed, so its memory is never reused early. Without a stream (CPU, MPS):
+        a plain synchronous copy."""
         host = devices.pinned_empty(src.numel(), src.dtype).view(src.shape)
         device = src.device
         if device not in self._streams:
@@ -104,13 +109,12 @@ class BackgroundWriter:
         if stream is None:
             host.copy_(src)
             return host, None
+        snapshot = src.clone(memory_format=torch.contiguous_format)
         stream.wait_stream(devices.current_stream(device))
         with devices.stream_context(stream):
-            host.copy_(src, non_blocking=True)
+            host.copy_(snapshot, non_blocking=True)
             event = stream.record_event()
-        with contextlib.suppress(Exception):  # src's memory is not reused before the side stream is done
-            src.record_stream(stream)
-        return host, event
+        return host, (event, snapshot)
 
     def _reserve(self, nbytes: int) -> None:
         """Wait until ``nbytes`` more fit the host bound (a tensor larger than the bound goes alone)."""
