@@ -136,7 +136,7 @@ class Recorder:
         self._in_scope = False
         self._scope_done = False
         self._selected_modules: set[str] = set()
-        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5")
+        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host)
         self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
         self._stack_fast: dict[tuple[Any, ...], int] = {}  # (code, offset, code, offset, ...) -> group

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -91,6 +92,11 @@ def _type_name(t: torch.Tensor) -> str:
 
 
 _Tensor = torch.Tensor
+_EMPTY = torch.empty(0)
+#: ``stage(tensor, consume)``: ``consume(a host copy of tensor)`` later, on the writer thread, in order
+Stage = Callable[[torch.Tensor, Callable[[torch.Tensor], object]], None]
+#: an md5 now, or a one-slot box the writer thread fills
+_Digest = str | list[str | None]
 _Parameter = torch.nn.Parameter
 _is_functional = torch._is_functional_tensor
 _noted: set[str] = set()  # reasons already logged in this process
@@ -120,13 +126,19 @@ class StatsBuffer:
     #: How many recent tensors the identity cache remembers (it holds references, so keep it small).
     CACHE_SIZE = 64
 
-    def __init__(self, *, md5: bool) -> None:
+    def __init__(self, *, md5: bool, stage: Stage | None = None, stage_cpu: bool = False) -> None:
         self.md5 = md5
+        # md5 of a tensor off the CPU: ``stage(tensor, consume)`` runs ``consume(host copy)`` on the writer
+        # thread (BackgroundWriter.submit_host), so the training thread never waits for a copy per tensor;
+        # ``stage_cpu``: CPU tensors too (the tests' stand-in for an accelerator)
+        self._stage = stage
+        self._stage_cpu = stage_cpu
         # (device, stat dtype, kind) -> its statistics (4 per float tensor, 2 per bool tensor, 1 per 0-d
         # tensor), and per tensor the leaves that share them
         self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
-        # id(tensor) -> (tensor, version, the leaves it feeds, md5); holding the tensor keeps its id unique
-        self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], str | None]] = {}
+        # id(tensor) -> (tensor, version, the leaves it feeds, md5 or its box); holding the tensor keeps its
+        # id unique
+        self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None]] = {}
         self.pending = 0
         self.unreadable = 0  # leaves left null because their values could not be read
 
@@ -160,11 +172,11 @@ class StatsBuffer:
         if hit is not None and hit[0] is t and hit[1] == version:
             hit[2].append(leaf)
             if hit[3] is not None:
-                leaf["md5"] = hit[3]
+                self._set_md5(leaf, hit[3])
             return leaf
         try:
             kind, vals = _reductions(t)
-            digest = crc32_hex(t) if self.md5 else None
+            digest = self._md5(t) if self.md5 else None
         except Exception as exc:  # a tensor subclass that cannot run the reductions: never fail the step
             self.unreadable += 1
             note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {type(t).__name__} of dtype {dstr}")
@@ -181,7 +193,7 @@ class StatsBuffer:
         sharing = [leaf]
         group[2].append(sharing)
         if digest is not None:
-            leaf["md5"] = digest
+            self._set_md5(leaf, digest)
         if len(self._cache) >= self.CACHE_SIZE:
             del self._cache[next(iter(self._cache))]
         self._cache[id(t)] = (t, version, sharing, digest)
@@ -189,6 +201,28 @@ class StatsBuffer:
         if self.pending >= self.MAX_PENDING:
             self.resolve()
         return leaf
+
+    def _md5(self, t: torch.Tensor) -> _Digest:
+        """The CRC now (a CPU tensor: zero-copy), or a box the writer thread fills from a host copy."""
+        if self._stage is None or (t.device.type == "cpu" and not self._stage_cpu):
+            return crc32_hex(t)
+        box: list[str | None] = [None]
+
+        def consume(host: torch.Tensor) -> None:
+            box[0] = crc32_hex(host)
+
+        self._stage(t, consume)
+        return box
+
+    def _set_md5(self, leaf: dict[str, Any], digest: _Digest) -> None:
+        if isinstance(digest, str):
+            leaf["md5"] = digest
+            return
+        # the key now (msprobe's key order), the value once the writer thread has the CRC: queued after the
+        # copy's job, and before any flush's documents (the writer runs its jobs in order)
+        leaf["md5"] = None
+        if self._stage is not None:
+            self._stage(_EMPTY, lambda _: leaf.__setitem__("md5", digest[0]))
 
     def forget(self) -> None:
         """Drop the identity cache: for writes that do not bump ``_version`` (collectives write in C++)."""

@@ -74,6 +74,16 @@ class BackgroundWriter:
             copy = tensor.detach().clone(memory_format=torch.contiguous_format)
             self._queue.put(lambda: _save(copy, path))
             return
+        self.submit_host(tensor, lambda host: _save(host, path))
+
+    def submit_host(self, tensor: torch.Tensor, consume: Callable[[torch.Tensor], object]) -> None:
+        """Queue ``consume(a host copy of tensor)`` on the writer thread: the copy is made as for a device
+        tensor (snapshot, side-stream transfer, bounded by ``max_host_bytes``) on any device, plain on CPU.
+
+        What md5 of accelerator tensors uses: the CRC is computed on the writer thread from the copy,
+        instead of a synchronous device-to-host copy per tensor on the training thread."""
+        if not self._usable():
+            return
         src = tensor.detach()
         nbytes = src.numel() * src.element_size()
         self._reserve(nbytes)
@@ -83,15 +93,15 @@ class BackgroundWriter:
             self._release(nbytes)
             raise
 
-        def save_staged() -> None:
+        def run() -> None:
             try:
                 if ready is not None:
                     ready[0].synchronize()  # the side stream's copy has landed in the host buffer
-                _save(host, path)
+                consume(host)
             finally:
                 self._release(nbytes)
 
-        self._queue.put(save_staged)
+        self._queue.put(run)
 
     def _stage(self, src: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """A host copy of ``src``, and what the writer must wait for before reading it (None: ready).

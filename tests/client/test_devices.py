@@ -284,3 +284,29 @@ def test_heap_frozen_while_recording_and_thawed_after(tmp_path: Path) -> None:
         gc.unfreeze()
     PrecisionDebugger.step()
     assert "Torch.relu.0.forward" in load_data(tmp_path)
+
+
+def test_md5_of_device_tensors_comes_from_the_writer_thread() -> None:
+    """md5 off the CPU: the CRC of a host copy taken when the call was recorded, filled in by the writer
+    thread before any document written after it (forced on CPU, where it would be computed at once)."""
+    from parity.client.stats import crc32_hex
+
+    writer = BackgroundWriter()
+    gate = threading.Event()
+    writer.submit_call(lambda: gate.wait(30))
+    buf = StatsBuffer(md5=True, stage=writer.submit_host, stage_cpu=True)
+    t = torch.arange(12, dtype=torch.float32)
+    expected = crc32_hex(t.clone())
+    with quiet():
+        first = buf.leaf(t)
+        shared = buf.leaf(t)  # the same tensor, unchanged: shares the first leaf's statistics and CRC
+        t.add_(1)  # changed after it was recorded: the CRC is of the recorded value
+        later = buf.leaf(t)
+        buf.resolve()
+    assert list(first) == list(later) and "md5" in first and first["md5"] is None  # key in place, no value yet
+    gate.set()
+    writer.drain()
+    assert first["md5"] == shared["md5"] == expected
+    assert later["md5"] == crc32_hex(t) != expected
+    assert first["Max"] == 11.0 and later["Max"] == 12.0
+    writer.close()
