@@ -303,7 +303,7 @@ def test_md5_of_device_tensors_comes_from_the_writer_thread() -> None:
         t.add_(1)  # changed after it was recorded: the CRC is of the recorded value
         later = buf.leaf(t)
         buf.resolve()
-    assert list(first) == list(later) and "md5" in first and first["md5"] is None  # key in place, no value yet
+    assert list(first) == list(later) and "md5" in first and first["md5"] is None  # key in place, no value
     gate.set()
     writer.drain()
     assert first["md5"] == shared["md5"] == expected
