@@ -254,12 +254,17 @@ class StatsBuffer:
         self._groups.clear()
         self._cache.clear()
         self.pending = 0
-        for device, parts in by_device.items():
-            try:
-                host = to_host({device: parts})[device].tolist()
-            except Exception as exc:
-                note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
-                continue
+        try:  # every device's copy queued, then each waited for: transfers of several devices overlap
+            hosts = to_host(by_device)
+        except Exception:  # one device failing must not cost the others their statistics
+            hosts = {}
+            for device, parts in by_device.items():
+                try:
+                    hosts.update(to_host({device: parts}))
+                except Exception as exc:
+                    note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
+        for device, flat in hosts.items():
+            host = flat.tolist()
             for offset, kind, leaves in layout[device]:
                 _fill(host, offset, kind, leaves)
 
