@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 MSPROBE_VENV := .venv-msprobe
 MSPROBE_STAMP := $(MSPROBE_VENV)/.installed-$(shell cat scripts/msprobe_venv.sh | sha1sum | cut -c1-12)
 
-.PHONY: venv msprobe-venv demo test test-fast lint typecheck bench clean services
+.PHONY: venv msprobe-venv demo test test-accelerator test-fast lint typecheck bench clean services
 
 venv: $(STAMP)
 
@@ -36,6 +36,12 @@ demo: venv
 test:
 	$(MAKE) --no-print-directory -j2 venv msprobe-venv
 	bash scripts/test.sh
+
+# The capture tests on each accelerator present (cuda, npu, xpu, mps), beside their CPU half; on a machine
+# without one there is none to run (pytest's exit 5 is turned into a message).
+test-accelerator: venv
+	PARITY_TEST_ACCELERATOR=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m accelerator tests/client; \
+	rc=$$?; if [ $$rc = 5 ]; then echo "test-accelerator: no accelerator on this machine"; rc=0; fi; exit $$rc
 
 # The inner loop: everything but the slow end-to-end tests and the PostgreSQL/Celery ones (no services).
 test-fast: venv

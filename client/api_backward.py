@@ -131,12 +131,15 @@ class ApiBackward:
                 copy_slices.register_hook(self._rebased_hook(on_rebased, geometry, direct))
 
     def _node_hook(self, name: str) -> Callable[[Any, Any], None]:
-        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
-            # grad_outputs: grads of the call's outputs (msprobe "input"); grad_inputs: grads flowing to its
-            # inputs ("output")
-            self._record(name, grad_outputs, grad_inputs)
+        # a partial of the plain function, not a closure or bound method: one object per recorded call instead
+        # of three (function and two cells)
+        # for the garbage collector to walk while the graph lives
+        return partial(ApiBackward._node_record, self, name)
 
-        return hook
+    def _node_record(self, name: str, grad_inputs: Any, grad_outputs: Any) -> None:
+        # grad_outputs: grads of the call's outputs (msprobe "input"); grad_inputs: grads flowing to its
+        # inputs ("output")
+        self._record(name, grad_outputs, grad_inputs)
 
     def _tensor_hook(self, name: str, identity: bool) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:

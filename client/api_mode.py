@@ -113,13 +113,7 @@ class ApiMode(TorchFunctionMode):
             _warned_compile = True
             log.warning("parity: ops inside torch.compile regions are not captured; each compiled call is "
                         "recorded as one '%s' marker entry", COMPILED_MARKER)  # fmt: skip
-        rec = self.recorder
-        n = rec.api_counts.get(COMPILED_MARKER, 0)
-        rec.api_counts[COMPILED_MARKER] = n + 1
-        name = f"{COMPILED_MARKER}.{n}.forward"
-        if rec.selected(name):
-            rec.data[name] = {"input_args": [], "input_kwargs": {}, "output": []}
-            rec.dirty = True
+        self.recorder.compiled_region(COMPILED_MARKER)
 
 
 def _hashable(func: Any) -> bool:

@@ -31,7 +31,7 @@ LEVELS = ("L0", "L1", "mix")
 SUMMARY_MODES = ("statistics", "md5")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 COMMON_FIELDS = (
-    "task", "dump_path", "rank", "step", "level", "async_dump", "extra_info",
+    "task", "dump_path", "rank", "step", "level", "async_dump", "extra_info", "host_buffer_mb",
     "server", "run_name", "project", "tags", *TASKS,
 )  # fmt: skip
 TASK_FIELDS = ("scope", "list", "data_mode", "summary_mode")
@@ -58,6 +58,9 @@ class DebuggerConfig:
     steps: frozenset[int] | None = None
     async_dump: bool = False
     extra_info: bool = True
+    #: task ``tensor``: host memory (MiB) that copies of device tensors may hold while waiting to be written;
+    #: past it training waits for the writer (a step is never slower than writing its bytes)
+    host_buffer_mb: int = 1024
     scope: tuple[str, ...] = ()
     api_list: tuple[str, ...] = ()
     data_mode: frozenset[str] = frozenset({"all"})
@@ -218,6 +221,10 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
     async_dump = _bool(raw, "async_dump", False, src)
     if async_dump and summary_mode == "md5":
         raise ConfigError("async_dump", 'cannot be combined with summary_mode "md5"', source=src)
+    host_buffer_mb = raw.get("host_buffer_mb", 1024)
+    if isinstance(host_buffer_mb, bool) or not isinstance(host_buffer_mb, int) or host_buffer_mb < 1:
+        raise ConfigError("host_buffer_mb", f"must be a positive integer (MiB), got {host_buffer_mb!r}",
+                          source=src)  # fmt: skip
     dump_path = raw.get("dump_path", "./dump_path")
     if not isinstance(dump_path, (str, os.PathLike)) or not str(dump_path):
         raise ConfigError("dump_path", f"must be a non-empty path string, got {dump_path!r}", source=src)
@@ -239,6 +246,7 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
         steps=parse_index_list(raw.get("step"), "step", src),
         async_dump=async_dump,
         extra_info=_bool(raw, "extra_info", True, src),
+        host_buffer_mb=host_buffer_mb,
         scope=scope,
         api_list=_str_list(section.get("list"), f"{task}.list", src),
         data_mode=frozenset(data_mode),

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from parity.client.recorder import Recorder
-from parity.client.stats import quiet
+from parity.client.recorder import Collective, Recorder
 
 __all__ = ["COLLECTIVES", "DistributedPatch"]
 
@@ -35,10 +34,8 @@ class DistributedPatch:
     def __init__(self, get_recorder: Callable[[], Recorder | None]) -> None:
         self._get = get_recorder
         self._saved: list[tuple[Any, str, Any]] = []
-        # id(Work) -> (the Work, kept alive so its id is not reused; recorder, entry, name, args, kwargs)
-        self._pending: dict[
-            int, tuple[Any, Recorder, dict[str, Any], str, tuple[Any, ...], dict[str, Any]]
-        ] = {}
+        # id(Work) -> (the Work, kept alive so its id is not reused; recorder, the call, args, kwargs)
+        self._pending: dict[int, tuple[Any, Recorder, Collective, tuple[Any, ...], dict[str, Any]]] = {}
 
     def install(self) -> None:
         import torch.distributed as dist
@@ -81,41 +78,20 @@ class DistributedPatch:
             rec = self._get()
             if rec is None:
                 return orig(*args, **kwargs)
-            n = rec.api_counts.get(prefix_api, 0)
-            name = f"{prefix_api}.{n}.forward"
-            if rec.mix:
-                rec.api_parent(name)
-            selected = rec.selected(name)
-            entry: dict[str, Any] = {}
-            if selected:
-                with rec.lock, quiet():
-                    rec.dirty = True
-                    if rec.want_fwd_in:
-                        entry.update(rec.encode_inputs(name, args, kwargs))
-                    rec.data[name] = entry
+            call = rec.collective_enter(prefix_api, args, kwargs)
             with torch._C.DisableTorchFunction():  # the collective's own tensor calls are not APIs
                 result = orig(*args, **kwargs)
-            rec.api_counts[prefix_api] = n + 1
-            if selected and rec.want_fwd_out:
+            if rec.collective_exit(call):
                 if result is not None and (kwargs.get("async_op") or api in _ASYNC_ALWAYS):
-                    self._pending[id(result)] = (result, rec, entry, name, args, kwargs)
+                    self._pending[id(result)] = (result, rec, call, args, kwargs)
                 else:
-                    self._record_output(rec, entry, name, args, kwargs)
+                    rec.collective_output(call, args, kwargs)
             return result
 
         return wrapper
 
-    @staticmethod
-    def _record_output(rec: Recorder, entry: dict[str, Any], name: str, args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> None:  # fmt: skip
-        with rec.lock, quiet():
-            rec.dirty = True
-            rec.stats.forget()  # the collective wrote into its tensors without bumping their _version
-            values = [*args, *kwargs.values()]
-            entry["output"] = [rec.encode(v, name, "output", (i,)) for i, v in enumerate(values)]
-
     def _complete(self, work: Any) -> None:
         pending = self._pending.pop(id(work), None)
         if pending is not None:
-            _, rec, entry, name, args, kwargs = pending
-            self._record_output(rec, entry, name, args, kwargs)
+            _, rec, call, args, kwargs = pending
+            rec.collective_output(call, args, kwargs)

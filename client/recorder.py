@@ -14,7 +14,8 @@ import os
 import sys
 import threading
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import CodeType, FrameType
@@ -23,13 +24,15 @@ from typing import Any
 import torch
 from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
 from parity.client.config import DebuggerConfig
-from parity.client.stats import StatsBuffer, quiet
+from parity.client.stats import StatsBuffer, grad_off, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
-from parity.shared.dump.naming import backward_of, tensor_file
+from parity.shared.dump.naming import backward_of, param_grad_file, tensor_file
 from parity.shared.dump.writer import RankDirWriter
+from torch import nn
+from torch.autograd.graph import register_multi_grad_hook
 
-__all__ = ["Recorder"]
+__all__ = ["Collective", "ModuleCall", "Recorder", "param_grad_name"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
 _Stacks = list[tuple[list[str], list[str]]]
 _SCALARS = (bool, int, float, str)
+_TOOL_CODE: dict[CodeType, bool] = {}  # code object -> it is the tool's own (cached per function)
 # Frames of the tool itself are dropped from stack.json (the user wants their own code, not ours).
 _TOOL_DIRS = tuple(
     os.path.dirname(os.path.abspath(p)) + os.sep
@@ -58,8 +62,43 @@ def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
     return out
 
 
+def param_grad_name(prefix: str) -> str:
+    """``Module.{path}.{Class}.parameters_grad``: msprobe 8.3.3's name, no counter (one entry a step)."""
+    return f"{prefix}.parameters_grad"
+
+
+@dataclass(slots=True)
+class ModuleCall:
+    """One module forward in flight, from :meth:`Recorder.module_enter` to :meth:`Recorder.module_exit`."""
+
+    prefix: str
+    name: str
+    entry: dict[str, Any] | None
+    selected: bool
+    listed: bool  # matched ``list`` at mix: everything inside is recorded
+    before: InputNodes  # its grad-requiring inputs and their nodes before the call
+
+
+@dataclass(slots=True)
+class Collective:
+    """One collective in flight, from :meth:`Recorder.collective_enter` to its output."""
+
+    prefix_api: str
+    n: int
+    name: str
+    entry: dict[str, Any]
+    selected: bool
+
+
 class Recorder:
-    """Entries of the current step for one rank, and everything needed to name and flush them."""
+    """Entries of the current step for one rank, and everything needed to name and flush them.
+
+    Capture front-ends report events, one method each, and never touch the state: an API call
+    (:meth:`record_api`) and its gradients (:meth:`api_gradients`), a module's forward
+    (:meth:`module_enter`, :meth:`module_exit`) and gradients (:meth:`module_output_grads`,
+    :meth:`module_input_grads`), a parameter's gradient (:meth:`param_gradient`), a collective
+    (:meth:`collective_enter`, :meth:`collective_exit`, :meth:`collective_output`) and a compiled region
+    (:meth:`compiled_region`)."""
 
     def __init__(self, cfg: DebuggerConfig, rank: int, step: int,
                  background: BackgroundWriter | None = None) -> None:  # fmt: skip
@@ -70,7 +109,8 @@ class Recorder:
         # One writer thread for the process (the debugger's), shared across steps so a step's files are
         # written while the next step trains; a recorder used on its own gets (and closes) its own.
         self._owns_background = background is None
-        self.background = BackgroundWriter() if background is None else background
+        self.background = (BackgroundWriter(max_host_bytes=cfg.host_buffer_mb << 20) if background is None
+                           else background)  # fmt: skip
         self.writer = self.background if self.tensors else None  # tensor files: task ``tensor`` only
         self._failed: set[Path] = set()  # rank dirs whose last write failed (writer thread only)
         self.lock = threading.RLock()
@@ -86,27 +126,33 @@ class Recorder:
 
     # ----------------------------------------------------------------------------------------- step state
     def _reset(self) -> None:
-        self.data: dict[str, Any] = {}
-        self.api_counts: dict[str, int] = {}
-        self.module_counts: dict[str, int] = {}
-        self.param_grads: dict[str, dict[str, Any]] = {}  # module prefix -> its parameters_grad entry
-        self.construct: dict[str, str | None] = {}
-        self.module_stack: list[str] = []
-        self.list_depth = 0  # > 0 while inside a module that matched ``list`` (mix: dump all inside)
-        self.in_scope = False
-        self.scope_done = False
-        self.selected_modules: set[str] = set()
-        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5")
+        self._data: dict[str, Any] = {}
+        self._api_counts: dict[str, int] = {}
+        self._module_counts: dict[str, int] = {}
+        self._param_grads: dict[str, dict[str, Any]] = {}  # module prefix -> its parameters_grad entry
+        self._construct: dict[str, str | None] = {}
+        self._module_stack: list[str] = []
+        self._list_depth = 0  # > 0 while inside a module that matched ``list`` (mix: dump all inside)
+        self._in_scope = False
+        self._scope_done = False
+        self._selected_modules: set[str] = set()
+        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host)
         self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
-        self.stacks: list[tuple[list[str], list[str]]] = []
+        self._stack_fast: dict[tuple[Any, ...], int] = {}  # (code, offset, code, offset, ...) -> group
+        self._stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
-        self.dirty = False  # entries changed since the last flush
+        self._dirty = False  # entries changed since the last flush
         self.flushed = False
         self.handed_over = False  # the step's live containers went to the writer (final flush)
         if self.tensors:
             self.dir_writer.prepare(tensors=True)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The step's entries so far (read them; recording goes through the event methods)."""
+        return self._data
 
     def next_step(self, step: int) -> None:
         """Start a new step: counters, caches and entries all reset (§1.4)."""
@@ -122,15 +168,15 @@ class Recorder:
             return True
         cfg = self.cfg
         if cfg.scope:
-            if not self.in_scope and not self.scope_done and name == cfg.scope[0]:
-                self.in_scope = True
-            hit = self.in_scope
-            if self.in_scope and name == cfg.scope[1]:
-                self.in_scope, self.scope_done = False, True
+            if not self._in_scope and not self._scope_done and name == cfg.scope[0]:
+                self._in_scope = True
+            hit = self._in_scope
+            if self._in_scope and name == cfg.scope[1]:
+                self._in_scope, self._scope_done = False, True
             if not hit:
                 return False
         if cfg.api_list:
-            return self.list_depth > 0 or any(item == name or item in name for item in cfg.api_list)
+            return self._list_depth > 0 or any(item == name or item in name for item in cfg.api_list)
         return True
 
     # ----------------------------------------------------------------------------------------- encoding
@@ -141,7 +187,7 @@ class Recorder:
         if self.writer is not None:
             data_name = tensor_file(entry, category, path)
             self.writer.submit(self.dir_writer.tensor_dir / data_name, t)
-        self.dirty = True
+        self._dirty = True
         return self.stats.leaf(t, data_name)
 
     def encode(
@@ -195,31 +241,49 @@ class Recorder:
 
     # ----------------------------------------------------------------------------------- stack / construct
     def record_stack(self, name: str, frame: FrameType | None) -> None:
-        """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped)."""
-        key: list[tuple[CodeType, int]] = []
+        """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped).
+
+        The hot path keys the stack by (code, instruction offset) pairs, cheap to read; only a key not seen
+        before computes line numbers (what the group is deduplicated by) and, for a new group, the text."""
+        key: list[Any] = []
         f = frame
+        tool = _TOOL_CODE
         while f is not None:
             code = f.f_code
-            if not code.co_filename.startswith(_TOOL_DIRS):
-                key.append((code, f.f_lineno))
+            skip = tool.get(code)
+            if skip is None:
+                skip = tool[code] = code.co_filename.startswith(_TOOL_DIRS)
+            if not skip:
+                key.append(code)
+                key.append(f.f_lasti)
             f = f.f_back
         k = tuple(key)
-        idx = self._stack_index.get(k)
+        idx = self._stack_fast.get(k)
         if idx is None:
-            frames = [
-                f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
-                f"{linecache.getline(c.co_filename, ln).strip()}"
-                for c, ln in k
-            ]
-            idx = self._stack_index[k] = len(self.stacks)
-            self.stacks.append(([], frames))
-        self.stacks[idx][0].append(name)
+            lines: list[tuple[CodeType, int]] = []
+            f = frame
+            while f is not None:
+                if not tool[f.f_code]:
+                    lines.append((f.f_code, f.f_lineno))
+                f = f.f_back
+            by_line = tuple(lines)
+            idx = self._stack_index.get(by_line)
+            if idx is None:
+                frames = [
+                    f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
+                    f"{linecache.getline(c.co_filename, ln).strip()}"
+                    for c, ln in by_line
+                ]
+                idx = self._stack_index[by_line] = len(self._stacks)
+                self._stacks.append(([], frames))
+            self._stack_fast[k] = idx
+        self._stacks[idx][0].append(name)
 
     def api_parent(self, fwd: str) -> None:
         """mix: every API maps to the innermost active module, forward and backward (§4.5)."""
-        parent = self.module_stack[-1] if self.module_stack else None
-        self.construct[fwd] = parent
-        self.construct[backward_of(fwd)] = backward_of(parent) if parent else None
+        parent = self._module_stack[-1] if self._module_stack else None
+        self._construct[fwd] = parent
+        self._construct[backward_of(fwd)] = backward_of(parent) if parent else None
 
     # ------------------------------------------------------------------------------------------ the API
     def record_api(self, prefix_api: str, func: Callable[..., Any], args: tuple[Any, ...],
@@ -229,7 +293,7 @@ class Recorder:
 
         ``shown``: the arguments as the caller spelled them (what the dump records), where that differs
         from how ``func`` is called."""
-        n = self.api_counts.get(prefix_api, 0)
+        n = self._api_counts.get(prefix_api, 0)
         fwd = f"{prefix_api}.{n}.forward"
         if self.mix:
             self.api_parent(fwd)
@@ -237,23 +301,23 @@ class Recorder:
         before: InputNodes = input_nodes(args, kwargs) if track else []
         if not self.selected(fwd):
             out = func(*args, **kwargs)
-            self.api_counts[prefix_api] = n + 1
+            self._api_counts[prefix_api] = n + 1
             if before:  # not recorded, but it may change a recorded view in place
                 self.api_backward.follow_inplace(before)
             return out
         entry: dict[str, Any] | None = None
-        self.dirty = True
+        self._dirty = True
         if self.want_fwd_in:
-            with torch.no_grad():
+            with grad_off():
                 entry = self.encode_inputs(fwd, *(shown or (args, kwargs)))
-            self.data[fwd] = entry
+            self._data[fwd] = entry
         out = func(*args, **kwargs)
-        self.api_counts[prefix_api] = n + 1
+        self._api_counts[prefix_api] = n + 1
         if self.want_fwd_out:
-            with torch.no_grad():
+            with grad_off():
                 encoded = self.encode_output(fwd, out)
             if entry is None:
-                entry = self.data[fwd] = {}
+                entry = self._data[fwd] = {}
             entry["output"] = encoded
         if entry is not None and self.cfg.extra_info:
             self.record_stack(fwd, frame)
@@ -264,13 +328,174 @@ class Recorder:
     def api_gradients(self, name: str, of_outputs: Any, of_inputs: Any) -> None:
         """One API call's gradients arrived: of its outputs (msprobe ``input``), its inputs (``output``)."""
         with self.lock, quiet():
-            self.dirty = True
+            self._dirty = True
             entry: dict[str, Any] = {}
             if self.want_bwd_in:
                 entry["input"] = self.encode_grads(name, "input", of_outputs)
             if self.want_bwd_out:
                 entry["output"] = self.encode_grads(name, "output", of_inputs)
-            self.data[name] = entry
+            self._data[name] = entry
+
+    # --------------------------------------------------------------------------------- compiled regions
+    def compiled_region(self, marker: str) -> None:
+        """One call of a ``torch.compile`` graph: a marker entry (its ops are not captured)."""
+        n = self._api_counts.get(marker, 0)
+        self._api_counts[marker] = n + 1
+        name = f"{marker}.{n}.forward"
+        if self.selected(name):
+            self._data[name] = {"input_args": [], "input_kwargs": {}, "output": []}
+            self._dirty = True
+
+    # ------------------------------------------------------------------------------------------ modules
+    def module_enter(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     frame: FrameType | None) -> ModuleCall:  # fmt: skip
+        """A module's forward starts: its name, construct parent, inputs and input-gradient hooks."""
+        n = self._module_counts.get(prefix, 0)
+        self._module_counts[prefix] = n + 1
+        name = f"{prefix}.forward.{n}"
+        self._construct[name] = self._module_stack[-1] if self._module_stack else None
+        self._module_stack.append(name)
+        selected = self.selected(name)
+        api_list = self.cfg.api_list
+        listed = bool(self.mix and api_list and any(i == name or i in name for i in api_list))
+        if listed:
+            self._list_depth += 1
+        entry: dict[str, Any] | None = None
+        if selected:
+            self._dirty = True
+            self._selected_modules.add(prefix)
+            grad_on = torch.is_grad_enabled()  # read before quiet(), which turns grad off
+            with quiet():
+                if self.want_fwd_in:
+                    entry = self.encode_inputs(name, args, kwargs)
+                    self._data[name] = entry
+                if self.want_bwd_out and grad_on:
+                    ins = grad_tensors(args, grad_tensors(kwargs, []))
+                    if ins:
+                        register_multi_grad_hook(ins, partial(self.module_input_grads, backward_of(name)))
+            if self.cfg.extra_info:
+                self.record_stack(name, frame)
+        # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
+        before = input_nodes(args, kwargs) if self.want_bwd and torch.is_grad_enabled() else []
+        return ModuleCall(prefix, name, entry, selected, listed, before)
+
+    def module_exit(self, call: ModuleCall, module: nn.Module, output: Any) -> None:
+        """A module's forward returned: its outputs, parameters, gradient slots and output-gradient hooks."""
+        if call.before:
+            self.api_backward.follow_inplace(call.before)
+        if call.listed:  # leaving a module that matched ``list`` at mix: APIs after it are filtered again
+            self._list_depth -= 1
+        name = call.name
+        if self._module_stack and self._module_stack[-1] == name:
+            self._module_stack.pop()
+        if not call.selected:
+            return
+        entry = call.entry
+        grad_on = torch.is_grad_enabled()
+        with quiet():
+            if self.want_fwd_out:
+                if entry is None:
+                    entry = {}
+                entry["output"] = self.encode_output(name, output)
+                entry["parameters"] = {  # present, maybe empty, as msprobe writes it
+                    p: self.tensor_leaf(t, name, "parameters", (p,))
+                    for p, t in module.named_parameters(recurse=False)
+                }
+            if entry is not None:
+                self._data.pop(name, None)
+                self._data[name] = entry  # re-inserted at completion: a module follows its APIs (§4.4)
+            prefix = call.prefix
+            if self.want_bwd and grad_on and prefix not in self._param_grads:
+                # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
+                # ``[null]`` per trainable parameter, filled when the gradient arrives
+                slots = {p: [None] for p, t in module.named_parameters(recurse=False) if t.requires_grad}
+                if slots:
+                    self._param_grads[prefix] = slots
+                    self._data[param_grad_name(prefix)] = slots
+            if self.want_bwd_in and grad_on:
+                outs = grad_tensors(output, [])
+                bname = backward_of(name)
+                if outs:
+                    register_multi_grad_hook(outs, partial(self.module_output_grads, bname))
+                if len(outs) == 1 and outs[0]._is_view():  # its hook is lost if it is updated in place
+                    self.api_backward.watch_view(outs[0], partial(self._module_rebased, bname))
+
+    def _module_entry(self, name: str) -> dict[str, Any]:
+        self._dirty = True
+        entry: dict[str, Any] | None = self._data.get(name)
+        if entry is None:
+            entry = {}
+            self._data[name] = entry
+            if self.want_bwd_in:
+                entry["input"] = []
+            if self.want_bwd_out:
+                entry["output"] = []
+        return entry
+
+    def module_output_grads(self, name: str, grads: Sequence[Tensor | None]) -> None:
+        """Gradients of a module's outputs arrived (msprobe's backward ``input``)."""
+        with self.lock, quiet():
+            self._module_entry(name)["input"] = self.encode_grads(name, "input", grads)
+
+    def _module_rebased(self, name: str, g_view: Tensor | None, _: Any) -> None:
+        self.module_output_grads(name, (g_view,))
+
+    def module_input_grads(self, name: str, grads: Sequence[Tensor | None]) -> None:
+        """Gradients of a module's inputs arrived (backward ``output``): the module's backward is complete."""
+        with self.lock, quiet():
+            entry = self._module_entry(name)
+            entry["output"] = self.encode_grads(name, "output", grads)
+            # placed once the module's backward is complete, after the APIs inside it (msprobe's order)
+            self._data.pop(name, None)
+            self._data[name] = entry
+
+    def param_gradient(self, prefix: str, pname: str, grad: Tensor) -> None:
+        """A parameter's gradient was accumulated (``.grad``, what the optimizer sees)."""
+        if not self.want_bwd or (self.filtered and prefix not in self._selected_modules):
+            return
+        with self.lock, quiet():
+            # One entry per module and step, as msprobe 8.3.3 names it; a later accumulation (another
+            # micro-batch) overwrites the leaf, so the entry ends with the gradient the optimizer sees.
+            entry_name = param_grad_name(prefix)
+            entry = self._param_grads.get(prefix)
+            if entry is None:
+                entry = self._param_grads[prefix] = {}
+                self._data[entry_name] = entry
+            data_name = None
+            if self.writer is not None:
+                data_name = param_grad_file(entry_name, pname)
+                self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
+            entry[pname] = [self.stats.leaf(grad, data_name)]
+            self._dirty = True
+
+    # -------------------------------------------------------------------------------------- collectives
+    def collective_enter(self, prefix_api: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Collective:
+        """A ``torch.distributed`` collective is about to run: its name and inputs."""
+        n = self._api_counts.get(prefix_api, 0)
+        name = f"{prefix_api}.{n}.forward"
+        if self.mix:
+            self.api_parent(name)
+        call = Collective(prefix_api, n, name, {}, self.selected(name))
+        if call.selected:
+            with self.lock, quiet():
+                self._dirty = True
+                if self.want_fwd_in:
+                    call.entry.update(self.encode_inputs(name, args, kwargs))
+                self._data[name] = call.entry
+        return call
+
+    def collective_exit(self, call: Collective) -> bool:
+        """The collective returned (maybe still running, ``async_op``); True if its output is wanted."""
+        self._api_counts[call.prefix_api] = call.n + 1
+        return call.selected and self.want_fwd_out
+
+    def collective_output(self, call: Collective, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The collective's communication is complete: the post-call values of its args then kwargs."""
+        with self.lock, quiet():
+            self._dirty = True
+            self.stats.forget()  # the collective wrote into its tensors without bumping their _version
+            values = [*args, *kwargs.values()]
+            call.entry["output"] = [self.encode(v, call.name, "output", (i,)) for i, v in enumerate(values)]
 
     # ------------------------------------------------------------------------------------------- flush
     def flush(
@@ -285,11 +510,11 @@ class Recorder:
         writer thread after the files are completely written, and only if they were.
         """
         with self.lock, quiet():
-            if self.dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
+            if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
                 self.background.submit_call(partial(self._write, self.dir_writer, *docs), document=True)
-                self.dirty = False
+                self._dirty = False
                 self.flushed = True
             if not self.flushed:  # unchanged since the last flush and never written: nothing to hand on
                 return None
@@ -304,19 +529,20 @@ class Recorder:
         Recording after a flush only ever sets keys of an entry dict (``output``, backward ``input``, a
         parameter's grad) or adds entries, stack names and construct keys; the values it stores are new
         objects and resolved leaves are final. So one level of entry copies is a complete snapshot."""
-        data = {k: dict(v) if type(v) is dict else v for k, v in self.data.items()}
-        stacks = [(list(names), frames) for names, frames in self.stacks]
-        return data, stacks, dict(self.construct)
+        data = {k: dict(v) if type(v) is dict else v for k, v in self._data.items()}
+        stacks = [(list(names), frames) for names, frames in self._stacks]
+        return data, stacks, dict(self._construct)
 
     def _take_documents(self) -> _Documents:
         """The live containers, replaced by fresh ones (what late hooks of this step may still touch)."""
-        docs = self.data, self.stacks, self.construct
+        docs = self._data, self._stacks, self._construct
         self.handed_over = True
-        self.data = {}
-        self.param_grads = {}  # its dicts are entries of the data handed off
-        self.construct = {}
-        self.stacks = []
+        self._data = {}
+        self._param_grads = {}  # its dicts are entries of the data handed off
+        self._construct = {}
+        self._stacks = []
         self._stack_index = {}
+        self._stack_fast = {}
         return docs
 
     def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: _Stacks,

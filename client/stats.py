@@ -1,9 +1,14 @@
 """Tensor leaves of dump.json (dump-format.md §4.3) with statistics that stay on the device until a flush.
 
-Each tensor costs three small reductions (``aminmax``, ``mean``, ``vector_norm``) whose 0-d results are kept,
-grouped by dtype; :meth:`StatsBuffer.resolve` stacks each group once and moves it to the host with one
-``tolist()``, then fills the ``Max``/``Min``/``Mean``/``Norm`` slots of the leaf dicts in place (the slots
-exist from the start, so the key order of the file is msprobe's). Never one ``.item()`` per tensor.
+Each tensor costs small reductions computed where it lives (any device); their 0-d results are kept, grouped
+by (device, dtype). :meth:`StatsBuffer.resolve` stacks each group once, joins a device's groups into one
+float64 vector and moves it to the host (one copy and one wait per device, see
+:func:`parity.client.devices.to_host`), then fills the ``Max``/``Min``/``Mean``/``Norm`` slots of the leaf
+dicts in place (the slots exist from the start, so the key order of the file is msprobe's). Never one
+``.item()`` per tensor, and no mix of devices (AdamW's CPU ``step`` counters beside CUDA weights) or dtypes
+in one flush can fail it. A tensor whose values cannot be read (``meta``, fake, functional) keeps its dtype
+and shape with null statistics (as msprobe writes it) and a ``note`` naming the reason (a key msprobe's and
+Parity's readers ignore), logged once: never a crash.
 Callers run this with torch-function handling disabled and grad off (see ``quiet()``), so the tool's own
 reductions are neither recorded nor part of any autograd graph.
 
@@ -15,13 +20,17 @@ lets those leaves share one set of statistics instead of recomputing them.
 from __future__ import annotations
 
 import contextlib
+import logging
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from parity.client.devices import host_dtype, synchronize, to_host, unreadable
 
-__all__ = ["StatsBuffer", "crc32_hex", "quiet"]
+__all__ = ["StatsBuffer", "crc32_hex", "grad_off", "quiet"]
+
+log = logging.getLogger(__name__)
 
 _DTYPE_STR: dict[torch.dtype, str] = {}
 _FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
@@ -29,11 +38,41 @@ _SKIP_DTYPES = {getattr(torch, n) for n in _FP8
                 if hasattr(torch, n)}  # fmt: skip
 
 
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
+class _GradOff:
+    """``torch.no_grad()`` without its per-use Python overhead (a decorator-capable class, several calls):
+    the recorder enters one or two of these per recorded call."""
+
+    __slots__ = ("_prev",)
+
+    def __enter__(self) -> None:
+        self._prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        torch._C._set_grad_enabled(self._prev)
+
+
+class _Quiet(_GradOff):
+    __slots__ = ("_off",)
+
+    def __enter__(self) -> None:
+        self._off = torch._C.DisableTorchFunction()
+        self._off.__enter__()
+        _GradOff.__enter__(self)
+
+    def __exit__(self, *exc: object) -> None:
+        _GradOff.__exit__(self)
+        self._off.__exit__(None, None, None)
+
+
+def grad_off() -> _GradOff:
+    """Grad off for the tool's own tensor work (cheaper than ``torch.no_grad()``)."""
+    return _GradOff()
+
+
+def quiet() -> _Quiet:
     """Run the tool's own torch calls unseen by any torch-function mode (ours included) and without grad."""
-    with torch._C.DisableTorchFunction(), torch.no_grad():
-        yield
+    return _Quiet()
 
 
 def crc32_hex(t: torch.Tensor) -> str:
@@ -52,24 +91,56 @@ def _type_name(t: torch.Tensor) -> str:
     return f"{cls.__module__}.{cls.__name__}"
 
 
+_Tensor = torch.Tensor
+_EMPTY = torch.empty(0)
+#: ``stage(tensor, consume)``: ``consume(a host copy of tensor)`` later, on the writer thread, in order
+Stage = Callable[[torch.Tensor, Callable[[torch.Tensor], object]], None]
+#: an md5 now, or a one-slot box the writer thread fills
+_Digest = str | list[str | None]
+_Parameter = torch.nn.Parameter
+_is_functional = torch._is_functional_tensor
+_noted: set[str] = set()  # reasons already logged in this process
+
+
+def note_unreadable(reason: str, where: str) -> None:
+    """Log once per reason that statistics were left null (the leaf keeps its dtype and shape)."""
+    if reason not in _noted:
+        _noted.add(reason)
+        log.warning("parity: %s (%s): dtype and shape recorded, statistics left null", where, reason)
+
+
+#: (stacked chunks of statistics, 0-d statistics not stacked yet, per tensor the leaves sharing them)
+_Group = tuple[list[torch.Tensor], list[torch.Tensor], list[list[dict[str, Any]]]]
+
+
 class StatsBuffer:
     """Builds tensor leaves now and fills their statistics at :meth:`resolve`."""
 
     #: Resolve early past this many pending tensors, so a long step does not pile up device memory.
     MAX_PENDING = 20000
 
+    #: 0-d statistics stacked into one tensor as they come: each live tensor object is one more for the
+    #: garbage collector to walk, and a stack of 256 costs about one reduction
+    CHUNK = 256
+
     #: How many recent tensors the identity cache remembers (it holds references, so keep it small).
     CACHE_SIZE = 64
 
-    def __init__(self, *, md5: bool) -> None:
+    def __init__(self, *, md5: bool, stage: Stage | None = None, stage_cpu: bool = False) -> None:
         self.md5 = md5
-        # dtype -> flat list of 0-d stat tensors (4 per float tensor, 2 per bool tensor), and per tensor the
-        # leaves that share those statistics
-        self._values: dict[torch.dtype, list[torch.Tensor]] = {}
-        self._leaves: dict[torch.dtype, list[list[dict[str, Any]]]] = {}
-        # id(tensor) -> (tensor, version, the leaves it feeds, md5); holding the tensor keeps its id unique
-        self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], str | None]] = {}
+        # md5 of a tensor off the CPU: ``stage(tensor, consume)`` runs ``consume(host copy)`` on the writer
+        # thread (BackgroundWriter.submit_host), so the training thread never waits for a copy per tensor;
+        # ``stage_cpu``: CPU tensors too (the tests' stand-in for an accelerator)
+        self._stage = stage
+        self._stage_cpu = stage_cpu
+        # (device, stat dtype, kind) -> its statistics (4 per float tensor, 2 per bool tensor, 1 per 0-d
+        # tensor), and per tensor the leaves that share them
+        self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
+        # id(tensor) -> (tensor, version, the leaves it feeds, md5 or its box); holding the tensor keeps its
+        # id unique
+        self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None]] = {}
         self.pending = 0
+        self.unreadable = 0  # leaves left null because their values could not be read
 
     def leaf(self, t: torch.Tensor, data_name: str | None = None) -> dict[str, Any]:
         """The leaf dict of ``t``; statistics are queued, filled by the next :meth:`resolve`."""
@@ -77,14 +148,23 @@ class StatsBuffer:
         dstr = _DTYPE_STR.get(dtype)
         if dstr is None:
             dstr = _DTYPE_STR[dtype] = str(dtype)
+        cls = type(t)
         leaf: dict[str, Any] = {
-            "type": _type_name(t), "dtype": dstr, "shape": list(t.shape),
+            "type": "torch.Tensor" if cls is _Tensor or cls is _Parameter else _type_name(t), "dtype": dstr,
+            "shape": list(t.shape),
             "Max": None, "Min": None, "Mean": None, "Norm": None, "requires_grad": t.requires_grad,
         }  # fmt: skip
         if data_name is not None:
             leaf["data_name"] = data_name
-        if t.is_meta or t.numel() == 0 or dtype in _SKIP_DTYPES or t.layout is not torch.strided:
-            if self.md5 and not t.is_meta and t.layout is torch.strided:
+        if t.is_meta or (cls is not _Tensor and cls is not _Parameter) or _is_functional(t):
+            reason = unreadable(t)
+            if reason is not None:
+                self.unreadable += 1
+                leaf["note"] = f"{reason}: values not readable, statistics null"
+                note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
+                return leaf
+        if t.numel() == 0 or dtype in _SKIP_DTYPES or t.layout is not torch.strided:
+            if self.md5 and t.layout is torch.strided:
                 leaf["md5"] = crc32_hex(t)
             return leaf
         version = t._version
@@ -92,25 +172,28 @@ class StatsBuffer:
         if hit is not None and hit[0] is t and hit[1] == version:
             hit[2].append(leaf)
             if hit[3] is not None:
-                leaf["md5"] = hit[3]
+                self._set_md5(leaf, hit[3])
             return leaf
-        x = t  # no detach(): callers run under quiet() (no grad), so it would only cost a dispatch
-        if dtype is torch.bool:
-            vals = [x.any(), x.all()]
-        else:
-            if x.is_complex():
-                x = x.abs()
-            elif not x.is_floating_point():
-                x = x.double()  # integer stats in float64: exact for any int32, and mean() needs a float
-            mn, mx = torch.aminmax(x)
-            vals = [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
-        key = vals[0].dtype
-        self._values.setdefault(key, []).extend(vals)
+        try:
+            kind, vals = _reductions(t)
+            digest = self._md5(t) if self.md5 else None
+        except Exception as exc:  # a tensor subclass that cannot run the reductions: never fail the step
+            self.unreadable += 1
+            note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {type(t).__name__} of dtype {dstr}")
+            return leaf
+        key = (t.device, vals[0].dtype, kind)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = ([], [], [])
+        pending = group[1]
+        pending.extend(vals)
+        if len(pending) >= self.CHUNK:  # one tensor instead of CHUNK: fewer objects for the collector
+            group[0].append(torch.stack(pending))
+            pending.clear()
         sharing = [leaf]
-        self._leaves.setdefault(key, []).append(sharing)
-        digest = None
-        if self.md5:
-            digest = leaf["md5"] = crc32_hex(t)
+        group[2].append(sharing)
+        if digest is not None:
+            self._set_md5(leaf, digest)
         if len(self._cache) >= self.CACHE_SIZE:
             del self._cache[next(iter(self._cache))]
         self._cache[id(t)] = (t, version, sharing, digest)
@@ -119,26 +202,119 @@ class StatsBuffer:
             self.resolve()
         return leaf
 
+    def _md5(self, t: torch.Tensor) -> _Digest:
+        """The CRC now (a CPU tensor: zero-copy), or a box the writer thread fills from a host copy."""
+        if self._stage is None or (t.device.type == "cpu" and not self._stage_cpu):
+            return crc32_hex(t)
+        box: list[str | None] = [None]
+
+        def consume(host: torch.Tensor) -> None:
+            box[0] = crc32_hex(host)
+
+        self._stage(t, consume)
+        return box
+
+    def _set_md5(self, leaf: dict[str, Any], digest: _Digest) -> None:
+        if isinstance(digest, str):
+            leaf["md5"] = digest
+            return
+        # the key now (msprobe's key order), the value once the writer thread has the CRC: queued after the
+        # copy's job, and before any flush's documents (the writer runs its jobs in order)
+        leaf["md5"] = None
+        if self._stage is not None:
+            self._stage(_EMPTY, lambda _: leaf.__setitem__("md5", digest[0]))
+
     def forget(self) -> None:
         """Drop the identity cache: for writes that do not bump ``_version`` (collectives write in C++)."""
         self._cache.clear()
 
     def resolve(self) -> None:
-        """Move every pending statistic to the host (one stack + tolist per dtype) and fill the leaves."""
-        for dtype, values in self._values.items():
-            leaves = self._leaves[dtype]
-            host = torch.stack(values).tolist()
-            if dtype is torch.bool:
-                for i, sharing in enumerate(leaves):
-                    mx, mn = bool(host[2 * i]), bool(host[2 * i + 1])
-                    for leaf in sharing:
-                        leaf["Max"], leaf["Min"] = mx, mn
-            else:
-                for i, sharing in enumerate(leaves):
-                    j = 4 * i
-                    for leaf in sharing:
-                        leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"] = host[j : j + 4]
-        self._values.clear()
-        self._leaves.clear()
+        """Move every pending statistic to the host (one copy per device) and fill the leaves."""
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        # per device: (offset into its host vector, kind, leaves) of each group
+        layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
+        # statistics may have been queued on any stream of their device (the user's side streams): wait for
+        # the whole device once before this stream reads them
+        for device in {key[0] for key in self._groups}:
+            with contextlib.suppress(Exception):
+                synchronize(device)
+        for (device, _, kind), (chunks, pending, leaves) in self._groups.items():
+            try:
+                if pending:
+                    chunks.append(torch.stack(pending))
+                stacked = (chunks[0] if len(chunks) == 1 else torch.cat(chunks)).to(host_dtype(device))
+            except Exception as exc:  # an exotic device or subclass: these leaves keep null statistics
+                self.unreadable += len(leaves)
+                note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
+                continue
+            parts = by_device.setdefault(device, [])
+            offset = sum(p.numel() for p in parts)
+            parts.append(stacked)
+            layout.setdefault(device, []).append((offset, kind, leaves))
+        self._groups.clear()
         self._cache.clear()
         self.pending = 0
+        try:  # every device's copy queued, then each waited for: transfers of several devices overlap
+            hosts = to_host(by_device)
+        except Exception:  # one device failing must not cost the others their statistics
+            hosts = {}
+            for device, parts in by_device.items():
+                try:
+                    hosts.update(to_host({device: parts}))
+                except Exception as exc:
+                    note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
+        for device, flat in hosts.items():
+            host = flat.tolist()
+            for offset, kind, leaves in layout[device]:
+                _fill(host, offset, kind, leaves)
+
+
+#: What one tensor contributes to its group: max, min, mean, norm; any, all (bool); one value (0-d).
+_FULL, _BOOL, _SCALAR = 4, 2, 1
+
+
+def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
+    """The 0-d statistics of ``x`` where it lives, and their kind.
+
+    A 0-d tensor costs one copy: msprobe writes its value as all four statistics (the norm too, sign
+    included); any other tensor two or three reductions. No detach(): callers run under quiet() (no grad),
+    so it would only cost a dispatch."""
+    if x.dtype is torch.bool:
+        if x.dim() == 0:
+            return _SCALAR, [x.clone()]
+        return _BOOL, [x.any(), x.all()]
+    if x.is_complex():
+        x = x.abs()
+    elif not x.is_floating_point():
+        # integer stats in float64 (exact for any int32; mean() needs a float); float32 where the device has
+        # no float64 (MPS)
+        x = x.double() if x.device.type != "mps" else x.float()
+        if x.dim() == 0:
+            return _SCALAR, [x]  # already a copy
+    if x.dim() == 0:
+        return _SCALAR, [x.clone()]
+    mn, mx = torch.aminmax(x)
+    return _FULL, [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
+
+
+def _fill(host: list[float], offset: int, kind: int, leaves: list[list[dict[str, Any]]]) -> None:
+    if kind == _BOOL:
+        for i, sharing in enumerate(leaves):
+            j = offset + 2 * i
+            anyv, allv = bool(host[j]), bool(host[j + 1])
+            for leaf in sharing:
+                leaf["Max"], leaf["Min"] = anyv, allv
+    elif kind == _SCALAR:
+        for i, sharing in enumerate(leaves):
+            v = host[offset + i]
+            for leaf in sharing:
+                if leaf["dtype"] == "torch.bool":
+                    leaf["Max"] = leaf["Min"] = bool(v)
+                else:
+                    leaf["Max"] = leaf["Min"] = leaf["Mean"] = leaf["Norm"] = v
+    else:
+        for i, sharing in enumerate(leaves):
+            j = offset + 4 * i
+            mx, mn, mean, norm = host[j : j + 4]
+            for leaf in sharing:
+                leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"] = mx, mn, mean, norm

@@ -5,6 +5,14 @@ over a step's finished documents, and puts the job on a bounded queue; one daemo
 order. Order is the contract the recorder relies on: a step's tensor files are queued before its dump.json,
 and the uploader hand-off is queued after it, so the uploader only ever sees complete directories.
 
+A tensor on an accelerator is snapshotted on the device (a copy at device bandwidth, so later in-place updates
+cannot reach it) and the snapshot is transferred into a page-locked host buffer on a side stream, overlapping
+training; the writer thread waits for that transfer's event before saving, and only then lets the snapshot
+go. The bytes of such copies not yet written are bounded (``host_buffer_mb``, which bounds the snapshots'
+device memory too): past the bound, training waits for the writer, so a step is never slower than writing
+its bytes and memory never grows with the step. On a CPU-only machine these paths are plain copies
+(see :mod:`parity.client.devices`).
+
 The bounds apply back pressure instead of letting clones (or whole steps of documents) pile up in memory.
 :meth:`drain` waits until every queued job is done. Errors are logged once at WARNING (the rest at DEBUG)
 and counted, never raised into the training loop. In a forked child (a DataLoader worker) the thread does
@@ -19,8 +27,10 @@ import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+from parity.client import devices
 
 __all__ = ["BackgroundWriter", "TensorWriter"]
 
@@ -32,7 +42,13 @@ _Job = Callable[[], object]
 class BackgroundWriter:
     """One daemon thread running write jobs (tensor saves, document writes, callbacks) in FIFO order."""
 
-    def __init__(self, max_queue: int = 256, max_documents: int = 2) -> None:
+    def __init__(self, max_queue: int = 256, max_documents: int = 2, max_host_bytes: int = 1 << 30) -> None:
+        # bytes of staged host copies queued and not yet written (device tensors; CPU ones are clones)
+        self.max_host_bytes = max_host_bytes
+        self.staged_bytes = 0
+        self.peak_staged_bytes = 0
+        self._staged = threading.Condition()
+        self._streams: dict[torch.device, object] = {}  # one side stream per device, made on first use
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max_queue)
         # whole steps of documents waiting to be written: a slow disk stalls training here, not in memory
         self._documents = threading.BoundedSemaphore(max_documents)
@@ -45,12 +61,83 @@ class BackgroundWriter:
     def _usable(self) -> bool:
         return os.getpid() == self._pid and self._thread.is_alive()
 
-    def submit(self, path: Path, tensor: torch.Tensor) -> None:
-        """Queue a private copy of ``tensor`` to be saved at ``path`` (blocks while the queue is full)."""
+    def submit(self, path: Path, tensor: torch.Tensor, *, staged: bool | None = None) -> None:
+        """Queue a private copy of ``tensor`` to be saved at ``path`` (blocks while the queue is full).
+
+        ``staged`` (default: the tensor is not on the CPU) copies into a bounded host buffer instead of
+        cloning where the tensor lives; the tests force it on CPU to check the bound."""
         if not self._usable():
             return
-        copy = tensor.detach().clone(memory_format=torch.contiguous_format)
-        self._queue.put(lambda: _save(copy, path))
+        if staged is None:
+            staged = tensor.device.type != "cpu"
+        if not staged:
+            copy = tensor.detach().clone(memory_format=torch.contiguous_format)
+            self._queue.put(lambda: _save(copy, path))
+            return
+        self.submit_host(tensor, lambda host: _save(host, path))
+
+    def submit_host(self, tensor: torch.Tensor, consume: Callable[[torch.Tensor], object]) -> None:
+        """Queue ``consume(a host copy of tensor)`` on the writer thread: the copy is made as for a device
+        tensor (snapshot, side-stream transfer, bounded by ``max_host_bytes``) on any device, plain on CPU.
+
+        What md5 of accelerator tensors uses: the CRC is computed on the writer thread from the copy,
+        instead of a synchronous device-to-host copy per tensor on the training thread."""
+        if not self._usable():
+            return
+        src = tensor.detach()
+        nbytes = src.numel() * src.element_size()
+        self._reserve(nbytes)
+        try:
+            host, ready = self._stage(src)
+        except BaseException:
+            self._release(nbytes)
+            raise
+
+        def run() -> None:
+            try:
+                if ready is not None:
+                    ready[0].synchronize()  # the side stream's copy has landed in the host buffer
+                consume(host)
+            finally:
+                self._release(nbytes)
+
+        self._queue.put(run)
+
+    def _stage(self, src: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """A host copy of ``src``, and what the writer must wait for before reading it (None: ready).
+
+        With a side stream: a device-side snapshot on the training stream (at device bandwidth, so a later
+        in-place update on that stream cannot reach the copy), then the transfer of the snapshot into pinned
+        host memory on the side stream, overlapping training. The returned job keeps the snapshot alive until
+        the transfer's event has completed, so its memory is never reused early. Without a stream (CPU, MPS):
+        a plain synchronous copy."""
+        host = devices.pinned_empty(src.numel(), src.dtype).view(src.shape)
+        device = src.device
+        if device not in self._streams:
+            self._streams[device] = devices.side_stream(device)
+        stream: Any = self._streams[device]
+        if stream is None:
+            host.copy_(src)
+            return host, None
+        snapshot = src.clone(memory_format=torch.contiguous_format)
+        stream.wait_stream(devices.current_stream(device))
+        with devices.stream_context(stream):
+            host.copy_(snapshot, non_blocking=True)
+            event = stream.record_event()
+        return host, (event, snapshot)
+
+    def _reserve(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more fit the host bound (a tensor larger than the bound goes alone)."""
+        with self._staged:
+            while self.staged_bytes and self.staged_bytes + nbytes > self.max_host_bytes:
+                self._staged.wait()
+            self.staged_bytes += nbytes
+            self.peak_staged_bytes = max(self.peak_staged_bytes, self.staged_bytes)
+
+    def _release(self, nbytes: int) -> None:
+        with self._staged:
+            self.staged_bytes -= nbytes
+            self._staged.notify_all()
 
     def submit_call(self, job: _Job, *, document: bool = False) -> None:
         """Queue ``job`` after everything queued so far; ``document``: it holds a step's documents."""

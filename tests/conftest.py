@@ -9,8 +9,20 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 _redis = os.environ.get("PARITY_TEST_REDIS_URL")
 if _redis and (number := re.fullmatch(r"gw(\d+)", _worker)):
     os.environ["PARITY_TEST_REDIS_URL"] = re.sub(r"(/\d+)?$", f"/{int(number.group(1)) + 1}", _redis, count=1)
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """The accelerator half of the capture tests runs under ``make test-accelerator`` (which sets
+    ``PARITY_TEST_ACCELERATOR=1``); ``make test`` keeps the CPU half, on any machine."""
+    if os.environ.get("PARITY_TEST_ACCELERATOR") == "1":
+        return
+    kept = [item for item in items if item.get_closest_marker("accelerator") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker("accelerator")])
+        items[:] = kept
