@@ -267,6 +267,8 @@ def test_hooked_models_are_tracked_weakly(tmp_path: Path) -> None:
 def test_heap_frozen_while_recording_and_thawed_after(tmp_path: Path) -> None:
     import gc
 
+    # Another test in this worker may have frozen the heap (an in-process server does): start thawed.
+    gc.unfreeze()
     assert gc.get_freeze_count() == 0
     PrecisionDebugger(dump_path=str(tmp_path), level="L1")
     PrecisionDebugger.start()
