@@ -1,19 +1,16 @@
-"""How far a correct kernel's output may sit from the exact (float64) result: the replay's rounding allowance.
+"""How far a correct kernel's output may sit from the exact (float64) result: the replay's rounding allowance,
+from the compare's one expected-error model (``parity.shared.compare.expected_error``)::
 
-One small estimate, kept in one function so a fuller expected-error model can replace it
-(``replay_calls(..., allowance=...)``)::
+    allowance = REPLAY_SAFETY * u * (1 + ROUNDING_SCALE * sqrt(K))
 
-    allowance = SAFETY * sqrt(K) * eps(dtype)
-
-``eps`` is the machine epsilon of the coarsest floating dtype the call wrote (float32: 1.2e-7, float16:
-9.8e-4, bfloat16: 7.8e-3), and ``K`` the length of the call's longest reduction, read from the recorded
-shapes and arguments (:func:`reduction_length`). Rounding errors of a K-term sum grow like sqrt(K) eps when
-they are independent (the usual case; the worst case is K eps); ``SAFETY`` = 16 covers a few ulps of
-transcendental functions, another accumulation order (a GPU's tree or split-K) and the error of the
-distance itself. The distance the allowance bounds is norm-wise: ``||recorded - replay|| / ||replay||``.
+``u`` is the unit roundoff of the coarsest floating dtype the call wrote (float32: 6.0e-8, float16: 4.9e-4,
+bfloat16: 3.9e-3), and ``K`` the length of the call's longest reduction, read from the replayed arguments and
+output shapes (:func:`reduction_length`). The distance the allowance bounds is norm-wise:
+``||recorded - replay|| / ||replay||``. (An elementwise call counts as a 2-term reduction: a few ulps of a
+transcendental function.)
 
 Measured on the replay tests' model (float32, CPU; ``tests/replay_dumps.py``): correct calls, forward and
-backward, sit at 0 to 2.2e-7 from their replay against allowances of 1.9e-6 to 9.3e-6; the injected 1e-2
+backward, sit at 0 to 2.2e-7 from their replay against allowances of 4.3e-6 to 9.3e-6; the injected 1e-2
 faults (a forward and a backward gelu) at 8.7e-3 and 1.2e-2.
 """
 
@@ -24,10 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from parity.shared.compare.expected_error import replay_allowance, unit_roundoff
 
-__all__ = ["SAFETY", "reduction_length", "rounding_allowance"]
-
-SAFETY = 16.0
+__all__ = ["reduction_length", "rounding_allowance"]
 
 _MATMUL_SECOND = frozenset(("addmm", "addbmm", "baddbmm", "addmv", "addr"))  # the operand after ``input``
 _MATMUL = frozenset(("matmul", "mm", "bmm", "mv", "dot", "vdot", "inner", "linear", "bilinear", "__matmul__",
@@ -42,8 +38,7 @@ _RNN = frozenset(("lstm", "gru", "rnn_tanh", "rnn_relu"))
 
 def rounding_allowance(dtype: torch.dtype, k: int) -> float:
     """The norm-wise relative distance from float64 that rounding in ``dtype`` over ``k`` terms explains."""
-    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
-    return SAFETY * math.sqrt(max(k, 1)) * eps
+    return replay_allowance(unit_roundoff(str(dtype)), k)
 
 
 def _tensors(values: Sequence[Any]) -> list[torch.Tensor]:

@@ -37,6 +37,9 @@ class SideReplay:
     reduction_length: int | None = None
     dtype: str | None = None  # the coarsest floating dtype the call wrote
     refusal: str | None = None
+    #: the level the call's class differs by on this side's device (its other calls' replays, or the
+    #: pair's systematic finding), within the allowance: that much is the class's, no fault of this call
+    level: float | None = None
 
     @property
     def replayed(self) -> bool:
@@ -51,12 +54,14 @@ class SideReplay:
 
     def as_dict(self) -> dict[str, object]:
         return {"distance": _finite(self.distance), "allowance": self.allowance, "dtype": self.dtype,
-                "reduction_length": self.reduction_length, "refusal": self.refusal}  # fmt: skip
+                "reduction_length": self.reduction_length, "refusal": self.refusal,
+                "level": self.level}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class ReplayVerdict:
-    """The replay of one entry on both sides and what it says."""
+    """The replay of one entry on both sides and what it says: the one verdict type, which the replay
+    fills and the compare's judgement (``compare.replay_judgement``) and its advisor read."""
 
     entry: str
     direction: str
@@ -64,6 +69,16 @@ class ReplayVerdict:
     target: SideReplay
     bench: SideReplay
     text: str
+
+    @property
+    def api(self) -> str:
+        """The entry replayed (``Functional.linear.2.forward``), as the suspects name it."""
+        return self.entry
+
+    @property
+    def wrong(self) -> str | None:
+        """Whose kernel alone is wrong: ``"target"``, ``"bench"``, or None (both, neither, undecided)."""
+        return self.verdict.value if self.verdict in (Verdict.TARGET, Verdict.BENCH) else None
 
     def as_dict(self) -> dict[str, object]:
         """Plain JSON values (the summary file, the server)."""
@@ -91,6 +106,9 @@ def _side_text(s: SideReplay, what: str) -> str:
 
 
 def _allows(s: SideReplay) -> str:
+    if s.level:
+        return (f"rounding and its class's level {s.level:.1e} allow {s.allowance:.1e}: {s.dtype}, "
+                f"K={s.reduction_length}")  # fmt: skip
     return f"rounding allows {s.allowance:.1e}: {s.dtype}, K={s.reduction_length}"
 
 
