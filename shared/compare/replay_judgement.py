@@ -11,7 +11,8 @@ replay, while a correct call is within its rounding.
 Candidates (bounded: at most ``limit + 2 + (1 + 2 * CLASS_SAMPLES)`` per systematic finding, each replay
 capped by the replay's own element and flop caps, ``parity.shared.replay.engine``):
 
-* the ``limit`` calls with the highest table score, below the suspect threshold too;
+* the ``limit`` calls with the highest table score, below the suspect threshold too, that compute (a copy,
+  view or cast, ``_NO_ARITHMETIC``, is the table's own check again);
 * the first divergence;
 * each systematic finding's first call (the one that would be a fault), and CLASS_SAMPLES more calls of its
   class in each direction, whose replays give the level the class differs by on the target.
@@ -34,8 +35,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from parity.shared.compare.expected_error import op_of
 from parity.shared.compare.headers import CompareMode
-from parity.shared.compare.localization import CallEvidence, Localization, first_divergence
+from parity.shared.compare.localization import (
+    INFINITE_SCORE,
+    CallEvidence,
+    Localization,
+    first_divergence,
+    suspect_score,
+)
 from parity.shared.compare.result import SystematicFinding
 from parity.shared.errors import ParityError
 from parity.shared.replay.verdicts import ReplayVerdict, Verdict, verdict_of
@@ -54,10 +62,17 @@ CLASS_SAMPLES = 3
 LEVEL_MARGIN = 3.0
 NO_TENSORS_NOTE = "{mode} mode: no float64 replay (the dumps hold no tensors)"
 _UNREPLAYABLE = ("Module.", "Distributed.")
+#: Calls that move or copy data and compute nothing: their replay is the table's own check again (the output
+#: is the input), so they take no place among the candidates.
+_NO_ARITHMETIC = frozenset((
+    "detach clone contiguous view view_as reshape flatten split chunk unbind narrow select squeeze unsqueeze "
+    "transpose permute t expand expand_as getitem cat concat stack to float double half type_as copy_ "
+    "zero_ fill_ masked_fill"
+).split())
 
 
 def _replayable(api: str) -> bool:
-    return not api.startswith(_UNREPLAYABLE)
+    return not api.startswith(_UNREPLAYABLE) and op_of(api) not in _NO_ARITHMETIC
 
 
 def candidates(loc: Localization, limit: int) -> list[str]:
@@ -124,7 +139,8 @@ def rejudge(loc: Localization, verdicts: Sequence[ReplayVerdict]) -> tuple[Local
         out.append(judged_v)
         if judged_v.verdict is Verdict.TARGET and not math.isnan(judged.columns.output_err[k]):
             assert t.distance is not None
-            confirmed[k] = math.log10(t.distance / allowance) if math.isfinite(t.distance) else 12.0
+            beyond = math.log10(t.distance / allowance) if math.isfinite(t.distance) else INFINITE_SCORE
+            confirmed[k] = max(beyond, suspect_score(loc.mode)) if t.held else beyond
     by_entry = {v.entry: v for v in out}
     ranked = [_with_replay(judged.evidence(k), by_entry, confirmed[k])
               for k in sorted(confirmed, key=lambda k: (-confirmed[k], k))]

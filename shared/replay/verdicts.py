@@ -40,6 +40,9 @@ class SideReplay:
     #: the level the call's class differs by on this side's device (its other calls' replays, or the
     #: pair's systematic finding), within the allowance: that much is the class's, no fault of this call
     level: float | None = None
+    #: the coarser format (``float16``) every value of its output fits while its inputs' do not
+    #: (``replay.precision``): the kernel computed in that format
+    held: str | None = None
 
     @property
     def replayed(self) -> bool:
@@ -55,7 +58,7 @@ class SideReplay:
     def as_dict(self) -> dict[str, object]:
         return {"distance": _finite(self.distance), "allowance": self.allowance, "dtype": self.dtype,
                 "reduction_length": self.reduction_length, "refusal": self.refusal,
-                "level": self.level}  # fmt: skip
+                "level": self.level, "held": self.held}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +127,20 @@ def verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay
         head = f"{_side_text(target, what)}, bench {bench.distance:.1e} ({_allows(shown)})"
     else:
         head = f"{_side_text(target, what)}; {_side_text(bench, what)} ({_allows(shown)})"
-    if target.off and bench.off:
+    # a side whose output holds only a coarser format's values, where the other side's does not: computed
+    # in that format, whatever its distance
+    t_held = target.held is not None and bench.replayed and bench.held != target.held
+    b_held = bench.held is not None and target.replayed and target.held != bench.held
+    if t_held or b_held:
+        side = target if t_held else bench
+        head += (f"; the {side.side}'s {what} holds {side.held} values only, from inputs that do not: "
+                 f"computed in {side.held}")  # fmt: skip
+    t_off, b_off = target.off or t_held, bench.off or b_held
+    if t_off and b_off:
         verdict, tail = Verdict.BOTH, "both kernels are off their float64 replays"
-    elif target.off:
+    elif t_off:
         verdict, tail = Verdict.TARGET, "the target's kernel is wrong"
-    elif bench.off:
+    elif b_off:
         verdict, tail = Verdict.BENCH, "the bench's kernel is wrong"
     elif target.replayed and bench.replayed:
         verdict = Verdict.NEITHER
