@@ -282,8 +282,9 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
         distance, dtype = _judge(recorded, replayed, "input gradients")
         k = reduction_length(api, args, kwargs, [t for t in out if t is not None],
                              [g for g in grads_out if g is not None])  # fmt: skip
+        held = held_format(recorded, grads_out)
     return SideReplay(side.name, distance=distance, allowance=allowance(dtype, k), reduction_length=k,
-                      dtype=str(dtype).replace("torch.", ""), held=None if backward else held)  # fmt: skip
+                      dtype=str(dtype).replace("torch.", ""), held=held)  # fmt: skip
 
 
 def replay_side(side: DumpSide, entry: str, *, allowance: Allowance = rounding_allowance,

@@ -128,9 +128,10 @@ def verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay
     else:
         head = f"{_side_text(target, what)}; {_side_text(bench, what)} ({_allows(shown)})"
     # a side whose output holds only a coarser format's values, where the other side's does not: computed
-    # in that format, whatever its distance
-    t_held = target.held is not None and bench.replayed and bench.held != target.held
-    b_held = bench.held is not None and target.replayed and target.held != bench.held
+    # in that format, whatever its distance; where the other side's output is its exact replay, the call
+    # rounds nothing (a view's backward hands on its incoming gradient), and its values are its inputs'
+    t_held = target.held is not None and bench.held != target.held and bool(bench.distance)
+    b_held = bench.held is not None and target.held != bench.held and bool(target.distance)
     if t_held or b_held:
         side = target if t_held else bench
         head += (f"; the {side.side}'s {what} holds {side.held} values only, from inputs that do not: "

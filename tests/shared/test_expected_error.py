@@ -227,7 +227,8 @@ def test_the_ranked_list_the_advisor_lines_and_the_replay_section_agree(tmp_path
     assert doc is not None and doc["note"] is None and doc["replayed"] >= len(doc["verdicts"])
     shown = [v["entry"] for v in doc["verdicts"]]  # type: ignore[union-attr]
     ranked = [s.api for s in result.suspects]
-    assert shown[: len(ranked)] == ranked[: len(shown)] and shown[0] == ranked[0] == "Functional.tanh.2.forward"
+    assert shown[: len(ranked)] == ranked[: len(shown)]
+    assert shown[0] == ranked[0] == "Functional.tanh.2.forward"
     assert result.advice.suspect_node == f"{ranked[0]}.output.0"
     assert "the target's kernel is wrong" in result.advice.text.splitlines()[0]
     assert "float64 replay: target output " in result.suspects[0].reason  # the suspect's evidence too
@@ -236,8 +237,8 @@ def test_the_ranked_list_the_advisor_lines_and_the_replay_section_agree(tmp_path
     assert all(v["verdict"] == "neither" for v in linears), linears
 
 
-def test_a_fault_in_the_first_matmul_behind_a_systematic_finding_is_named_by_the_replay(tmp_path: Path) -> None:
-    """A fault in the first linear carries into every later one: from the table alone one systematic finding.
+def test_a_first_matmul_fault_behind_a_systematic_finding_is_named_by_the_replay(tmp_path: Path) -> None:
+    """A fault in the first linear carries into every later one: from the table alone, a systematic finding.
     Its replay is far beyond the class's others' (which replay within rounding): it is the suspect, and the
     finding is withdrawn."""
     npu, bench = _device_pair(tf32=False, linear_fault_at=0)
@@ -247,15 +248,16 @@ def test_a_fault_in_the_first_matmul_behind_a_systematic_finding_is_named_by_the
     result = _compare(tmp_path / "replay", npu, bench)
     assert [s.api for s in result.suspects][:1] == ["Functional.linear.0.forward"]
     assert result.systematic == []
-    assert result.first_divergence is not None and result.first_divergence.api == "Functional.linear.0.forward"
+    assert result.first_divergence is not None
+    assert result.first_divergence.api == "Functional.linear.0.forward"
     assert result.advice.suspect_node == "Functional.linear.0.forward.output.0"
     assert "the target's kernel is wrong" in result.advice.text
 
 
 def test_an_fp16_internal_elementwise_fault_under_a_tf32_target_is_named_first(tmp_path: Path) -> None:
-    """tanh computed in float16 on a TF32 target: its table error is no bigger than what the TF32 linear before
-    it carries in, but its output is far from its own float64 replay, where a correct tanh is within one
-    rounding."""
+    """tanh computed in float16 on a TF32 target: its table error is no bigger than what the TF32 linear
+    before it carries in, but its output is far from its own float64 replay, where a correct tanh is within
+    one rounding."""
     result = _compare(tmp_path, *_device_pair(fp16_tanh_at=3))
     assert [s.api for s in result.suspects][:1] == ["Functional.tanh.3.forward"]
     assert [f.api_class for f in result.systematic] == ["matmul"]  # TF32 stays a finding, no call's fault
