@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.localization import Localization
 from parity.shared.compare.result import Advice, CompareRow, RowStatus, SystematicFinding
-from parity.shared.replay.verdicts import ReplayVerdict
+from parity.shared.replay.verdicts import ReplayVerdict, Verdict
 
 NO_ERROR = "NA"
 NO_ERR_SUGGEST = "All data in comparison result meets the accuracy requirements."
@@ -104,7 +104,8 @@ def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
         line = top.worst_row if top.worst_row >= 0 else top.first_row
         name = str(rows[line].cells[name_col])
         verdict = replays.get(top.api) if replays else None
-        hint = _replayed(name, verdict) if verdict else advice_text(name)
+        replayed = verdict is not None and verdict.verdict is not Verdict.NOT_REPLAYED
+        hint = _replayed(name, verdict) if verdict is not None and replayed else advice_text(name)
         text = _with_findings(hint, localization.systematic, replays)
         return Advice(line=line, suspect_node=name, text=text)
     if localization is not None and localization.systematic:
