@@ -254,7 +254,7 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
         with torch.no_grad():
             out = _tensors(_call(func, args, kwargs), [])
         distance, dtype = _judge(recorded, out, "outputs")
-        k = reduction_length(api, args, kwargs, [t for t in out if t is not None])
+        k = reduction_length(entry, direction, fwd)
         held = held_format(recorded, [*args, *kwargs.values()])
     else:
         grads_out = calls.tensors_of(bwd.get("input"), "backward input", float64=True)
@@ -280,8 +280,7 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
                 "(another kernel, or a wrapper around the call)"
             )
         distance, dtype = _judge(recorded, replayed, "input gradients")
-        k = reduction_length(api, args, kwargs, [t for t in out if t is not None],
-                             [g for g in grads_out if g is not None])  # fmt: skip
+        k = reduction_length(entry, direction, fwd)
         held = held_format(recorded, grads_out)
     return SideReplay(side.name, distance=distance, allowance=allowance(dtype, k), reduction_length=k,
                       dtype=str(dtype).replace("torch.", ""), held=held)  # fmt: skip
