@@ -20,7 +20,7 @@ __all__ = ["MIN_ELEMENTS", "held_format"]
 
 #: Elements (not zero) an output needs before "all of them fit float16" means anything.
 MIN_ELEMENTS = 16
-_FORMATS = (torch.float16, torch.bfloat16)
+_FORMATS = (torch.bfloat16, torch.float16)  # the coarser first: a bfloat16 value in range fits float16 too
 
 
 def _floating(tensors: Iterable[object]) -> list[torch.Tensor]:

@@ -264,3 +264,16 @@ def test_every_call_of_the_client_test_models_replays_clean(tmp_path: Path, kind
     }[kind]
     for key in keys:
         assert verdicts[key].verdict is Verdict.NEITHER, verdicts[key].text
+
+
+def test_an_output_that_holds_float16_values_only_was_computed_in_float16() -> None:
+    """The trace an fp16-internal kernel leaves in a float32 output, whatever its distance from float64; a
+    copy of inputs that already fit, and too few elements to tell, say nothing."""
+    from parity.shared.replay.precision import held_format
+
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    assert held_format([torch.tanh(x.half()).float()], [x]) == "float16"
+    assert held_format([torch.tanh(x.bfloat16()).float()], [x]) == "bfloat16"
+    assert held_format([torch.tanh(x)], [x]) is None
+    assert held_format([x.half().float()], [x.half().float()]) is None  # its inputs fit already
+    assert held_format([torch.tanh(x[:1, :4].half()).float()], [x]) is None  # 4 elements: chance
