@@ -236,8 +236,15 @@ class CallEvidence:
     score: float = -math.inf  # log10(output_err / expected); suspect_score(mode) and up stand out
     #: a selecting op's backward judged element-wise: the share of its outgoing elements newly off by > 1e-3
     routed_share: float | None = None
-    #: what a float64 replay of the call said (``replay_judgement``), where one was run
+    #: what a float64 replay of the call said (``replay_judgement``), where one was run, and the decades its
+    #: target output sits beyond its expected level, where the replay found its kernel wrong
     replay: str | None = None
+    replay_score: float | None = None
+
+    @property
+    def rank_score(self) -> float:
+        """The score the call is ranked by: the table's, or the replay's where that is higher."""
+        return self.score if self.replay_score is None else max(self.score, self.replay_score)
 
     def evidence(self) -> str:
         """The numbers behind the judgement, in words (and the float64 replay's, where one was run)."""

@@ -157,7 +157,7 @@ def _with_replay(call: CallEvidence, by_entry: Mapping[str, ReplayVerdict],
     verdict = by_entry.get(call.api)
     changes: dict[str, Any] = {"replay": verdict.text} if verdict is not None else {}
     if score is not None:
-        changes["score"] = max(call.score, score)
+        changes["replay_score"] = score
     return dataclasses.replace(call, **changes) if changes else call
 
 
