@@ -253,14 +253,17 @@ class ReplaySidePublic(_Response):
     """One side of a float64 replay: how far its recorded output is from the replay, or why not replayed."""
 
     distance: float | str | None = None  # ||recorded - replay|| / ||replay||; "inf" / "nan" as text
-    allowance: float | None = None  # what rounding explains for its dtype and reduction length
+    allowance: float | None = None  # what rounding (and, target side, its class's level) explains
     dtype: str | None = None
     reduction_length: int | None = None
     refusal: str | None = None
+    level: float | None = None  # the level its API class differs by on this device (within the allowance)
+    held: str | None = None  # a coarser format all its output values fit (``float16``): computed in it
 
 
 class ReplayVerdictPublic(_Response):
-    """The float64 replay of one call (a top suspect or the first divergence): whose kernel is wrong."""
+    """The float64 replay of one call (a suspect, the first divergence, a systematic finding's first call):
+    whose kernel is wrong."""
 
     entry: str
     direction: str

@@ -134,8 +134,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=10,
         metavar="N",
-        help="tensor mode: replay the top N suspects and the first divergence on the CPU in float64 and say "
-        "which side's kernel is wrong (default 10; 0: no replay)",
+        help="tensor mode: replay the top N calls, the first divergence and each systematic finding's first "
+        "call on the CPU in float64; a call whose kernel is wrong is ranked first (default 10; 0: no replay)",
     )
     parser.add_argument(
         "--no-progress", dest="progress", action="store_false", help="never draw the progress bar on stderr"

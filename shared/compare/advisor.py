@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.localization import Localization
-from parity.shared.compare.result import Advice, CompareRow, ReplayVerdict, RowStatus, SystematicFinding
+from parity.shared.compare.result import Advice, CompareRow, RowStatus, SystematicFinding
+from parity.shared.replay.verdicts import ReplayVerdict, Verdict
 
 NO_ERROR = "NA"
 NO_ERR_SUGGEST = "All data in comparison result meets the accuracy requirements."
@@ -103,11 +104,13 @@ def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
         line = top.worst_row if top.worst_row >= 0 else top.first_row
         name = str(rows[line].cells[name_col])
         verdict = replays.get(top.api) if replays else None
-        hint = _replayed(name, verdict) if verdict else advice_text(name)
-        text = _with_findings(hint, localization.systematic)
+        replayed = verdict is not None and verdict.verdict is not Verdict.NOT_REPLAYED
+        hint = _replayed(name, verdict) if verdict is not None and replayed else advice_text(name)
+        text = _with_findings(hint, localization.systematic, replays)
         return Advice(line=line, suspect_node=name, text=text)
     if localization is not None and localization.systematic:
-        return Advice(line=None, suspect_node=None, text=_with_findings("", localization.systematic))
+        text = _with_findings("", localization.systematic, replays)
+        return Advice(line=None, suspect_node=None, text=text)
     failing_row = _first_failing(rows, header, mode, localization)
     if failing_row is None:
         return Advice(line=None, suspect_node=None, text=NO_ERR_SUGGEST)
@@ -129,10 +132,19 @@ def _replayed(name: str, verdict: ReplayVerdict) -> str:
     return f"{verdict.text.rstrip('.')}. {hint}"
 
 
-def _with_findings(text: str, findings: Sequence[SystematicFinding]) -> str:
-    """``text`` followed by each systematic finding, and the one alternative the table cannot rule out: a
-    fault in the class's first call, carried into all the others (a float64 replay of it decides)."""
-    extra = [f"Systematic: {f.text}. {SYSTEMATIC_ALTERNATIVE.format(first=f.first)}" for f in findings]
+def _with_findings(text: str, findings: Sequence[SystematicFinding],
+                   replays: Mapping[str, ReplayVerdict] | None = None) -> str:  # fmt: skip
+    """``text`` followed by each systematic finding, and what decides the one alternative the table cannot
+    rule out (a fault in the class's first call, carried into all the others): that call's float64 replay
+    where one was run, else the advice to run it."""
+    extra = []
+    for f in findings:
+        verdict = replays.get(f.first) if replays else None
+        if verdict is not None and verdict.target.replayed:
+            decided = f"The float64 replay of {f.first}: {verdict.text.rstrip('.')}."
+        else:
+            decided = SYSTEMATIC_ALTERNATIVE.format(first=f.first)
+        extra.append(f"Systematic: {f.text}. {decided}")
     return "\n".join(part for part in (text, *extra) if part)
 
 

@@ -21,8 +21,9 @@ from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
 from parity.shared.compare.highlight import apply_highlights
 from parity.shared.compare.localization import localize
-from parity.shared.compare.options import CompareOptions
+from parity.shared.compare.options import REPLAY_TOP, CompareOptions
 from parity.shared.compare.pairing import pair_rows
+from parity.shared.compare.replay_judgement import Replayer, judge_with_replay
 from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, RowStatus
 from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.slices import CallSlice, TablePart
@@ -81,7 +82,13 @@ def compare_dumps(
     """
     part = compare_part(npu_dump_json, bench_dump_json, options, stack_path=stack_path, progress=progress,
                         read_dump=read_dump)  # fmt: skip
-    result = conclude([part], stacks_of(npu_dump_json, stack_path))
+    replayer = None
+    if options.replay_top > 0:  # imported here: a compare without the replay never imports torch for it
+        from parity.shared.replay.compare import dump_replayer
+
+        replayer = dump_replayer(npu_dump_json, bench_dump_json)
+    result = conclude([part], stacks_of(npu_dump_json, stack_path), replayer=replayer,
+                      replay_top=options.replay_top)  # fmt: skip
     result.npu_path = str(npu_dump_json)
     result.bench_path = str(bench_dump_json)
     return result
@@ -230,9 +237,14 @@ def _cut(table: Table, start: int, stop: int) -> None:
         table.highlight_ranges = [(a, b) for a, b in clipped if a < b]
 
 
-def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None = None) -> CompareResult:
+def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None = None, *,
+             replayer: Replayer | None = None, replay_top: int = REPLAY_TOP) -> CompareResult:  # fmt: skip
     """One rank's result from the parts of all its slices (in call order): localization, advice and
-    suspects need every call of the rank, so they run here, once, over the joined rows."""
+    suspects need every call of the rank, so they run here, once, over the joined rows.
+
+    With a ``replayer`` (tensor mode), the float64 replay of the candidates ``replay_judgement`` picks
+    (about ``replay_top`` of them) is part of the judgement: it re-ranks the suspects, and the advice and
+    the result's ``replay`` document say what it found."""
     if not parts:
         raise CompareInputError("a rank's result needs at least one part")
     mode, stack_mode = CompareMode(parts[0].mode), parts[0].stack_mode
@@ -240,7 +252,8 @@ def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None 
     rows = [row for p in parts for row in p.rows] if len(parts) > 1 else parts[0].rows
     states = [state for p in parts for state in p.states] if len(parts) > 1 else parts[0].states
     localization = localize(rows, states, header, mode)
-    advice = advise(rows, header, mode, localization)
+    localization, replay, verdicts = judge_with_replay(localization, replayer, replay_top)
+    advice = advise(rows, header, mode, localization, verdicts)
     pos = {name: i for i, name in enumerate(header)}
 
     def reason_of(i: int) -> str:
@@ -250,7 +263,7 @@ def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None 
     return CompareResult(mode=mode, stack_mode=stack_mode, rows=rows, advice=advice, suspects=suspects,
                          first_divergence=first, row_scores=localization.row_scores(len(rows)),
                          missing_tensor_files=[f for p in parts for f in p.missing_tensor_files],
-                         systematic=localization.systematic)  # fmt: skip
+                         systematic=localization.systematic, replay=replay)  # fmt: skip
 
 
 def _build_rows(

@@ -38,14 +38,22 @@ __all__ = [
     "Recorded",
     "api_class",
     "expected_rounding",
+    "REPLAY_SAFETY",
     "op_of",
     "reduction_length",
+    "replay_allowance",
+    "rounding_bound",
     "unit_roundoff",
 ]
 
 #: Allowance over ``u * (1 + sqrt(K))``: the difference of two correct kernels (both round) with moderate
 #: conditioning (normalization and softmax amplify a relative error a few times).
 ROUNDING_SCALE = 4.0
+#: The float64 replay (``parity.shared.replay``) judges one kernel against the exact result with this model
+#: times REPLAY_SAFETY: a few ulps of transcendental functions, another accumulation order (a GPU's tree or
+#: split-K) and the error of the distance itself. 8 keeps the replay's earlier allowance for long
+#: reductions (16 sqrt(K) eps = 32 sqrt(K) u), under which the replay tests' correct calls sit 10x inside.
+REPLAY_SAFETY = 8.0
 
 #: Unit roundoff (half an ulp of 1) per dtype, by the dtype's name as dumps record it (``torch.float32``).
 _UNIT_ROUNDOFF = {
@@ -213,8 +221,19 @@ def reduction_length(op: str, direction: str | None, args: Mapping[str, Recorded
     return max(lengths)
 
 
+def rounding_bound(unit: float, k: int) -> float:
+    """The model: the normwise relative error rounding in a dtype of unit roundoff ``unit`` adds to a
+    reduction of ``k`` terms, ``u * (1 + ROUNDING_SCALE * sqrt(K))``; ``u`` for an elementwise op (k <= 1)."""
+    return unit if k <= 1 else unit * (1.0 + ROUNDING_SCALE * math.sqrt(k))
+
+
+def replay_allowance(unit: float, k: int) -> float:
+    """How far a correct kernel's output may sit from its float64 replay: the same model, for a reduction of
+    at least one term, times REPLAY_SAFETY."""
+    return REPLAY_SAFETY * rounding_bound(unit, max(k, 2)) if unit else 0.0
+
+
 def expected_rounding(op: str, direction: str | None, args: Mapping[str, Recorded], unit: float) -> float:
     """The normwise relative error a correct kernel may add to the call, whose least precise floating dtype
     has unit roundoff ``unit`` (0: no floating data, nothing to round): ``unit`` for an elementwise op."""
-    k = reduction_length(op, direction, args)
-    return unit if k <= 1 else unit * (1.0 + ROUNDING_SCALE * math.sqrt(k))
+    return rounding_bound(unit, reduction_length(op, direction, args))

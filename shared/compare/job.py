@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parity.shared.compare.headers import CompareMode
-from parity.shared.compare.options import CompareOptions
+from parity.shared.compare.options import REPLAY_TOP, CompareOptions
 from parity.shared.compare.result import CompareResult, Suspect
 from parity.shared.compare.slices import CallSlice, TablePart
 from parity.shared.compare.spec import CompareSpec
 from parity.shared.dump.layout import find_rank_dirs
 from parity.shared.errors import CompareInputError
-from parity.shared.replay.compare import REPLAY_TOP, StageFiles, replay_summary
+from parity.shared.replay.compare import StageFiles, dump_replayer
 from parity.shared.report.advisor import write_advisor
 from parity.shared.report.summary import multi_rank_summary, rank_summary, single_rank_summary, write_summary
 from parity.shared.report.xlsx import write_xlsx
@@ -227,18 +227,18 @@ def finish_rank(
     """Join the parts of every slice of a rank (in call order) into its result; write its xlsx and advisor.
 
     The same whatever the slicing: the parts hold the rows as the whole compare builds them, and the
-    rank-wide steps (localization, advice, suspects) run here over all of them. ``pair`` names the dumps
-    for the stack.json and the result's paths. Tensor mode then replays the top ``replay_top`` suspects in
-    float64 (``result.replay``); ``stage_files`` fetches their tensor files first where a worker holds only
-    its slice's.
+    rank-wide steps (localization, the float64 replay of about ``replay_top`` calls in tensor mode, advice,
+    suspects) run here over all of them. ``pair`` names the dumps for the stack.json, the replay and the
+    result's paths; ``stage_files`` fetches the replay's tensor files first where a worker holds only its
+    slice's.
     """
     from parity.shared.compare import engine
 
-    result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path))
+    replayer = dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files) if replay_top > 0 else None
+    result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path), replayer=replayer,
+                             replay_top=replay_top)  # fmt: skip
     result.rank = pair.rank
     result.npu_path, result.bench_path = str(pair.npu_dump), str(pair.bench_dump)
-    result.replay = replay_summary(result, pair.npu_dump, pair.bench_dump, limit=replay_top,
-                                   stage=stage_files)  # fmt: skip
     if log_rows:
         _log_rows(result)
     write_xlsx(result, xlsx_path, highlight=highlight)

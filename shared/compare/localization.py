@@ -236,9 +236,22 @@ class CallEvidence:
     score: float = -math.inf  # log10(output_err / expected); suspect_score(mode) and up stand out
     #: a selecting op's backward judged element-wise: the share of its outgoing elements newly off by > 1e-3
     routed_share: float | None = None
+    #: what a float64 replay of the call said (``replay_judgement``), where one was run, and the decades its
+    #: target output sits beyond its expected level, where the replay found its kernel wrong
+    replay: str | None = None
+    replay_score: float | None = None
+
+    @property
+    def rank_score(self) -> float:
+        """The score the call is ranked by: the table's, or the replay's where that is higher."""
+        return self.score if self.replay_score is None else max(self.score, self.replay_score)
 
     def evidence(self) -> str:
-        """The numbers behind the judgement, in words."""
+        """The numbers behind the judgement, in words (and the float64 replay's, where one was run)."""
+        table = self._table_evidence()
+        return f"{table}; float64 replay: {self.replay}" if self.replay else table
+
+    def _table_evidence(self) -> str:
         if self.routed_share is not None:
             return (f"gradient routed by its forward's selection: {self.routed_share:.1%} of its elements "
                     f"newly off by more than 1e-3, {_fmt_times(10.0**self.score)} the {ROUTE_SHARE:.0%} "
@@ -279,6 +292,9 @@ class JudgedCalls:
     #: each call's expected rounding (``expected_error``: dtype and reduction lengths) and its API class
     rounding: np.ndarray = field(default_factory=lambda: np.zeros(0))
     classes: list[str] = field(default_factory=list)
+    #: each call's noise floor and its class's systematic background (the float64 replay's expected level)
+    floor: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    background: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def evidence(self, k: int) -> CallEvidence:
         """Call ``k`` as a ``CallEvidence``."""
@@ -513,9 +529,10 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
 
     collective = np.fromiter((a.startswith(_COLLECTIVE_PREFIX) for a in apis), dtype=np.int64, count=n)
     before = np.cumsum(collective) - collective
-    judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares, own, classes)
+    judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares, own, classes,
+                               call_floor, background)  # fmt: skip
     suspects = [judged_calls.evidence(k) for k in np.flatnonzero(scores >= threshold).tolist()]
-    first = _first_divergence(i_err, suspects)
+    first = first_divergence(i_err, suspects)
     if mode is CompareMode.MD5:
         suspects.sort(key=lambda c: c.order)
     else:
@@ -694,7 +711,7 @@ def _downstream_floor(later: np.ndarray) -> float:
     return max(MIN_FLOOR, float(values[min(values.size - 1, int(DOWNSTREAM_QUANTILE * values.size))]))
 
 
-def _first_divergence(input_err: np.ndarray, suspects: list[CallEvidence]) -> CallEvidence | None:
+def first_divergence(input_err: np.ndarray, suspects: list[CallEvidence]) -> CallEvidence | None:
     """The earliest suspect whose error reaches a later call's inputs (at least CARRY_SHARE of its output
     error); the earliest suspect if none does (the last call of a run has no later call). ``input_err``:
     every call's input error, in execution order (NaN: not judged)."""

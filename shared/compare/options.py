@@ -9,6 +9,10 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
 
+#: Tensor mode replays about this many top calls in float64 (``replay_judgement`` adds a few: see there).
+REPLAY_TOP = 10
+
+
 @dataclass(frozen=True, slots=True)
 class CompareOptions:
     """Engine options (compare.md §1.1).
@@ -17,11 +21,11 @@ class CompareOptions:
     only when a stack path is given explicitly (otherwise a stack.json next to the NPU dump.json turns the
     stack column on by itself). ``executor`` runs the tensor-mode metrics: the entry point that owns the
     process builds it (``parity.process_policy.metric_executor``) and shuts it down; None runs them in the
-    calling thread. The rows are the same either way. ``replay_top``: how many top suspects the float64
-    replay judges after the compare (``parity.shared.replay``); it changes no row.
+    calling thread. The rows are the same either way. ``replay_top``: how many top calls the float64 replay
+    judges (``replay_judgement``), part of the judgement of the suspects; it changes no row.
     """
 
     fuzzy_match: bool = False
     stack_mode: bool = False
-    replay_top: int = 10  # tensor mode: replay this many top suspects (and the first divergence); 0: none
+    replay_top: int = REPLAY_TOP  # tensor mode: replay this many top calls (and a few more); 0: none
     executor: Executor | None = field(default=None, compare=False, repr=False)

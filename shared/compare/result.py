@@ -100,18 +100,6 @@ class SystematicFinding:
 
 
 @dataclass(frozen=True, slots=True)
-class ReplayVerdict:
-    """What re-running one call in float64 from each side's recorded inputs says (the replay fills it; the
-    advisor reads it for the call it names): which side's recorded output is farther from its own replay
-    than rounding allows. The seam between the replay and the one judgement (``advisor.advise``)."""
-
-    api: str  # the entry replayed (``Functional.linear.2.forward``)
-    wrong: str | None  # "target" or "bench": whose kernel is wrong; None: both within rounding
-    #: in words: "target output 2.1e-2 from its float64 replay, bench 3e-8: the target's kernel is wrong"
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
 class Advice:
     """msprobe's three-line advisor result (compare.md §7.3); ``line`` is None when every row passed."""
 

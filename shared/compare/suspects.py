@@ -36,7 +36,7 @@ def _suspect(call: CallEvidence, rank: int, rows: Sequence[CompareRow], reason_o
         rank=rank, api=call.api, direction=call.direction or "forward", row_index=row,
         reason=f"{call.evidence()}. {reason_of(row)}",
         stack=user_frame(frames) or (frames[0] if frames else None),
-        score=round(call.score, 3), excel_row=excel_row(row), collectives_before=call.collectives_before,
+        score=round(call.rank_score, 3), excel_row=excel_row(row), collectives_before=call.collectives_before,
     )  # fmt: skip
 
 

@@ -1,45 +1,25 @@
-"""The replay inside a compare: the top suspects and the first divergence of a tensor-mode result, replayed
-on both sides, as the summary's ``replay`` document::
+"""The replay inside a compare: a ``Replayer`` over one rank's two dumps, which the engine's judgement
+(``parity.shared.compare.replay_judgement``) calls with the entries it picks. The summary's ``replay``
+document it leads to::
 
-    {"verdicts": [ReplayVerdict.as_dict(), ...], "note": None}
+    {"verdicts": [ReplayVerdict.as_dict(), ...], "note": None, "replayed": 14}
     {"verdicts": [], "note": "statistics mode: no float64 replay (the dumps hold no tensors)"}
 
-Statistics and md5 dumps hold no tensors, so they get the note instead (said once per rank). The replay never
-fails a compare: a dump.json it cannot read becomes the note.
+torch is imported on the first replay only: a statistics or md5 compare never imports it.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from parity.shared.compare.headers import CompareMode
-from parity.shared.errors import ParityError
+from parity.shared.replay.verdicts import ReplayVerdict
 
-if TYPE_CHECKING:
-    from parity.shared.compare.result import CompareResult
+__all__ = ["StageFiles", "dump_replayer"]
 
-__all__ = ["NO_TENSORS_NOTE", "REPLAY_TOP", "replay_entries_of", "replay_summary"]
-
-logger = logging.getLogger(__name__)
-
-REPLAY_TOP = 10  # the engine's REPLAY_TOP, kept here so that a compare without tensors never imports torch
-NO_TENSORS_NOTE = "{mode} mode: no float64 replay (the dumps hold no tensors)"
 #: ``stage(target files, bench files)``: fetch the named ``dump_tensor_data`` files, which the folder lacks,
 #: before the replay reads them (a server worker that compared a slice of a rank holds that slice's files).
 StageFiles = Callable[[Sequence[str], Sequence[str]], None]
-
-
-def replay_entries_of(result: CompareResult, limit: int = REPLAY_TOP) -> list[str]:
-    """The entries a compare replays: its top ``limit`` suspects, then the first divergence if not among
-    them."""
-    entries = [s.api for s in result.suspects[:limit]] if limit > 0 else []
-    first = result.first_divergence
-    if limit > 0 and first is not None and first.api not in entries:
-        entries.append(first.api)
-    return entries
 
 
 def _lacking(dump_json: str | Path, entries: Sequence[str]) -> list[str]:
@@ -50,29 +30,18 @@ def _lacking(dump_json: str | Path, entries: Sequence[str]) -> list[str]:
     return [name for name in replay_files(dump_json, entries) if not (folder / name).exists()]
 
 
-def replay_summary(
-    result: CompareResult,
-    npu_dump: str | Path,
-    bench_dump: str | Path,
-    *,
-    limit: int = REPLAY_TOP,
-    stage: StageFiles | None = None,
-) -> dict[str, Any] | None:
-    """The ``replay`` document of one compared rank; None when ``limit`` is 0 (replay switched off)."""
-    if limit <= 0:
-        return None
-    if result.mode is not CompareMode.TENSOR:
-        return {"verdicts": [], "note": NO_TENSORS_NOTE.format(mode=result.mode.value)}
-    entries = replay_entries_of(result, limit)
-    if not entries:
-        return {"verdicts": [], "note": "no suspect to replay"}
-    from parity.shared.replay.engine import replay_calls
+Replay = Callable[[Sequence[str]], list[ReplayVerdict]]
 
-    try:
+
+def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageFiles | None = None) -> Replay:
+    """A replayer of entries of ``npu_dump`` (the target) against ``bench_dump``; ``stage`` fetches the
+    tensor files they need first. Raises ``ParityError`` when a dump.json cannot be read."""
+
+    def replay(entries: Sequence[str]) -> list[ReplayVerdict]:
+        from parity.shared.replay.engine import replay_calls
+
         if stage is not None:
             stage(_lacking(npu_dump, entries), _lacking(bench_dump, entries))
-        verdicts = replay_calls(npu_dump, bench_dump, entries)
-    except ParityError as exc:
-        logger.warning("float64 replay not run: %s", exc)
-        return {"verdicts": [], "note": f"not run: {exc}"}
-    return {"verdicts": [v.as_dict() for v in verdicts], "note": None}
+        return replay_calls(npu_dump, bench_dump, entries)
+
+    return replay

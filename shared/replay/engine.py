@@ -34,6 +34,7 @@ from parity.shared.dump.reader import read_json
 from parity.shared.errors import DumpError
 from parity.shared.replay.apis import ReplayRefusal, is_random, resolve
 from parity.shared.replay.arguments import RecordedCall, is_tensor_leaf, tensor_file_names
+from parity.shared.replay.precision import held_format
 from parity.shared.replay.rounding import reduction_length, rounding_allowance
 from parity.shared.replay.verdicts import ReplayVerdict, SideReplay, Verdict, verdict_of
 
@@ -247,12 +248,14 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
     if api == "__getitem__" and len(args) > 1:
         args[1] = _index(args[1])
     _bound_size(func, api, args, kwargs, max_elements)
+    held = None
     if bwd is None:
         recorded = calls.tensors_of(fwd.get("output"), "output", float64=False)
         with torch.no_grad():
             out = _tensors(_call(func, args, kwargs), [])
         distance, dtype = _judge(recorded, out, "outputs")
-        k = reduction_length(api, args, kwargs, [t for t in out if t is not None])
+        k = reduction_length(entry, direction, fwd)
+        held = held_format(recorded, [*args, *kwargs.values()])
     else:
         grads_out = calls.tensors_of(bwd.get("input"), "backward input", float64=True)
         recorded = calls.tensors_of(bwd.get("output"), "backward output", float64=False)
@@ -277,10 +280,10 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
                 "(another kernel, or a wrapper around the call)"
             )
         distance, dtype = _judge(recorded, replayed, "input gradients")
-        k = reduction_length(api, args, kwargs, [t for t in out if t is not None],
-                             [g for g in grads_out if g is not None])  # fmt: skip
+        k = reduction_length(entry, direction, fwd)
+        held = held_format(recorded, grads_out)
     return SideReplay(side.name, distance=distance, allowance=allowance(dtype, k), reduction_length=k,
-                      dtype=str(dtype).replace("torch.", ""))  # fmt: skip
+                      dtype=str(dtype).replace("torch.", ""), held=held)  # fmt: skip
 
 
 def replay_side(side: DumpSide, entry: str, *, allowance: Allowance = rounding_allowance,

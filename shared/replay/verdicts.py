@@ -37,6 +37,12 @@ class SideReplay:
     reduction_length: int | None = None
     dtype: str | None = None  # the coarsest floating dtype the call wrote
     refusal: str | None = None
+    #: the level the call's class differs by on this side's device (its other calls' replays, or the
+    #: pair's systematic finding), within the allowance: that much is the class's, no fault of this call
+    level: float | None = None
+    #: the coarser format (``float16``) every value of its output fits while its inputs' do not
+    #: (``replay.precision``): the kernel computed in that format
+    held: str | None = None
 
     @property
     def replayed(self) -> bool:
@@ -51,12 +57,14 @@ class SideReplay:
 
     def as_dict(self) -> dict[str, object]:
         return {"distance": _finite(self.distance), "allowance": self.allowance, "dtype": self.dtype,
-                "reduction_length": self.reduction_length, "refusal": self.refusal}  # fmt: skip
+                "reduction_length": self.reduction_length, "refusal": self.refusal,
+                "level": self.level, "held": self.held}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class ReplayVerdict:
-    """The replay of one entry on both sides and what it says."""
+    """The replay of one entry on both sides and what it says: the one verdict type, which the replay
+    fills and the compare's judgement (``compare.replay_judgement``) and its advisor read."""
 
     entry: str
     direction: str
@@ -64,6 +72,16 @@ class ReplayVerdict:
     target: SideReplay
     bench: SideReplay
     text: str
+
+    @property
+    def api(self) -> str:
+        """The entry replayed (``Functional.linear.2.forward``), as the suspects name it."""
+        return self.entry
+
+    @property
+    def wrong(self) -> str | None:
+        """Whose kernel alone is wrong: ``"target"``, ``"bench"``, or None (both, neither, undecided)."""
+        return self.verdict.value if self.verdict in (Verdict.TARGET, Verdict.BENCH) else None
 
     def as_dict(self) -> dict[str, object]:
         """Plain JSON values (the summary file, the server)."""
@@ -91,6 +109,9 @@ def _side_text(s: SideReplay, what: str) -> str:
 
 
 def _allows(s: SideReplay) -> str:
+    if s.level:
+        return (f"rounding and its class's level {s.level:.1e} allow {s.allowance:.1e}: {s.dtype}, "
+                f"K={s.reduction_length}")  # fmt: skip
     return f"rounding allows {s.allowance:.1e}: {s.dtype}, K={s.reduction_length}"
 
 
@@ -106,11 +127,21 @@ def verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay
         head = f"{_side_text(target, what)}, bench {bench.distance:.1e} ({_allows(shown)})"
     else:
         head = f"{_side_text(target, what)}; {_side_text(bench, what)} ({_allows(shown)})"
-    if target.off and bench.off:
+    # a side whose output holds only a coarser format's values, where the other side's does not: computed
+    # in that format, whatever its distance; where the other side's output is its exact replay, the call
+    # rounds nothing (a view's backward hands on its incoming gradient), and its values are its inputs'
+    t_held = target.held is not None and bench.held != target.held and bool(bench.distance)
+    b_held = bench.held is not None and target.held != bench.held and bool(target.distance)
+    if t_held or b_held:
+        side = target if t_held else bench
+        head += (f"; the {side.side}'s {what} holds {side.held} values only, from inputs that do not: "
+                 f"computed in {side.held}")  # fmt: skip
+    t_off, b_off = target.off or t_held, bench.off or b_held
+    if t_off and b_off:
         verdict, tail = Verdict.BOTH, "both kernels are off their float64 replays"
-    elif target.off:
+    elif t_off:
         verdict, tail = Verdict.TARGET, "the target's kernel is wrong"
-    elif bench.off:
+    elif b_off:
         verdict, tail = Verdict.BENCH, "the bench's kernel is wrong"
     elif target.replayed and bench.replayed:
         verdict = Verdict.NEITHER

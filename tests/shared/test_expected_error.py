@@ -20,7 +20,8 @@ from parity.shared.compare.expected_error import (
     unit_roundoff,
 )
 from parity.shared.compare.options import CompareOptions
-from parity.shared.compare.result import CompareResult, ReplayVerdict
+from parity.shared.compare.result import CompareResult
+from parity.shared.replay.verdicts import ReplayVerdict, SideReplay, Verdict
 
 from tests.factories import DumpBuilder
 
@@ -94,23 +95,31 @@ def _tf32(a: np.ndarray) -> np.ndarray:
     return ((bits + 0x1000) & ~0x1FFF).view(np.float32).astype(np.float64)
 
 
-def _device_pair(fault_at: int | None = None, layers: int = 5) -> tuple[DumpBuilder, DumpBuilder]:
+def _device_pair(fault_at: int | None = None, layers: int = 5, *, tf32: bool = True,
+                 fp16_tanh_at: int | None = None,
+                 linear_fault_at: int | None = None) -> tuple[DumpBuilder, DumpBuilder]:  # fmt: skip
     """``layers`` x (linear, tanh, layer_norm over 64 as a keyword list), computed in float64 and rounded to
-    float32: the bench exactly, the target with TF32 operands for its linears; ``fault_at``: the target's
-    ``tanh`` call there adds 1e-2 relative noise."""
+    float32: the bench exactly, the target with TF32 operands for its linears (``tf32``); ``fault_at``: the
+    target's ``tanh`` call there adds 1e-2 relative noise; ``fp16_tanh_at``: it computes in float16;
+    ``linear_fault_at``: the target's ``linear`` call there adds 1e-3 relative noise."""
     rng = np.random.default_rng(0)
     npu, bench = DumpBuilder(), DumpBuilder()
     x = xb = rng.standard_normal((32, 64)).astype(np.float32)
+    operand = _tf32 if tf32 else (lambda a: a.astype(np.float64))
     for k in range(layers):
         w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
         b = (rng.standard_normal(64) / 8).astype(np.float32)
-        y = (_tf32(x) @ _tf32(w).T + b).astype(np.float32)
+        y = (operand(x) @ operand(w).T + b).astype(np.float32)
         yb = (xb.astype(np.float64) @ w.T.astype(np.float64) + b).astype(np.float32)
+        if k == linear_fault_at:
+            y = (y * (1 + 1e-3 * rng.standard_normal(y.shape))).astype(np.float32)
         npu.api(f"Functional.linear.{k}.forward", [x, w, b], [y])
         bench.api(f"Functional.linear.{k}.forward", [xb, w, b], [yb])
         t, tb = np.tanh(y), np.tanh(yb)
         if k == fault_at:
             t = (t * (1 + 1e-2 * rng.standard_normal(t.shape))).astype(np.float32)
+        if k == fp16_tanh_at:
+            t = np.tanh(y.astype(np.float16)).astype(np.float32)
         npu.api(f"Functional.tanh.{k}.forward", [y], [t])
         bench.api(f"Functional.tanh.{k}.forward", [yb], [tb])
         x, xb = (_norm(v) for v in (t, tb))
@@ -125,8 +134,9 @@ def _norm(v: np.ndarray) -> np.ndarray:
     return (centred / np.sqrt(v64.var(-1, keepdims=True) + 1e-5)).astype(np.float32)
 
 
-def _compare(tmp_path: Path, npu: DumpBuilder, bench: DumpBuilder) -> CompareResult:
-    return compare_dumps(npu.write(tmp_path / "npu"), bench.write(tmp_path / "bench"), CompareOptions())
+def _compare(tmp_path: Path, npu: DumpBuilder, bench: DumpBuilder, replay_top: int = 10) -> CompareResult:
+    return compare_dumps(npu.write(tmp_path / "npu"), bench.write(tmp_path / "bench"),
+                         CompareOptions(replay_top=replay_top))  # fmt: skip
 
 
 def test_every_matmul_differing_by_tf32_rounding_is_one_finding_and_no_suspect(tmp_path: Path) -> None:
@@ -140,8 +150,13 @@ def test_every_matmul_differing_by_tf32_rounding_is_one_finding_and_no_suspect(t
     # The three lines say so, and name no node.
     assert result.advice.line is None and result.advice.suspect_node is None
     assert finding.text in result.advice.text
-    assert advisor.SYSTEMATIC_ALTERNATIVE.format(first="Functional.linear.0.forward") in result.advice.text
+    # The float64 replay of the class's first call decides the alternative: it sits at the class's level.
+    assert "The float64 replay of Functional.linear.0.forward: target output " in result.advice.text
+    assert "both kernels agree with float64 within rounding" in result.advice.text
     assert result.summary()["systematic"] == [finding.as_dict()]
+    # Without a replay the advice says to run one.
+    table_only = _compare(tmp_path / "table", *_device_pair(), replay_top=0).advice.text
+    assert advisor.SYSTEMATIC_ALTERNATIVE.format(first="Functional.linear.0.forward") in table_only
 
 
 def test_a_fault_behind_a_systematic_difference_is_the_top_suspect_and_the_advice(tmp_path: Path) -> None:
@@ -152,7 +167,10 @@ def test_a_fault_behind_a_systematic_difference_is_the_top_suspect_and_the_advic
     top = result.suspects[0]
     assert result.advice.line == top.row_index
     assert result.advice.suspect_node == "Functional.tanh.2.forward.output.0"
-    assert result.advice.text.startswith(advisor.FORWARD_OUTPUT_SUGGEST)
+    # ... the replay's verdict on it, then msprobe's words for a computation error, then the finding.
+    replayed = result.replay["verdicts"][0]  # type: ignore[index]
+    assert replayed["entry"] == top.api and replayed["verdict"] == "target"
+    assert result.advice.text.startswith(f"{replayed['text']}. {advisor.FORWARD_OUTPUT_SUGGEST}")
     assert result.systematic[0].text in result.advice.text
 
 
@@ -171,18 +189,78 @@ def test_the_rounding_of_each_call_is_read_from_its_recorded_shapes_and_keywords
     assert rounding["Functional.tanh.0.forward"] == u
 
 
+def _verdict(entry: str, target: float, bench: float) -> ReplayVerdict:
+    from parity.shared.replay.verdicts import verdict_of
+
+    def side(name: str, distance: float) -> SideReplay:
+        return SideReplay(name, distance=distance, allowance=3e-6, reduction_length=1, dtype="float32")
+
+    return verdict_of(entry, "forward", side("target", target), side("bench", bench))
+
+
 def test_a_replay_verdict_is_what_the_advice_says_of_the_top_suspect(tmp_path: Path) -> None:
     """The seam the float64 replay fills: a verdict on the top suspect replaces msprobe's guess."""
     from parity.shared.compare.localization import localize
 
-    result = _compare(tmp_path, *_device_pair(fault_at=2))
+    result = _compare(tmp_path, *_device_pair(fault_at=2), replay_top=0)
     states = [r.cells[0].split(".forward.")[1].split(".")[0] for r in result.rows]
     loc = localize(result.rows, states, result.header, result.mode)
-    words = "target output 1.0e-2 from its float64 replay, bench 3e-8: the target's kernel is wrong"
-    verdict = ReplayVerdict("Functional.tanh.2.forward", "target", words)
+    verdict = _verdict("Functional.tanh.2.forward", 1e-2, 3e-8)
+    assert verdict.verdict is Verdict.TARGET and verdict.wrong == "target"
+    assert verdict.text.endswith("the target's kernel is wrong")
     advice = advisor.advise(result.rows, result.header, result.mode, loc, {verdict.api: verdict})
     assert advice.suspect_node == "Functional.tanh.2.forward.output.0"
     assert advice.text.startswith(f"{verdict.text}. {advisor.FORWARD_OUTPUT_SUGGEST}")
-    bench_wrong = ReplayVerdict(verdict.api, "bench", "bench output 1e-2 from its float64 replay")
+    bench_wrong = _verdict(verdict.api, 3e-8, 1e-2)
+    assert bench_wrong.wrong == "bench"
     text = advisor.advise(result.rows, result.header, result.mode, loc, {verdict.api: bench_wrong}).text
     assert advisor.BENCH_WRONG_SUGGEST in text
+
+
+# ------------------------------------------------------------------------------------------------------
+# the float64 replay in the judgement (tensor mode): it re-ranks, and every line says what it found
+
+
+def test_the_ranked_list_the_advisor_lines_and_the_replay_section_agree(tmp_path: Path) -> None:
+    result = _compare(tmp_path, *_device_pair(fault_at=2))
+    doc = result.replay
+    assert doc is not None and doc["note"] is None and doc["replayed"] >= len(doc["verdicts"])
+    shown = [v["entry"] for v in doc["verdicts"]]  # type: ignore[union-attr]
+    ranked = [s.api for s in result.suspects]
+    assert shown[: len(ranked)] == ranked[: len(shown)]
+    assert shown[0] == ranked[0] == "Functional.tanh.2.forward"
+    assert result.advice.suspect_node == f"{ranked[0]}.output.0"
+    assert "the target's kernel is wrong" in result.advice.text.splitlines()[0]
+    assert "float64 replay: target output " in result.suspects[0].reason  # the suspect's evidence too
+    # The class's other calls replay at the TF32 level the finding names: none of them is blamed.
+    linears = [v for v in doc["verdicts"] if "linear" in str(v["entry"])]  # type: ignore[union-attr]
+    assert all(v["verdict"] == "neither" for v in linears), linears
+
+
+def test_a_first_matmul_fault_behind_a_systematic_finding_is_named_by_the_replay(tmp_path: Path) -> None:
+    """A fault in the first linear carries into every later one: from the table alone, a systematic finding.
+    Its replay is far beyond the class's others' (which replay within rounding): it is the suspect, and the
+    finding is withdrawn."""
+    npu, bench = _device_pair(tf32=False, linear_fault_at=0)
+    table = _compare(tmp_path / "table", npu, bench, replay_top=0)
+    assert [f.first for f in table.systematic] == ["Functional.linear.0.forward"]
+    assert "Functional.linear.0.forward" not in [s.api for s in table.suspects][:1]
+    result = _compare(tmp_path / "replay", npu, bench)
+    assert [s.api for s in result.suspects][:1] == ["Functional.linear.0.forward"]
+    assert result.systematic == []
+    assert result.first_divergence is not None
+    assert result.first_divergence.api == "Functional.linear.0.forward"
+    assert result.advice.suspect_node == "Functional.linear.0.forward.output.0"
+    assert "the target's kernel is wrong" in result.advice.text
+
+
+def test_an_fp16_internal_elementwise_fault_under_a_tf32_target_is_named_first(tmp_path: Path) -> None:
+    """tanh computed in float16 on a TF32 target: its table error is no bigger than what the TF32 linear
+    before it carries in, but its output is far from its own float64 replay, where a correct tanh is within
+    one rounding."""
+    result = _compare(tmp_path, *_device_pair(fp16_tanh_at=3))
+    assert [s.api for s in result.suspects][:1] == ["Functional.tanh.3.forward"]
+    assert [f.api_class for f in result.systematic] == ["matmul"]  # TF32 stays a finding, no call's fault
+    verdicts = {v["entry"]: v for v in result.replay["verdicts"]}  # type: ignore[index]
+    assert verdicts["Functional.tanh.3.forward"]["verdict"] == "target"
+    assert result.advice.suspect_node == "Functional.tanh.3.forward.output.0"

@@ -16,8 +16,8 @@ from parity.shared.compare.localization import (
     SUSPECT_SCORE,
     CallEvidence,
     _allow_for_small_tensors,
-    _first_divergence,
     first_diverged_rank,
+    first_divergence,
     stats_error,
     user_frame,
 )
@@ -168,8 +168,8 @@ def test_an_error_that_does_not_carry_on_is_not_the_first_divergence() -> None:
     fault = CallEvidence("Torch.f.0.forward", 1, 1, 1, 0.0, 1e-2, score=4.0)
     after = CallEvidence("Torch.g.0.forward", 2, 2, 2, 1e-2, 1e-2, score=-0.1)
     inputs = np.array([c.input_err for c in (log, fault, after)])
-    assert _first_divergence(inputs, [log, fault]) is fault
-    assert _first_divergence(inputs[:2], [log, fault]) is log  # nothing after either: the earliest
+    assert first_divergence(inputs, [log, fault]) is fault
+    assert first_divergence(inputs[:2], [log, fault]) is log  # nothing after either: the earliest
 
 
 # ------------------------------------------------------------------------------------------------------
