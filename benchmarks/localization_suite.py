@@ -165,6 +165,14 @@ MATMUL_OPS = frozenset({
     "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "conv1d", "conv2d", "conv3d",
     "conv_transpose2d", "scaled_dot_product_attention", "lstm", "gru",
 })  # fmt: skip
+#: The autograd nodes of those calls whose backward is a GEMM (or a convolution, or attention's matmuls):
+#: where TF32 rounds the incoming gradient as an operand. Views, transposes and elementwise nodes round
+#: nothing on a TF32 device.
+GEMM_NODES = frozenset({
+    "MmBackward0", "AddmmBackward0", "BmmBackward0", "BaddbmmBackward0", "MvBackward0", "AddmvBackward0",
+    "ConvolutionBackward0", "ScaledDotProductFlashAttentionForCpuBackward0",
+    "_ScaledDotProductEfficientAttentionBackward0", "_ScaledDotProductFlashAttentionBackward0",
+})  # fmt: skip
 KERNELS = ("f64", "tf32")
 
 
@@ -490,7 +498,7 @@ class Perturb(TorchFunctionMode):
                 self._noise(t, self.sigma)
         grad_fn = next((t.grad_fn for t in _float_tensors(out) if t.grad_fn is not None), None)
         if grad_fn is not None and replica is not None:
-            grad_fn.register_hook(self._replica_hook(replica, op in MATMUL_OPS and self.kernel == "tf32"))
+            self._hook_replica(grad_fn, replica, op in MATMUL_OPS and self.kernel == "tf32")
         if grad_fn is not None and (self.sigma > 0 or (fault is not None and fault.backward)):
             kind = fault.kind if fault is not None and fault.backward else None
             grad_fn.register_hook(self._grad_hook(kind))
@@ -514,10 +522,28 @@ class Perturb(TorchFunctionMode):
             t.data.copy_(w.detach().to(t.dtype))
         return next((w.grad_fn for w in _float_tensors(wide) if w.grad_fn is not None), None)
 
+    def _hook_replica(self, real: Any, wide: Any, tf32: bool) -> None:
+        """Hook every autograd node of the call's own backward (walking the real graph and the replica's side
+        by side from the output's node down to the replica's leaves, its inputs) with its replica node, so
+        the whole backward is the other kernel's. Real TF32 rounds the operands of the GEMMs only (``GEMM_NODES``):
+        the view around a 3-D ``linear``'s ``addmm`` hands on its gradient exactly, the ``addmm`` rounds it.
+        A node whose replica does not match (another name or arity) is left exact, with what lies below it."""
+        seen: set[int] = set()
+        stack = [(real, wide)]
+        while stack:
+            r, w = stack.pop()
+            if r is None or w is None or id(r) in seen or w.name() == "torch::autograd::AccumulateGrad":
+                continue
+            seen.add(id(r))
+            if r.name() != w.name() or len(r.next_functions) != len(w.next_functions):
+                continue
+            r.register_hook(self._replica_hook(w, tf32 and r.name() in GEMM_NODES))
+            stack.extend((rf, wf) for (rf, _), (wf, _) in zip(r.next_functions, w.next_functions, strict=True))
+
     def _replica_hook(self, node: Any, tf32: bool) -> Callable[[Any, Any], Any]:
         """A node hook handing upstream the gradients the float64 replica's node computes from the same
-        incoming gradients (rounded to TF32 for the matmul class), each rounded back to its dtype. A node
-        whose gradients do not line up (None where the replica needs one) is left exact."""
+        incoming gradients (rounded to TF32 where the node is a GEMM under TF32), each rounded back to its
+        dtype. A node whose gradients do not line up (None where the replica needs one) is left exact."""
 
         def hook(grad_inputs: Any, grad_outputs: Any) -> Any:
             if any(g is None for g in grad_outputs):

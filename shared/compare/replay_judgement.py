@@ -100,10 +100,14 @@ def candidates(loc: Localization, limit: int) -> list[str]:
 
 def _levels(verdicts: Sequence[ReplayVerdict], class_of: Mapping[str, str]) -> dict[str, float]:
     """Each verdict's class level: the median target distance of the other replayed calls of its class and
-    direction (NaN where fewer than two were replayed)."""
+    direction (NaN where fewer than two were replayed). A call whose bench output is its float64 replay
+    exactly rounded nothing (a 3-D linear's recorded backward is its view's, handing on its incoming
+    gradient): it says nothing of the level its class's kernels compute at, and would pull it to zero."""
     groups: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for v in verdicts:
         d = v.target.distance
+        if v.bench.distance == 0.0:
+            continue
         if d is not None and math.isfinite(d) and v.entry in class_of:
             groups.setdefault((class_of[v.entry], v.direction), []).append((v.entry, d))
     out: dict[str, float] = {}

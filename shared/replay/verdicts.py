@@ -127,11 +127,12 @@ def verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay
         head = f"{_side_text(target, what)}, bench {bench.distance:.1e} ({_allows(shown)})"
     else:
         head = f"{_side_text(target, what)}; {_side_text(bench, what)} ({_allows(shown)})"
-    # a side whose output holds only a coarser format's values, where the other side's does not: computed
-    # in that format, whatever its distance; where the other side's output is its exact replay, the call
-    # rounds nothing (a view's backward hands on its incoming gradient), and its values are its inputs'
-    t_held = target.held is not None and bench.held != target.held and bool(bench.distance)
-    b_held = bench.held is not None and target.held != bench.held and bool(target.distance)
+    # a side whose output holds only a coarser format's values, from inputs that do not, where the other
+    # side's does not: computed in that format, whatever its distance. That holds for a call that rounds
+    # nothing too (a 3-D linear's recorded backward is its view's, which hands on its incoming gradient
+    # exactly, on a TF32 device as anywhere): values its inputs do not hold came from a narrower format.
+    t_held = target.held is not None and bench.held != target.held
+    b_held = bench.held is not None and target.held != bench.held
     if t_held or b_held:
         side = target if t_held else bench
         head += (f"; the {side.side}'s {what} holds {side.held} values only, from inputs that do not: "
