@@ -4,6 +4,7 @@ three lines agreeing with the ranked suspects (issue 22, items 1 and 3)."""
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import pairwise
 from pathlib import Path
 
@@ -264,3 +265,28 @@ def test_an_fp16_internal_elementwise_fault_under_a_tf32_target_is_named_first(t
     verdicts = {v["entry"]: v for v in result.replay["verdicts"]}  # type: ignore[index]
     assert verdicts["Functional.tanh.3.forward"]["verdict"] == "target"
     assert result.advice.suspect_node == "Functional.tanh.3.forward.output.0"
+
+
+def test_a_call_that_rounds_nothing_is_blamed_for_float16_values_and_teaches_no_level() -> None:
+    """A 3-D linear's recorded backward is its view's: the bench's replays exactly. A target whose values
+    there fit float16 while its incoming gradient's do not went through float16 (a fault, whatever its
+    distance); and such calls do not pull their class's level to zero for the class's real GEMMs."""
+    from parity.shared.compare.replay_judgement import _levels
+    from parity.shared.replay.verdicts import verdict_of
+
+    exact = SideReplay("bench", distance=0.0, allowance=3e-6, reduction_length=1, dtype="float32")
+    held = SideReplay("target", distance=2e-6, allowance=3e-6, reduction_length=1, dtype="float32",
+                      held="float16")  # fmt: skip
+    assert verdict_of("Functional.linear.0.backward", "backward", held, exact).verdict is Verdict.TARGET
+    plain = dataclasses.replace(held, held=None)
+    assert verdict_of("Functional.linear.0.backward", "backward", plain, exact).verdict is Verdict.NEITHER
+
+    def gemm(entry: str, target: float, bench: float) -> ReplayVerdict:
+        side = dataclasses.replace(exact, distance=bench)
+        return ReplayVerdict(entry, "backward", Verdict.NEITHER, dataclasses.replace(plain, distance=target),
+                             side, "")  # fmt: skip
+
+    views = [gemm(f"Functional.linear.{k}.backward", 0.0, 0.0) for k in range(3)]
+    real = [gemm(f"Functional.linear.{k}.backward", 3e-4, 4e-8) for k in (3, 4, 5)]
+    levels = _levels([*views, *real], {v.entry: "matmul" for v in [*views, *real]})
+    assert levels["Functional.linear.5.backward"] == pytest.approx(3e-4)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -58,3 +59,26 @@ def test_a_fault_on_another_kernel_is_the_top_suspect(benches: dict[str, Path], 
     fault = suite.Fault("mlp", "Functional.linear", 1, "fp16")
     target = suite.dump_run(tmp_path / "target", "mlp", fault=fault, kernel="f64")
     assert suite.compare(target, benches["mlp"])[0][:1] == [fault.entry]
+
+
+def test_the_tf32_stand_in_rounds_gemm_operands_not_a_views_backward(tmp_path: Path) -> None:
+    """Real TF32 rounds a GEMM's operands and writes float32: a 3-D linear's recorded backward (its view's,
+    handing on the incoming gradient) stays exact, and holds no float16 values a fault could hide among;
+    the GEMM under it does round (its gradient for the layer before differs from the bench's)."""
+    import json
+
+    from parity.shared.replay.precision import held_format
+
+    def tensors(dump: Path, entry: str, key: str) -> list[torch.Tensor]:
+        data = json.loads(dump.read_text())["data"][entry][key]
+        folder = dump.parent / "dump_tensor_data"
+        return [torch.load(folder / t["data_name"], weights_only=True) for t in data]
+
+    bench = suite.dump_run(tmp_path / "bench", "lstm")
+    target = suite.dump_run(tmp_path / "tf32", "lstm", kernel="tf32")
+    entry = "Functional.linear.0.backward"
+    (grad_in,), (grad_out,) = tensors(target, entry, "input"), tensors(target, entry, "output")
+    assert torch.equal(grad_out, grad_in.reshape(grad_out.shape))
+    assert held_format([grad_out], [grad_in]) is None and not torch.equal(grad_out, grad_out.half().float())
+    above = "Functional.layer_norm.0.backward"  # its incoming gradient is what the linear's GEMM handed up
+    assert not torch.equal(tensors(target, above, "input")[0], tensors(bench, above, "input")[0])
