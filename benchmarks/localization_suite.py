@@ -15,10 +15,12 @@ with no noise anywhere:
 
 * ``f64`` ("another kernel"): every reduction API (``REDUCTION_OPS``: matmul, linear, conv, norms, softmax,
   sum/mean, sdpa, cross_entropy, lstm, ...) runs in float64 and is rounded back to its dtype, forward and
-  backward (the backward by calling the float64 replica's own autograd node on the real node's gradients),
-  while elementwise ops stay bit-exact, as they are across CPU and GPU;
+  backward (the backward by calling, for each autograd node of the call, the float64 replica's matching
+  node on the real node's gradients), while elementwise ops stay bit-exact, as they are across CPU and GPU;
 * ``tf32``: as ``f64``, and the operands of the matmul-class calls (``MATMUL_OPS``: matmul, linear, conv,
-  bmm, ...) are also rounded to TF32's 10 mantissa bits, forward and backward.
+  bmm, ...) are also rounded to TF32's 10 mantissa bits: forward, and in the backward the gradients entering
+  a GEMM node (``GEMM_NODES``), as a GPU does; its results are float32 (not float16-representable), and the
+  view around a 3-D linear's GEMM hands its gradient on exactly.
 
 ``device="cuda"`` runs the target on a GPU instead (bench on the CPU), for a machine that has one.
 
@@ -523,11 +525,12 @@ class Perturb(TorchFunctionMode):
         return next((w.grad_fn for w in _float_tensors(wide) if w.grad_fn is not None), None)
 
     def _hook_replica(self, real: Any, wide: Any, tf32: bool) -> None:
-        """Hook every autograd node of the call's own backward (walking the real graph and the replica's side
-        by side from the output's node down to the replica's leaves, its inputs) with its replica node, so
-        the whole backward is the other kernel's. Real TF32 rounds the operands of the GEMMs only (``GEMM_NODES``):
-        the view around a 3-D ``linear``'s ``addmm`` hands on its gradient exactly, the ``addmm`` rounds it.
-        A node whose replica does not match (another name or arity) is left exact, with what lies below it."""
+        """Hook every autograd node of the call's own backward with its replica's node, walking the real
+        graph and the replica's side by side from the output's node down to the replica's leaves (its
+        inputs), so the whole backward is the other kernel's. Real TF32 rounds a GEMM's operands only
+        (``GEMM_NODES``): the view around a 3-D ``linear``'s ``addmm`` hands on its gradient exactly, the
+        ``addmm`` under it rounds it. A node whose replica differs (another name or arity: CPU float32's
+        fused LSTM against float64's unfused one) is left exact, with what lies below it."""
         seen: set[int] = set()
         stack = [(real, wide)]
         while stack:
@@ -538,7 +541,8 @@ class Perturb(TorchFunctionMode):
             if r.name() != w.name() or len(r.next_functions) != len(w.next_functions):
                 continue
             r.register_hook(self._replica_hook(w, tf32 and r.name() in GEMM_NODES))
-            stack.extend((rf, wf) for (rf, _), (wf, _) in zip(r.next_functions, w.next_functions, strict=True))
+            below = zip(r.next_functions, w.next_functions, strict=True)
+            stack.extend((rf, wf) for (rf, _), (wf, _) in below)
 
     def _replica_hook(self, node: Any, tf32: bool) -> Callable[[Any, Any], Any]:
         """A node hook handing upstream the gradients the float64 replica's node computes from the same
