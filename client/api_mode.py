@@ -47,7 +47,9 @@ class ApiMode(TorchFunctionMode):
         self.recorder = recorder
         self.active = True  # False in a forked child (DataLoader workers): calls pass straight through
         self._names: dict[Any, _Name] = {}
-        self._compiled_code: dict[CodeType, bool] = {}
+        # id(code) -> (the code, held so its id stays unique; it is a compiled graph's): a code object's own
+        # hash is recomputed from its fields at every lookup
+        self._compiled_code: dict[int, tuple[CodeType, bool]] = {}
         self._compiled_frame: FrameType | None = None
 
     def _resolve(self, func: Any) -> _Name:
@@ -76,12 +78,12 @@ class ApiMode(TorchFunctionMode):
             return func(*args, **kwargs)
         frame = sys._getframe(1)
         code = frame.f_code
-        compiled = self._compiled_code.get(code)
-        if compiled is None:
-            compiled = self._compiled_code[code] = code.co_filename.startswith(_COMPILED_FILES) or (
+        known = self._compiled_code.get(id(code))
+        if known is None:
+            known = self._compiled_code[id(code)] = (code, code.co_filename.startswith(_COMPILED_FILES) or (
                 "torchinductor" in code.co_filename
-            )
-        if compiled:
+            ))  # fmt: skip
+        if known[1]:
             self._mark_compiled(frame)
             return func(*args, **kwargs)
         if self._compiled_frame is not None:

@@ -40,7 +40,10 @@ Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
 _Stacks = list[tuple[list[str], list[str]]]
 _SCALARS = (bool, int, float, str)
-_TOOL_CODE: dict[CodeType, bool] = {}  # code object -> it is the tool's own (cached per function)
+# id(code) -> (the code, it is the tool's own), cached per function. Keyed by id: a code object's own hash is
+# recomputed from its fields at every lookup (about 0.5 us for a large function, 20 frames a stack); the
+# code is held here, so its id is never reused.
+_TOOL_CODE: dict[int, tuple[CodeType, bool]] = {}
 # Frames of the tool itself are dropped from stack.json (the user wants their own code, not ours).
 _TOOL_DIRS = tuple(
     os.path.dirname(os.path.abspath(p)) + os.sep
@@ -138,8 +141,8 @@ class Recorder:
         self._selected_modules: set[str] = set()
         self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host)
         self.api_backward = ApiBackward(self.api_gradients)
-        self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
-        self._stack_fast: dict[tuple[Any, ...], int] = {}  # (code, offset, code, offset, ...) -> group
+        self._stack_index: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
+        self._stack_fast: dict[tuple[int, ...], int] = {}  # (id(code), offset, id(code), offset, ...) -> group
         self._stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
@@ -245,26 +248,27 @@ class Recorder:
 
         The hot path keys the stack by (code, instruction offset) pairs, cheap to read; only a key not seen
         before computes line numbers (what the group is deduplicated by) and, for a new group, the text."""
-        key: list[Any] = []
+        key: list[int] = []
         f = frame
         tool = _TOOL_CODE
         while f is not None:
             code = f.f_code
-            skip = tool.get(code)
-            if skip is None:
-                skip = tool[code] = code.co_filename.startswith(_TOOL_DIRS)
-            if not skip:
-                key.append(code)
+            cid = id(code)
+            known = tool.get(cid)
+            if known is None:
+                known = tool[cid] = (code, code.co_filename.startswith(_TOOL_DIRS))
+            if not known[1]:
+                key.append(cid)
                 key.append(f.f_lasti)
             f = f.f_back
         k = tuple(key)
         idx = self._stack_fast.get(k)
         if idx is None:
-            lines: list[tuple[CodeType, int]] = []
+            lines: list[tuple[int, int]] = []
             f = frame
             while f is not None:
-                if not tool[f.f_code]:
-                    lines.append((f.f_code, f.f_lineno))
+                if not tool[id(f.f_code)][1]:
+                    lines.append((id(f.f_code), f.f_lineno or 0))
                 f = f.f_back
             by_line = tuple(lines)
             idx = self._stack_index.get(by_line)
@@ -272,7 +276,7 @@ class Recorder:
                 frames = [
                     f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
                     f"{linecache.getline(c.co_filename, ln).strip()}"
-                    for c, ln in by_line
+                    for c, ln in ((tool[cid][0], ln) for cid, ln in by_line)
                 ]
                 idx = self._stack_index[by_line] = len(self._stacks)
                 self._stacks.append(([], frames))
