@@ -142,7 +142,7 @@ class Recorder:
         self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host)
         self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
-        self._stack_fast: dict[tuple[int, ...], int] = {}  # (id(code), offset, id(code), offset, ...) -> group
+        self._stack_fast: dict[tuple[int, ...], int] = {}  # (id(code), offset, id(code), ...) -> group
         self._stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)

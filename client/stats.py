@@ -23,6 +23,7 @@ import contextlib
 import logging
 import zlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -123,6 +124,16 @@ class StatsBuffer:
     #: garbage collector to walk, and a stack of 256 costs about one reduction
     CHUNK = 256
 
+    #: A contiguous tensor of at most this many elements is copied (one dispatch) instead of reduced (three):
+    #: at :meth:`resolve`, the copies of one (device, dtype, shape) are stacked and reduced row by row, four
+    #: kernels for all of them. Each row is reduced exactly as the tensor alone would be (same kernels, same
+    #: summation order, bit for bit: below torch's 32768-element grain a CPU reduction is never split
+    #: across threads); larger tensors keep their own reductions (a copy would cost memory bandwidth).
+    SMALL = 32768
+
+    #: Resolve early past this many staged elements (their copies are held until then).
+    MAX_STAGED = 16 << 20
+
     #: How many recent tensors the identity cache remembers (it holds references, so keep it small).
     CACHE_SIZE = 64
 
@@ -136,6 +147,10 @@ class StatsBuffer:
         # (device, stat dtype, kind) -> its statistics (4 per float tensor, 2 per bool tensor, 1 per 0-d
         # tensor), and per tensor the leaves that share them
         self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
+        # (device, stat dtype, kind, shape) -> the copies of small tensors, and per copy the leaves sharing it
+        self._staged: dict[tuple[torch.device, torch.dtype, int, torch.Size],
+                           tuple[list[torch.Tensor], list[list[dict[str, Any]]]]] = {}  # fmt: skip
+        self._staged_numel = 0
         # id(tensor) -> (tensor, version, the leaves it feeds, md5 or its box); holding the tensor keeps its
         # id unique
         self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None]] = {}
@@ -174,31 +189,43 @@ class StatsBuffer:
             if hit[3] is not None:
                 self._set_md5(leaf, hit[3])
             return leaf
+        sharing = [leaf]
         try:
-            kind, vals = _reductions(t)
+            numel = t.numel()
+            plain = cls is _Tensor or cls is _Parameter
+            if numel <= self.SMALL and t.dim() and plain and t.is_contiguous():
+                kind, copy = _staged_copy(t)
+                skey = (t.device, copy.dtype, kind, t.shape)
+                staged = self._staged.get(skey)
+                if staged is None:
+                    staged = self._staged[skey] = ([], [])
+                staged[0].append(copy)
+                staged[1].append(sharing)
+                self._staged_numel += numel
+            else:
+                kind, vals = _reductions(t)
+                key = (t.device, vals[0].dtype, kind)
+                group = self._groups.get(key)
+                if group is None:
+                    group = self._groups[key] = ([], [], [])
+                pending = group[1]
+                pending.extend(vals)
+                if len(pending) >= self.CHUNK:  # one tensor instead of CHUNK: fewer objects for the collector
+                    group[0].append(torch.stack(pending))
+                    pending.clear()
+                group[2].append(sharing)
             digest = self._md5(t) if self.md5 else None
         except Exception as exc:  # a tensor subclass that cannot run the reductions: never fail the step
             self.unreadable += 1
             note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {type(t).__name__} of dtype {dstr}")
             return leaf
-        key = (t.device, vals[0].dtype, kind)
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = ([], [], [])
-        pending = group[1]
-        pending.extend(vals)
-        if len(pending) >= self.CHUNK:  # one tensor instead of CHUNK: fewer objects for the collector
-            group[0].append(torch.stack(pending))
-            pending.clear()
-        sharing = [leaf]
-        group[2].append(sharing)
         if digest is not None:
             self._set_md5(leaf, digest)
         if len(self._cache) >= self.CACHE_SIZE:
             del self._cache[next(iter(self._cache))]
         self._cache[id(t)] = (t, version, sharing, digest)
         self.pending += 1
-        if self.pending >= self.MAX_PENDING:
+        if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
             self.resolve()
         return leaf
 
@@ -235,14 +262,18 @@ class StatsBuffer:
         layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
         # statistics may have been queued on any stream of their device (the user's side streams): wait for
         # the whole device once before this stream reads them
-        for device in {key[0] for key in self._groups}:
+        for device in {key[0] for key in self._groups} | {key[0] for key in self._staged}:
             with contextlib.suppress(Exception):
                 synchronize(device)
-        for (device, _, kind), (chunks, pending, leaves) in self._groups.items():
+        groups: list[tuple[torch.device, int, Callable[[], torch.Tensor], list[list[dict[str, Any]]]]] = [
+            (device, kind, partial(_stack_chunks, chunks, pending), leaves)
+            for (device, _, kind), (chunks, pending, leaves) in self._groups.items()
+        ]
+        groups += [(device, kind, partial(_row_statistics, kind, copies), leaves)
+                   for (device, _, kind, _), (copies, leaves) in self._staged.items()]  # fmt: skip
+        for device, kind, compute, leaves in groups:
             try:
-                if pending:
-                    chunks.append(torch.stack(pending))
-                stacked = (chunks[0] if len(chunks) == 1 else torch.cat(chunks)).to(host_dtype(device))
+                stacked = compute().to(host_dtype(device))
             except Exception as exc:  # an exotic device or subclass: these leaves keep null statistics
                 self.unreadable += len(leaves)
                 note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
@@ -252,6 +283,8 @@ class StatsBuffer:
             parts.append(stacked)
             layout.setdefault(device, []).append((offset, kind, leaves))
         self._groups.clear()
+        self._staged.clear()
+        self._staged_numel = 0
         self._cache.clear()
         self.pending = 0
         try:  # every device's copy queued, then each waited for: transfers of several devices overlap
@@ -295,6 +328,34 @@ def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
         return _SCALAR, [x.clone()]
     mn, mx = torch.aminmax(x)
     return _FULL, [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
+
+
+def _staged_copy(x: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """A copy of a small contiguous ``x`` (not 0-d) in the dtype its statistics are computed in, and its kind:
+    what :func:`_row_statistics` reduces at the flush (the values as they are now, whatever happens later)."""
+    if x.dtype is torch.bool:
+        return _BOOL, x.clone()
+    if x.is_complex():
+        return _FULL, x.abs()
+    if not x.is_floating_point():
+        return _FULL, x.double() if x.device.type != "mps" else x.float()
+    return _FULL, x.clone()
+
+
+def _row_statistics(kind: int, copies: list[torch.Tensor]) -> torch.Tensor:
+    """The statistics of same-shape copies, flat in :func:`_fill`'s order: one row each, four kernels in all
+    (max, min, mean, norm; any and all for bool), the values :func:`_reductions` computes one by one."""
+    rows = torch.stack(copies).view(len(copies), -1)
+    if kind == _BOOL:
+        return torch.stack((rows.any(1), rows.all(1)), 1).view(-1)
+    return torch.stack((rows.amax(1), rows.amin(1), rows.mean(1), torch.linalg.vector_norm(rows, dim=1)),
+                       1).view(-1)  # fmt: skip
+
+
+def _stack_chunks(chunks: list[torch.Tensor], pending: list[torch.Tensor]) -> torch.Tensor:
+    if pending:
+        chunks.append(torch.stack(pending))
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
 def _fill(host: list[float], offset: int, kind: int, leaves: list[list[dict[str, Any]]]) -> None:
