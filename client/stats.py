@@ -99,6 +99,7 @@ Stage = Callable[[torch.Tensor, Callable[[torch.Tensor], object]], None]
 #: an md5 now, or a one-slot box the writer thread fills
 _Digest = str | list[str | None]
 _Parameter = torch.nn.Parameter
+_STRIDED = torch.strided
 _is_functional = torch._is_functional_tensor
 _noted: set[str] = set()  # reasons already logged in this process
 
@@ -171,17 +172,7 @@ class StatsBuffer:
         }  # fmt: skip
         if data_name is not None:
             leaf["data_name"] = data_name
-        if t.is_meta or (cls is not _Tensor and cls is not _Parameter) or _is_functional(t):
-            reason = unreadable(t)
-            if reason is not None:
-                self.unreadable += 1
-                leaf["note"] = f"{reason}: values not readable, statistics null"
-                note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
-                return leaf
-        if t.numel() == 0 or dtype in _SKIP_DTYPES or t.layout is not torch.strided:
-            if self.md5 and t.layout is torch.strided:
-                leaf["md5"] = crc32_hex(t)
-            return leaf
+        # the same tensor object at the same version was readable and non-empty when it was cached
         version = t._version
         hit = self._cache.get(id(t))
         if hit is not None and hit[0] is t and hit[1] == version:
@@ -189,12 +180,23 @@ class StatsBuffer:
             if hit[3] is not None:
                 self._set_md5(leaf, hit[3])
             return leaf
+        plain = cls is _Tensor or cls is _Parameter
+        if not plain or t.is_meta or _is_functional(t):
+            reason = unreadable(t)
+            if reason is not None:
+                self.unreadable += 1
+                leaf["note"] = f"{reason}: values not readable, statistics null"
+                note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
+                return leaf
+        numel = t.numel()
+        if numel == 0 or dtype in _SKIP_DTYPES or t.layout is not _STRIDED:
+            if self.md5 and t.layout is _STRIDED:
+                leaf["md5"] = crc32_hex(t)
+            return leaf
         sharing = [leaf]
         try:
-            numel = t.numel()
-            plain = cls is _Tensor or cls is _Parameter
             if numel <= self.SMALL and t.dim() and plain and t.is_contiguous():
-                kind, copy = _staged_copy(t)
+                kind, copy = (_FULL, t.clone()) if t.is_floating_point() else _staged_copy(t)
                 skey = (t.device, copy.dtype, kind, t.shape)
                 staged = self._staged.get(skey)
                 if staged is None:
