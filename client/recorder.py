@@ -8,6 +8,7 @@ and writing the rank directory (§3) through :class:`parity.shared.dump.writer.R
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import logging
 import os
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
 _Stacks = list[tuple[list[str], list[str]]]
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _SCALARS = (bool, int, float, str)
 # id(code) -> (the code, it is the tool's own), cached per function. Keyed by id: a code object's own hash is
 # recomputed from its fields at every lookup (about 0.5 us for a large function, 20 frames a stack); the
@@ -142,7 +144,11 @@ class Recorder:
         self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host)
         self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
-        self._stack_fast: dict[tuple[int, ...], int] = {}  # (id(code), offset, id(code), ...) -> group
+        # (callers' number, id(code), offset) -> group; callers' (id(code), offset, ...) -> their number
+        self._stack_fast: dict[tuple[int, ...], int] = {}
+        self._callers: dict[tuple[int, ...], int] = {}
+        self._last_frame: FrameType | None = None  # the last stack's frame, and its callers' number
+        self._last_prefix = 0
         self._stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
@@ -247,21 +253,26 @@ class Recorder:
         """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped).
 
         The hot path keys the stack by (code, instruction offset) pairs, cheap to read; only a key not seen
-        before computes line numbers (what the group is deduplicated by) and, for a new group, the text."""
-        key: list[int] = []
-        f = frame
+        before computes line numbers (what the group is deduplicated by) and, for a new group, the text.
+        While a frame runs, its callers stay suspended at the same instructions, so the callers' part of the
+        key is walked once per calling frame (a loop calling many ops, a forward calling many modules), not
+        once per call; a generator's frame can be resumed from elsewhere, so its callers are always walked."""
         tool = _TOOL_CODE
-        while f is not None:
-            code = f.f_code
+        if frame is None:
+            k: tuple[int, ...] = ()
+        else:
+            if frame is self._last_frame:
+                prefix = self._last_prefix
+            else:
+                prefix = self._callers_key(frame.f_back)
+                if not frame.f_code.co_flags & _RESUMABLE:
+                    self._last_frame, self._last_prefix = frame, prefix
+            code = frame.f_code
             cid = id(code)
             known = tool.get(cid)
             if known is None:
                 known = tool[cid] = (code, code.co_filename.startswith(_TOOL_DIRS))
-            if not known[1]:
-                key.append(cid)
-                key.append(f.f_lasti)
-            f = f.f_back
-        k = tuple(key)
+            k = (prefix,) if known[1] else (prefix, cid, frame.f_lasti)
         idx = self._stack_fast.get(k)
         if idx is None:
             lines: list[tuple[int, int]] = []
@@ -282,6 +293,23 @@ class Recorder:
                 self._stacks.append(([], frames))
             self._stack_fast[k] = idx
         self._stacks[idx][0].append(name)
+
+    def _callers_key(self, frame: FrameType | None) -> int:
+        """A number for the (code, offset) pairs of ``frame`` and its callers (tool frames dropped)."""
+        key: list[int] = []
+        f = frame
+        tool = _TOOL_CODE
+        while f is not None:
+            code = f.f_code
+            cid = id(code)
+            known = tool.get(cid)
+            if known is None:
+                known = tool[cid] = (code, code.co_filename.startswith(_TOOL_DIRS))
+            if not known[1]:
+                key.append(cid)
+                key.append(f.f_lasti)
+            f = f.f_back
+        return self._callers.setdefault(tuple(key), len(self._callers))
 
     def api_parent(self, fwd: str) -> None:
         """mix: every API maps to the innermost active module, forward and backward (§4.5)."""
@@ -514,6 +542,7 @@ class Recorder:
         writer thread after the files are completely written, and only if they were.
         """
         with self.lock, quiet():
+            self._last_frame = None  # held only while recording: it keeps the frame's locals alive
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
@@ -547,6 +576,7 @@ class Recorder:
         self._stacks = []
         self._stack_index = {}
         self._stack_fast = {}
+        self._callers = {}
         return docs
 
     def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: _Stacks,
