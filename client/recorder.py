@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
 from parity.client.config import DebuggerConfig
-from parity.client.stats import StatsBuffer, grad_off, quiet
+from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
 from parity.shared.dump.naming import backward_of, param_grad_file, tensor_file
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
 _Stacks = list[tuple[list[str], list[str]]]
+_set_grad_enabled = torch._C._set_grad_enabled
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _SCALARS = (bool, int, float, str)
 # id(code) -> (the code, it is the tool's own), cached per function. Keyed by id: a code object's own hash is
@@ -204,6 +205,8 @@ class Recorder:
     ) -> Any:
         """One value as a dump.json leaf (§4.3 table); ``key`` is the kwarg name (dtype/device quirks)."""
         if isinstance(value, Tensor):
+            if self.writer is None:  # statistics only: no file name to make (callers set ``_dirty``)
+                return self.stats.leaf(value)
             return self.tensor_leaf(value, entry, category, path)
         if value is None:
             return None
@@ -329,9 +332,10 @@ class Recorder:
         fwd = f"{prefix_api}.{n}.forward"
         if self.mix:
             self.api_parent(fwd)
-        track = self.want_bwd and torch.is_grad_enabled()
+        grad_on = torch.is_grad_enabled()
+        track = self.want_bwd and grad_on
         before: InputNodes = input_nodes(args, kwargs) if track else []
-        if not self.selected(fwd):
+        if self.filtered and not self.selected(fwd):
             out = func(*args, **kwargs)
             self._api_counts[prefix_api] = n + 1
             if before:  # not recorded, but it may change a recorded view in place
@@ -339,15 +343,23 @@ class Recorder:
             return out
         entry: dict[str, Any] | None = None
         self._dirty = True
+        # grad off around the tool's own tensor work (its copies), set directly: two per recorded call
         if self.want_fwd_in:
-            with grad_off():
+            _set_grad_enabled(False)
+            try:
                 entry = self.encode_inputs(fwd, *(shown or (args, kwargs)))
+            finally:
+                _set_grad_enabled(grad_on)
             self._data[fwd] = entry
         out = func(*args, **kwargs)
         self._api_counts[prefix_api] = n + 1
         if self.want_fwd_out:
-            with grad_off():
+            grad_now = torch.is_grad_enabled()  # the call may have changed it (torch.set_grad_enabled)
+            _set_grad_enabled(False)
+            try:
                 encoded = self.encode_output(fwd, out)
+            finally:
+                _set_grad_enabled(grad_now)
             if entry is None:
                 entry = self._data[fwd] = {}
             entry["output"] = encoded
@@ -422,6 +434,7 @@ class Recorder:
             self._module_stack.pop()
         if not call.selected:
             return
+        self._dirty = True  # a flush since module_enter (stop() in the forward) wrote the entry without it
         entry = call.entry
         grad_on = torch.is_grad_enabled()
         with quiet():
