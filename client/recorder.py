@@ -142,7 +142,8 @@ class Recorder:
         self._in_scope = False
         self._scope_done = False
         self._selected_modules: set[str] = set()
-        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host)
+        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host,
+                                 fill_later=self.background.submit_call)  # fmt: skip
         self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
         # (callers' number, id(code), offset) -> group; callers' (id(code), offset, ...) -> their number

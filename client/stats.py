@@ -138,8 +138,13 @@ class StatsBuffer:
     #: How many recent tensors the identity cache remembers (it holds references, so keep it small).
     CACHE_SIZE = 64
 
-    def __init__(self, *, md5: bool, stage: Stage | None = None, stage_cpu: bool = False) -> None:
+    def __init__(self, *, md5: bool, stage: Stage | None = None, stage_cpu: bool = False,
+                 fill_later: Callable[[Callable[[], object]], None] | None = None) -> None:  # fmt: skip
         self.md5 = md5
+        # ``fill_later(job)``: run ``job`` later, in order with what reads the leaves (the writer thread: its
+        # next job writes the documents): the leaves get their numbers (a Python loop over every leaf) and
+        # the staged copies are freed there, off the training thread; None: at once, in :meth:`resolve`
+        self._fill_later = fill_later
         # md5 of a tensor off the CPU: ``stage(tensor, consume)`` runs ``consume(host copy)`` on the writer
         # thread (BackgroundWriter.submit_host), so the training thread never waits for a copy per tensor;
         # ``stage_cpu``: CPU tensors too (the tests' stand-in for an accelerator)
@@ -258,7 +263,8 @@ class StatsBuffer:
         self._cache.clear()
 
     def resolve(self) -> None:
-        """Move every pending statistic to the host (one copy per device) and fill the leaves."""
+        """Move every pending statistic to the host (one copy per device) and fill the leaves (now, or by
+        ``fill_later``: a reader of the leaves then waits for that job, as the documents' writer does)."""
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         # per device: (offset into its host vector, kind, leaves) of each group
         layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
@@ -285,7 +291,7 @@ class StatsBuffer:
             parts.append(stacked)
             layout.setdefault(device, []).append((offset, kind, leaves))
         self._groups.clear()
-        self._staged.clear()
+        staged, self._staged = self._staged, {}  # the copies, freed where the leaves are filled
         self._staged_numel = 0
         self._cache.clear()
         self.pending = 0
@@ -298,10 +304,11 @@ class StatsBuffer:
                     hosts.update(to_host({device: parts}))
                 except Exception as exc:
                     note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
-        for device, flat in hosts.items():
-            host = flat.tolist()
-            for offset, kind, leaves in layout[device]:
-                _fill(host, offset, kind, leaves)
+        fill = partial(_fill_all, hosts, layout, staged)
+        if self._fill_later is None:
+            fill()
+        else:
+            self._fill_later(fill)
 
 
 #: What one tensor contributes to its group: max, min, mean, norm; any, all (bool); one value (0-d).
@@ -358,6 +365,16 @@ def _stack_chunks(chunks: list[torch.Tensor], pending: list[torch.Tensor]) -> to
     if pending:
         chunks.append(torch.stack(pending))
     return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+
+def _fill_all(hosts: dict[torch.device, torch.Tensor],
+              layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]],
+              staged: object) -> None:  # fmt: skip
+    """Every leaf's statistics from its device's host vector (``staged``: the copies, released after)."""
+    for device, flat in hosts.items():
+        host = flat.tolist()
+        for offset, kind, leaves in layout[device]:
+            _fill(host, offset, kind, leaves)
 
 
 def _fill(host: list[float], offset: int, kind: int, leaves: list[list[dict[str, Any]]]) -> None:
