@@ -144,6 +144,8 @@ class Recorder:
         self._selected_modules: set[str] = set()
         self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host,
                                  fill_later=self.background.submit_call)  # fmt: skip
+        # statistics only (no tensor files to name): encoding a tensor is just its leaf
+        self._stats_leaf = self.stats.leaf if self.writer is None else None
         self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
         # (callers' number, id(code), offset) -> group; callers' (id(code), offset, ...) -> their number
@@ -238,19 +240,35 @@ class Recorder:
         return _encode_special(value)
 
     def encode_inputs(self, entry: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        enc, leaf = self.encode, self._stats_leaf
+        if leaf is None:
+            return {
+                "input_args": [enc(v, entry, "input", (i,)) for i, v in enumerate(args)],
+                "input_kwargs": {k: enc(v, entry, "kwargs", (k,), k) for k, v in kwargs.items()},
+            }
+        # statistics only: a tensor (most arguments) goes straight to its leaf, one call instead of two
         return {
-            "input_args": [self.encode(v, entry, "input", (i,)) for i, v in enumerate(args)],
-            "input_kwargs": {k: self.encode(v, entry, "kwargs", (k,), k) for k, v in kwargs.items()},
+            "input_args": [leaf(v) if isinstance(v, Tensor) else enc(v, entry, "input", (i,))
+                           for i, v in enumerate(args)],  # fmt: skip
+            "input_kwargs": {k: leaf(v) if isinstance(v, Tensor) else enc(v, entry, "kwargs", (k,), k)
+                             for k, v in kwargs.items()},  # fmt: skip
         }
 
     def encode_output(self, entry: str, out: Any) -> list[Any]:
         """``output`` is always a list: a lone tensor/None becomes a one-element list (§4.2)."""
+        leaf = self._stats_leaf
+        if leaf is not None and isinstance(out, Tensor):
+            return [leaf(out)]
         if isinstance(out, (list, tuple)) and getattr(out, "_fields", None) is None:
-            return [self.encode(v, entry, "output", (i,)) for i, v in enumerate(out)]
+            return self.encode_grads(entry, "output", out)
         return [self.encode(out, entry, "output", (0,))]
 
     def encode_grads(self, entry: str, category: str, grads: Any) -> list[Any]:
-        return [self.encode(g, entry, category, (i,)) for i, g in enumerate(grads)]
+        enc, leaf = self.encode, self._stats_leaf
+        if leaf is None:
+            return [enc(g, entry, category, (i,)) for i, g in enumerate(grads)]
+        return [leaf(g) if isinstance(g, Tensor) else enc(g, entry, category, (i,))
+                for i, g in enumerate(grads)]  # fmt: skip
 
     # ----------------------------------------------------------------------------------- stack / construct
     def record_stack(self, name: str, frame: FrameType | None) -> None:
