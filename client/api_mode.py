@@ -35,8 +35,8 @@ _is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lamb
 _warned_compile = False
 
 _TENSOR_BACKWARD = torch.Tensor.backward
-# Cache per func object: (prefix.api, is_operator_candidate) or None for an ignored call.
-_Name = tuple[str, str, bool] | None
+# Cache per func object: (prefix, api, is_operator_candidate, "prefix.api") or None for an ignored call.
+_Name = tuple[str, str, bool, str] | None
 
 
 class ApiMode(TorchFunctionMode):
@@ -58,7 +58,9 @@ class ApiMode(TorchFunctionMode):
         except Exception:  # resolve_name builds an index of torch's namespace; never fail a call over a name
             resolved = None
         pa = api_name(resolved, func)
-        name: _Name = None if pa is None else (pa[0], pa[1], pa[0] == "Tensor" and pa[1] in OPERATOR_METHODS)
+        name: _Name = None if pa is None else (
+            pa[0], pa[1], pa[0] == "Tensor" and pa[1] in OPERATOR_METHODS, f"{pa[0]}.{pa[1]}"
+        )
         self._names[func] = name
         return name
 
@@ -88,11 +90,13 @@ class ApiMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if self._compiled_frame is not None:
             self._compiled_frame = None
-        prefix, api, operator = name
+        prefix, api, operator, prefix_api = name
         if operator:
-            api = operator_dunder(api, frame) or api
+            dunder = operator_dunder(api, frame)
+            if dunder is not None:
+                prefix_api = f"{prefix}.{dunder}"
         shown_args, shown_kwargs, caller = as_called(func, args, kwargs, frame)
-        return self.recorder.record_api(f"{prefix}.{api}", func, args, kwargs, caller,
+        return self.recorder.record_api(prefix_api, func, args, kwargs, caller,
                                         shown=(shown_args, shown_kwargs))  # fmt: skip
 
     def _backward(self, tensor: torch.Tensor, gradient: Any = None, retain_graph: Any = None,

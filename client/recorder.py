@@ -128,6 +128,7 @@ class Recorder:
         self.mix = cfg.level == "mix"
         self.modules_on = cfg.level in ("L0", "mix")
         self.filtered = bool(cfg.scope or cfg.api_list)
+        self._extra_info = cfg.extra_info
         self._reset()
 
     # ----------------------------------------------------------------------------------------- step state
@@ -382,7 +383,7 @@ class Recorder:
             if entry is None:
                 entry = self._data[fwd] = {}
             entry["output"] = encoded
-        if entry is not None and self.cfg.extra_info:
+        if entry is not None and self._extra_info:
             self.record_stack(fwd, frame)
         if track:
             self.api_backward.after_call(backward_of(fwd), out, before)
