@@ -111,6 +111,8 @@ def note_unreadable(reason: str, where: str) -> None:
         log.warning("parity: %s (%s): dtype and shape recorded, statistics left null", where, reason)
 
 
+#: (tensor, version, the leaves it feeds, md5 or its box, shape)
+_Cached = tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None, torch.Size]
 #: (stacked chunks of statistics, 0-d statistics not stacked yet, per tensor the leaves sharing them)
 _Group = tuple[list[torch.Tensor], list[torch.Tensor], list[list[dict[str, Any]]]]
 
@@ -157,14 +159,21 @@ class StatsBuffer:
         self._staged: dict[tuple[torch.device, torch.dtype, int, torch.Size],
                            tuple[list[torch.Tensor], list[list[dict[str, Any]]]]] = {}  # fmt: skip
         self._staged_numel = 0
-        # id(tensor) -> (tensor, version, the leaves it feeds, md5 or its box); holding the tensor keeps its
-        # id unique
-        self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None]] = {}
+        # id(tensor) -> see _Cached; holding the tensor keeps its id unique
+        self._cache: dict[int, _Cached] = {}
         self.pending = 0
         self.unreadable = 0  # leaves left null because their values could not be read
 
     def leaf(self, t: torch.Tensor, data_name: str | None = None) -> dict[str, Any]:
-        """The leaf dict of ``t``; statistics are queued, filled by the next :meth:`resolve`."""
+        """The leaf dict of ``t``; statistics are queued, filled by the next :meth:`resolve`.
+
+        The same tensor object at the same version (a call's output, the next call's input) gets the same
+        leaf dict back, written wherever it is recorded: its values are those of that one leaf (type, dtype,
+        shape and requires_grad checked; a leaf naming a tensor file is never shared)."""
+        hit = self._cache.get(id(t))
+        if (hit is not None and data_name is None and hit[0] is t and hit[1] == t._version
+                and hit[4] == t.shape and hit[2][0]["requires_grad"] is t.requires_grad):  # fmt: skip
+            return hit[2][0]
         dtype = t.dtype
         dstr = _DTYPE_STR.get(dtype)
         if dstr is None:
@@ -179,7 +188,6 @@ class StatsBuffer:
             leaf["data_name"] = data_name
         # the same tensor object at the same version was readable and non-empty when it was cached
         version = t._version
-        hit = self._cache.get(id(t))
         if hit is not None and hit[0] is t and hit[1] == version:
             hit[2].append(leaf)
             if hit[3] is not None:
@@ -230,7 +238,7 @@ class StatsBuffer:
             self._set_md5(leaf, digest)
         if len(self._cache) >= self.CACHE_SIZE:
             del self._cache[next(iter(self._cache))]
-        self._cache[id(t)] = (t, version, sharing, digest)
+        self._cache[id(t)] = (t, version, sharing, digest, t.shape)
         self.pending += 1
         if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
             self.resolve()
