@@ -111,6 +111,8 @@ def note_unreadable(reason: str, where: str) -> None:
         log.warning("parity: %s (%s): dtype and shape recorded, statistics left null", where, reason)
 
 
+#: (device, kind, the computation of a group's statistics, per tensor the leaves sharing them)
+_Pending = tuple[torch.device, int, Callable[[], torch.Tensor], list[list[dict[str, Any]]]]
 #: (tensor, version, the leaves it feeds, md5 or its box, shape)
 _Cached = tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None, torch.Size]
 #: (stacked chunks of statistics, 0-d statistics not stacked yet, per tensor the leaves sharing them)
@@ -271,52 +273,61 @@ class StatsBuffer:
         self._cache.clear()
 
     def resolve(self) -> None:
-        """Move every pending statistic to the host (one copy per device) and fill the leaves (now, or by
-        ``fill_later``: a reader of the leaves then waits for that job, as the documents' writer does)."""
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
-        # per device: (offset into its host vector, kind, leaves) of each group
-        layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
+        """Take every pending statistic; reduce the staged copies, move the statistics to the host (one copy
+        per device) and fill the leaves: now, or in a ``fill_later`` job (off the training thread: a reader of
+        the leaves then waits for that job, as the documents' writer does)."""
         # statistics may have been queued on any stream of their device (the user's side streams): wait for
-        # the whole device once before this stream reads them
+        # the whole device once, so that any stream (and thread) may read them
         for device in {key[0] for key in self._groups} | {key[0] for key in self._staged}:
             with contextlib.suppress(Exception):
                 synchronize(device)
-        groups: list[tuple[torch.device, int, Callable[[], torch.Tensor], list[list[dict[str, Any]]]]] = [
+        groups: list[_Pending] = [
             (device, kind, partial(_stack_chunks, chunks, pending), leaves)
             for (device, _, kind), (chunks, pending, leaves) in self._groups.items()
         ]
         groups += [(device, kind, partial(_row_statistics, kind, copies), leaves)
                    for (device, _, kind, _), (copies, leaves) in self._staged.items()]  # fmt: skip
-        for device, kind, compute, leaves in groups:
-            try:
-                stacked = compute().to(host_dtype(device))
-            except Exception as exc:  # an exotic device or subclass: these leaves keep null statistics
-                self.unreadable += len(leaves)
-                note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
-                continue
-            parts = by_device.setdefault(device, [])
-            offset = sum(p.numel() for p in parts)
-            parts.append(stacked)
-            layout.setdefault(device, []).append((offset, kind, leaves))
-        self._groups.clear()
-        staged, self._staged = self._staged, {}  # the copies, freed where the leaves are filled
+        self._groups = {}
+        self._staged = {}
         self._staged_numel = 0
         self._cache.clear()
         self.pending = 0
-        try:  # every device's copy queued, then each waited for: transfers of several devices overlap
-            hosts = to_host(by_device)
-        except Exception:  # one device failing must not cost the others their statistics
-            hosts = {}
-            for device, parts in by_device.items():
-                try:
-                    hosts.update(to_host({device: parts}))
-                except Exception as exc:
-                    note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
-        fill = partial(_fill_all, hosts, layout, staged)
         if self._fill_later is None:
-            fill()
+            self._finish(groups)
         else:
-            self._fill_later(fill)
+            self._fill_later(partial(self._finish, groups))
+
+    def _finish(self, groups: list[_Pending]) -> None:
+        """Compute each group's statistics, bring them to the host and fill the leaves (the copies held by
+        ``groups`` are released after the devices were waited for: no stream still reads them)."""
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        # per device: (offset into its host vector, kind, leaves) of each group
+        layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
+        with quiet():
+            for device, kind, compute, leaves in groups:
+                try:
+                    stacked = compute().to(host_dtype(device))
+                except Exception as exc:  # an exotic device or subclass: these leaves keep null statistics
+                    self.unreadable += len(leaves)
+                    note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
+                    continue
+                parts = by_device.setdefault(device, [])
+                offset = sum(p.numel() for p in parts)
+                parts.append(stacked)
+                layout.setdefault(device, []).append((offset, kind, leaves))
+            try:  # every device's copy queued, then each waited for: transfers of several devices overlap
+                hosts = to_host(by_device)
+            except Exception:  # one device failing must not cost the others their statistics
+                hosts = {}
+                for device, parts in by_device.items():
+                    try:
+                        hosts.update(to_host({device: parts}))
+                    except Exception as exc:
+                        note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
+        for device, flat in hosts.items():
+            host = flat.tolist()
+            for offset, kind, leaves in layout[device]:
+                _fill(host, offset, kind, leaves)
 
 
 #: What one tensor contributes to its group: max, min, mean, norm; any, all (bool); one value (0-d).
@@ -373,16 +384,6 @@ def _stack_chunks(chunks: list[torch.Tensor], pending: list[torch.Tensor]) -> to
     if pending:
         chunks.append(torch.stack(pending))
     return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-
-
-def _fill_all(hosts: dict[torch.device, torch.Tensor],
-              layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]],
-              staged: object) -> None:  # fmt: skip
-    """Every leaf's statistics from its device's host vector (``staged``: the copies, released after)."""
-    for device, flat in hosts.items():
-        host = flat.tolist()
-        for offset, kind, leaves in layout[device]:
-            _fill(host, offset, kind, leaves)
 
 
 def _fill(host: list[float], offset: int, kind: int, leaves: list[list[dict[str, Any]]]) -> None:
