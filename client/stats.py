@@ -243,7 +243,7 @@ class StatsBuffer:
         self._cache[id(t)] = (t, version, sharing, digest, t.shape)
         self.pending += 1
         if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
-            self.resolve()
+            self.resolve(later=False)  # here and now: a long step never holds more than this many copies
         return leaf
 
     def _md5(self, t: torch.Tensor) -> _Digest:
@@ -272,10 +272,11 @@ class StatsBuffer:
         """Drop the identity cache: for writes that do not bump ``_version`` (collectives write in C++)."""
         self._cache.clear()
 
-    def resolve(self) -> None:
+    def resolve(self, *, later: bool = True) -> None:
         """Take every pending statistic; reduce the staged copies, move the statistics to the host (one copy
         per device) and fill the leaves: now, or in a ``fill_later`` job (off the training thread: a reader of
-        the leaves then waits for that job, as the documents' writer does)."""
+        the leaves then waits for that job, as the documents' writer does); ``later=False``: now in any case.
+        """
         # statistics may have been queued on any stream of their device (the user's side streams): wait for
         # the whole device once, so that any stream (and thread) may read them
         for device in {key[0] for key in self._groups} | {key[0] for key in self._staged}:
@@ -292,7 +293,7 @@ class StatsBuffer:
         self._staged_numel = 0
         self._cache.clear()
         self.pending = 0
-        if self._fill_later is None:
+        if self._fill_later is None or not later:
             self._finish(groups)
         else:
             self._fill_later(partial(self._finish, groups))

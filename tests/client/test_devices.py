@@ -114,6 +114,22 @@ def test_small_tensors_batched_statistics_equal_their_own_reductions(device: str
         assert got == pytest.approx(want, rel=rel, abs=0, nan_ok=True), (t.dtype, tuple(t.shape))
 
 
+def test_statistics_filled_later_except_when_a_long_step_resolves_early() -> None:
+    """The flush's reductions and fill run as a ``fill_later`` job (the writer thread's); a step that stages
+    more than ``MAX_STAGED`` elements resolves those at once, so no more copies than that are ever held."""
+    jobs: list[Any] = []
+    buf = StatsBuffer(md5=False, fill_later=jobs.append)
+    buf.MAX_STAGED = 8
+    with quiet():
+        early = [buf.leaf(torch.full((3,), float(i))) for i in range(3)]  # 9 elements: resolved at the third
+        late = buf.leaf(torch.tensor([1.0, 3.0]))
+        buf.resolve()
+    assert [leaf["Max"] for leaf in early] == [0.0, 1.0, 2.0] and not jobs[:-1]
+    assert late["Max"] is None and len(jobs) == 1
+    jobs[0]()
+    assert (late["Max"], late["Min"], late["Mean"]) == (3.0, 1.0, 2.0)
+
+
 def test_a_step_mixing_devices_is_dumped_whole(tmp_path: Path) -> None:
     """Real CPU calls and calls on a (fake) ``cuda:0`` in one step: the step's dump.json is written whole."""
     PrecisionDebugger(dump_path=str(tmp_path), level="L1")
