@@ -149,11 +149,11 @@ class Recorder:
         self._stats_leaf = self.stats.leaf if self.writer is None else None
         self.api_backward = ApiBackward(self.api_gradients)
         self._stack_index: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
-        # (callers' number, id(code), offset) -> group; callers' (id(code), offset, ...) -> their number
-        self._stack_fast: dict[tuple[int, ...], int] = {}
-        self._callers: dict[tuple[int, ...], int] = {}
-        self._last_frame: FrameType | None = None  # the last stack's frame, and its callers' number
-        self._last_prefix = 0
+        self._stack_fast: dict[int, int] = {}  # a stack's number -> its group
+        self._callers: dict[tuple[int, int, int], int] = {}  # (caller's number, id(code), offset) -> number
+        # the frames of the last stack, outermost first: (frame, offset, number); id(frame) -> its index
+        self._chain: list[tuple[FrameType, int, int]] = []
+        self._chain_pos: dict[int, int] = {}
         self._stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
@@ -275,27 +275,11 @@ class Recorder:
     def record_stack(self, name: str, frame: FrameType | None) -> None:
         """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped).
 
-        The hot path keys the stack by (code, instruction offset) pairs, cheap to read; only a key not seen
-        before computes line numbers (what the group is deduplicated by) and, for a new group, the text.
-        While a frame runs, its callers stay suspended at the same instructions, so the callers' part of the
-        key is walked once per calling frame (a loop calling many ops, a forward calling many modules), not
-        once per call; a generator's frame can be resumed from elsewhere, so its callers are always walked."""
+        The hot path keys the stack by a number for its (code, instruction offset) pairs, cheap to read; only
+        a key not seen before computes line numbers (what the group is deduplicated by) and, for a new group,
+        the text."""
         tool = _TOOL_CODE
-        if frame is None:
-            k: tuple[int, ...] = ()
-        else:
-            if frame is self._last_frame:
-                prefix = self._last_prefix
-            else:
-                prefix = self._callers_key(frame.f_back)
-                if not frame.f_code.co_flags & _RESUMABLE:
-                    self._last_frame, self._last_prefix = frame, prefix
-            code = frame.f_code
-            cid = id(code)
-            known = tool.get(cid)
-            if known is None:
-                known = tool[cid] = (code, code.co_filename.startswith(_TOOL_DIRS))
-            k = (prefix,) if known[1] else (prefix, cid, frame.f_lasti)
+        k = -1 if frame is None else self._chain_number(frame)
         idx = self._stack_fast.get(k)
         if idx is None:
             lines: list[tuple[int, int]] = []
@@ -317,22 +301,47 @@ class Recorder:
             self._stack_fast[k] = idx
         self._stacks[idx][0].append(name)
 
-    def _callers_key(self, frame: FrameType | None) -> int:
-        """A number for the (code, offset) pairs of ``frame`` and its callers (tool frames dropped)."""
-        key: list[int] = []
-        f = frame
-        tool = _TOOL_CODE
+    def _chain_number(self, frame: FrameType) -> int:
+        """A number for the (code, offset) pairs of ``frame`` and its callers (tool frames dropped).
+
+        Each number stands for (its caller's number, code, offset). The frames of the last stack are kept with
+        their offsets and numbers: while a frame runs its callers stay suspended at the same instructions,
+        so the walk up stops at the first kept frame still at its offset (a loop calling many ops, a forward
+        calling many modules walk one or two frames, not twenty). A generator's frame can be resumed from
+        elsewhere: the walk never stops at one. Only frames of the current stack are kept, until the next
+        call (their locals are alive anyway)."""
+        chain, pos = self._chain, self._chain_pos
+        walked: list[FrameType] = []
+        number = -1
+        f: FrameType | None = frame
         while f is not None:
+            i = pos.get(id(f))
+            if i is not None and chain[i][0] is f and chain[i][1] == f.f_lasti:
+                number = chain[i][2]
+                for gone in chain[i + 1 :]:
+                    pos.pop(id(gone[0]), None)
+                del chain[i + 1 :]
+                break
+            walked.append(f)
+            f = f.f_back
+        else:
+            chain.clear()
+            pos.clear()
+        tool = _TOOL_CODE
+        callers = self._callers
+        for f in reversed(walked):
             code = f.f_code
             cid = id(code)
             known = tool.get(cid)
             if known is None:
                 known = tool[cid] = (code, code.co_filename.startswith(_TOOL_DIRS))
+            lasti = f.f_lasti
             if not known[1]:
-                key.append(cid)
-                key.append(f.f_lasti)
-            f = f.f_back
-        return self._callers.setdefault(tuple(key), len(self._callers))
+                number = callers.setdefault((number, cid, lasti), len(callers))
+            if not code.co_flags & _RESUMABLE:
+                pos[id(f)] = len(chain)
+            chain.append((f, lasti, number))
+        return number
 
     def api_parent(self, fwd: str) -> None:
         """mix: every API maps to the innermost active module, forward and backward (§4.5)."""
@@ -575,7 +584,8 @@ class Recorder:
         writer thread after the files are completely written, and only if they were.
         """
         with self.lock, quiet():
-            self._last_frame = None  # held only while recording: it keeps the frame's locals alive
+            self._chain.clear()  # held only while recording: frames keep their locals alive
+            self._chain_pos.clear()
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
@@ -610,6 +620,8 @@ class Recorder:
         self._stack_index = {}
         self._stack_fast = {}
         self._callers = {}
+        self._chain.clear()
+        self._chain_pos.clear()
         return docs
 
     def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: _Stacks,
