@@ -311,6 +311,18 @@ class Recorder:
         elsewhere: the walk never stops at one. Only frames of the current stack are kept, until the next
         call (their locals are alive anyway)."""
         chain, pos = self._chain, self._chain_pos
+        last = len(chain) - 1
+        if last >= 0 and chain[last][0] is frame and pos.get(id(frame)) == last:
+            # the same frame again (a loop calling ops): its callers' number is the kept one before it
+            lasti = frame.f_lasti
+            if chain[last][1] == lasti:
+                return chain[last][2]
+            code = frame.f_code
+            caller = chain[last - 1][2] if last else -1
+            number = caller if _TOOL_CODE[id(code)][1] else self._callers.setdefault(
+                (caller, id(code), lasti), len(self._callers))  # fmt: skip
+            chain[last] = (frame, lasti, number)
+            return number
         walked: list[FrameType] = []
         number = -1
         f: FrameType | None = frame
