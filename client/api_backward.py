@@ -84,6 +84,9 @@ class ApiBackward:
         self._record = record
         # view outputs whose entries hang on the view's node: moved if the view is changed in place
         self._views: WeakIdKeyDictionary = WeakIdKeyDictionary()  # view -> [(its node, OnRebased)]
+        # ids of every view ever watched: a plain set lookup before the weak dictionary's (which makes a weak
+        # reference per lookup); an id reused by another tensor only costs that lookup
+        self._view_ids: set[int] = set()
 
     def after_call(self, name: str, out: Any, before: InputNodes) -> None:
         """Attach ``name``'s backward to the call's outputs; ``before``: its inputs' nodes before it ran."""
@@ -104,6 +107,7 @@ class ApiBackward:
         """Call ``on_rebased`` with the gradients if a later in-place update drops ``view``'s node."""
         if view.grad_fn is not None:
             self._views.setdefault(view, []).append((view.grad_fn, on_rebased))
+            self._view_ids.add(id(view))
 
     def _rebased(self, name: str, g_view: Tensor | None, g_base: Tensor | None) -> None:
         # what the lost view node would have recorded: the view's gradient in, the base's out
@@ -113,7 +117,10 @@ class ApiBackward:
         """Move the entries of remembered views that a call just changed in place (their node is gone)."""
         if not self._views:
             return
+        ids = self._view_ids
         for x, node in before:
+            if id(x) not in ids:
+                continue
             watchers = self._views.get(x)
             if watchers is None or x.grad_fn is node:
                 continue

@@ -35,8 +35,8 @@ _is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lamb
 _warned_compile = False
 
 _TENSOR_BACKWARD = torch.Tensor.backward
-# Cache per func object: (prefix.api, is_operator_candidate) or None for an ignored call.
-_Name = tuple[str, str, bool] | None
+# Cache per func object: (prefix, api, is_operator_candidate, "prefix.api") or None for an ignored call.
+_Name = tuple[str, str, bool, str] | None
 
 
 class ApiMode(TorchFunctionMode):
@@ -47,7 +47,9 @@ class ApiMode(TorchFunctionMode):
         self.recorder = recorder
         self.active = True  # False in a forked child (DataLoader workers): calls pass straight through
         self._names: dict[Any, _Name] = {}
-        self._compiled_code: dict[CodeType, bool] = {}
+        # id(code) -> (the code, held so its id stays unique; it is a compiled graph's): a code object's own
+        # hash is recomputed from its fields at every lookup
+        self._compiled_code: dict[int, tuple[CodeType, bool]] = {}
         self._compiled_frame: FrameType | None = None
 
     def _resolve(self, func: Any) -> _Name:
@@ -56,7 +58,9 @@ class ApiMode(TorchFunctionMode):
         except Exception:  # resolve_name builds an index of torch's namespace; never fail a call over a name
             resolved = None
         pa = api_name(resolved, func)
-        name: _Name = None if pa is None else (pa[0], pa[1], pa[0] == "Tensor" and pa[1] in OPERATOR_METHODS)
+        name: _Name = None if pa is None else (
+            pa[0], pa[1], pa[0] == "Tensor" and pa[1] in OPERATOR_METHODS, f"{pa[0]}.{pa[1]}"
+        )
         self._names[func] = name
         return name
 
@@ -76,21 +80,23 @@ class ApiMode(TorchFunctionMode):
             return func(*args, **kwargs)
         frame = sys._getframe(1)
         code = frame.f_code
-        compiled = self._compiled_code.get(code)
-        if compiled is None:
-            compiled = self._compiled_code[code] = code.co_filename.startswith(_COMPILED_FILES) or (
+        known = self._compiled_code.get(id(code))
+        if known is None:
+            known = self._compiled_code[id(code)] = (code, code.co_filename.startswith(_COMPILED_FILES) or (
                 "torchinductor" in code.co_filename
-            )
-        if compiled:
+            ))  # fmt: skip
+        if known[1]:
             self._mark_compiled(frame)
             return func(*args, **kwargs)
         if self._compiled_frame is not None:
             self._compiled_frame = None
-        prefix, api, operator = name
+        prefix, api, operator, prefix_api = name
         if operator:
-            api = operator_dunder(api, frame) or api
+            dunder = operator_dunder(api, frame)
+            if dunder is not None:
+                prefix_api = f"{prefix}.{dunder}"
         shown_args, shown_kwargs, caller = as_called(func, args, kwargs, frame)
-        return self.recorder.record_api(f"{prefix}.{api}", func, args, kwargs, caller,
+        return self.recorder.record_api(prefix_api, func, args, kwargs, caller,
                                         shown=(shown_args, shown_kwargs))  # fmt: skip
 
     def _backward(self, tensor: torch.Tensor, gradient: Any = None, retain_graph: Any = None,

@@ -33,7 +33,9 @@ CallSpelling = tuple[int, tuple[str, ...]]
 _HANDLE_CODE = overrides.handle_torch_function.__code__
 _CALLS = {"CALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_KW", "CALL_FUNCTION_KW"}
 _NO_DEFAULT = inspect.Parameter.empty
-_site_cache: dict[tuple[CodeType, int], CallSpelling | None] = {}
+# (id(code), offset) -> the spelling, and the code held so its id stays unique (a code object's own hash is
+# recomputed from its fields at every lookup)
+_site_cache: dict[tuple[int, int], tuple[CodeType, CallSpelling | None]] = {}
 _code_cache: dict[CodeType, list[dis.Instruction]] = {}  # decoded once per function, not once per site
 # per function: its parameters as (name, kind, default), or None when it has no usable signature
 _params_cache: dict[Any, tuple[tuple[str, Any, Any], ...] | None] = {}
@@ -161,11 +163,13 @@ def as_called(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], frame: F
     caller = fn_frame.f_back
     if caller is None:
         return args, kwargs, fn_frame
-    key = (caller.f_code, caller.f_lasti)
+    ccode = caller.f_code
+    key = (id(ccode), caller.f_lasti)
     try:
-        spelling = _site_cache[key]
+        spelling = _site_cache[key][1]
     except KeyError:
-        spelling = _site_cache[key] = _spelling(caller.f_code, caller.f_lasti)
+        spelling = _spelling(ccode, caller.f_lasti)
+        _site_cache[key] = (ccode, spelling)
     if spelling is None:
         return args, kwargs, caller
     respelled = _respell(func, args, kwargs, spelling)

@@ -63,7 +63,9 @@ _CMP_SHIFT = 0 if sys.version_info < (3, 12) else (4 if sys.version_info < (3, 1
 OPERATOR_METHODS = frozenset(
     [m for m, _ in _BINARY.values()] + [m for m, _ in _COMPARE.values()] + [m for m, _ in _UNARY.values()]
 )
-_code_bytes: dict[CodeType, bytes] = {}
+# id(code) -> (the code, held so its id stays unique; its bytecode): a code object's own hash is recomputed
+# from its fields at every lookup
+_code_bytes: dict[int, tuple[CodeType, bytes]] = {}
 
 
 def operator_dunder(method: str, frame: FrameType | None) -> str | None:
@@ -71,9 +73,10 @@ def operator_dunder(method: str, frame: FrameType | None) -> str | None:
     if frame is None or sys.version_info < (3, 11):
         return None
     code = frame.f_code
-    raw = _code_bytes.get(code)
-    if raw is None:
-        raw = _code_bytes[code] = code.co_code
+    known = _code_bytes.get(id(code))
+    if known is None:
+        known = _code_bytes[id(code)] = (code, code.co_code)
+    raw = known[1]
     i = frame.f_lasti
     if i < 0 or i + 1 >= len(raw):
         return None

@@ -8,6 +8,7 @@ and writing the rank directory (§3) through :class:`parity.shared.dump.writer.R
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import logging
 import os
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
 from parity.client.config import DebuggerConfig
-from parity.client.stats import StatsBuffer, grad_off, quiet
+from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
 from parity.shared.dump.naming import backward_of, param_grad_file, tensor_file
@@ -39,8 +40,13 @@ log = logging.getLogger(__name__)
 Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
 _Stacks = list[tuple[list[str], list[str]]]
+_set_grad_enabled = torch._C._set_grad_enabled
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _SCALARS = (bool, int, float, str)
-_TOOL_CODE: dict[CodeType, bool] = {}  # code object -> it is the tool's own (cached per function)
+# id(code) -> (the code, it is the tool's own), cached per function. Keyed by id: a code object's own hash is
+# recomputed from its fields at every lookup (about 0.5 us for a large function, 20 frames a stack); the
+# code is held here, so its id is never reused.
+_TOOL_CODE: dict[int, tuple[CodeType, bool]] = {}
 # Frames of the tool itself are dropped from stack.json (the user wants their own code, not ours).
 _TOOL_DIRS = tuple(
     os.path.dirname(os.path.abspath(p)) + os.sep
@@ -122,6 +128,7 @@ class Recorder:
         self.mix = cfg.level == "mix"
         self.modules_on = cfg.level in ("L0", "mix")
         self.filtered = bool(cfg.scope or cfg.api_list)
+        self._extra_info = cfg.extra_info
         self._reset()
 
     # ----------------------------------------------------------------------------------------- step state
@@ -136,10 +143,17 @@ class Recorder:
         self._in_scope = False
         self._scope_done = False
         self._selected_modules: set[str] = set()
-        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host)
+        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host,
+                                 fill_later=self.background.submit_call)  # fmt: skip
+        # statistics only (no tensor files to name): encoding a tensor is just its leaf
+        self._stats_leaf = self.stats.leaf if self.writer is None else None
         self.api_backward = ApiBackward(self.api_gradients)
-        self._stack_index: dict[tuple[tuple[CodeType, int], ...], int] = {}
-        self._stack_fast: dict[tuple[Any, ...], int] = {}  # (code, offset, code, offset, ...) -> group
+        self._stack_index: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
+        self._stack_fast: dict[int, int] = {}  # a stack's number -> its group
+        self._callers: dict[tuple[int, int, int], int] = {}  # (caller's number, id(code), offset) -> number
+        # the frames of the last stack, outermost first: (frame, offset, number); id(frame) -> its index
+        self._chain: list[tuple[FrameType, int, int]] = []
+        self._chain_pos: dict[int, int] = {}
         self._stacks: list[tuple[list[str], list[str]]] = []
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
@@ -195,6 +209,8 @@ class Recorder:
     ) -> Any:
         """One value as a dump.json leaf (§4.3 table); ``key`` is the kwarg name (dtype/device quirks)."""
         if isinstance(value, Tensor):
+            if self.writer is None:  # statistics only: no file name to make (callers set ``_dirty``)
+                return self.stats.leaf(value)
             return self.tensor_leaf(value, entry, category, path)
         if value is None:
             return None
@@ -225,46 +241,52 @@ class Recorder:
         return _encode_special(value)
 
     def encode_inputs(self, entry: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        enc, leaf = self.encode, self._stats_leaf
+        if leaf is None:
+            return {
+                "input_args": [enc(v, entry, "input", (i,)) for i, v in enumerate(args)],
+                "input_kwargs": {k: enc(v, entry, "kwargs", (k,), k) for k, v in kwargs.items()},
+            }
+        # statistics only: a tensor (most arguments) goes straight to its leaf, one call instead of two
         return {
-            "input_args": [self.encode(v, entry, "input", (i,)) for i, v in enumerate(args)],
-            "input_kwargs": {k: self.encode(v, entry, "kwargs", (k,), k) for k, v in kwargs.items()},
+            "input_args": [leaf(v) if isinstance(v, Tensor) else enc(v, entry, "input", (i,))
+                           for i, v in enumerate(args)],  # fmt: skip
+            "input_kwargs": {k: leaf(v) if isinstance(v, Tensor) else enc(v, entry, "kwargs", (k,), k)
+                             for k, v in kwargs.items()},  # fmt: skip
         }
 
     def encode_output(self, entry: str, out: Any) -> list[Any]:
         """``output`` is always a list: a lone tensor/None becomes a one-element list (§4.2)."""
+        leaf = self._stats_leaf
+        if leaf is not None and isinstance(out, Tensor):
+            return [leaf(out)]
         if isinstance(out, (list, tuple)) and getattr(out, "_fields", None) is None:
-            return [self.encode(v, entry, "output", (i,)) for i, v in enumerate(out)]
+            return self.encode_grads(entry, "output", out)
         return [self.encode(out, entry, "output", (0,))]
 
     def encode_grads(self, entry: str, category: str, grads: Any) -> list[Any]:
-        return [self.encode(g, entry, category, (i,)) for i, g in enumerate(grads)]
+        enc, leaf = self.encode, self._stats_leaf
+        if leaf is None:
+            return [enc(g, entry, category, (i,)) for i, g in enumerate(grads)]
+        return [leaf(g) if isinstance(g, Tensor) else enc(g, entry, category, (i,))
+                for i, g in enumerate(grads)]  # fmt: skip
 
     # ----------------------------------------------------------------------------------- stack / construct
     def record_stack(self, name: str, frame: FrameType | None) -> None:
         """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped).
 
-        The hot path keys the stack by (code, instruction offset) pairs, cheap to read; only a key not seen
-        before computes line numbers (what the group is deduplicated by) and, for a new group, the text."""
-        key: list[Any] = []
-        f = frame
+        The hot path keys the stack by a number for its (code, instruction offset) pairs, cheap to read; only
+        a key not seen before computes line numbers (what the group is deduplicated by) and, for a new group,
+        the text."""
         tool = _TOOL_CODE
-        while f is not None:
-            code = f.f_code
-            skip = tool.get(code)
-            if skip is None:
-                skip = tool[code] = code.co_filename.startswith(_TOOL_DIRS)
-            if not skip:
-                key.append(code)
-                key.append(f.f_lasti)
-            f = f.f_back
-        k = tuple(key)
+        k = -1 if frame is None else self._chain_number(frame)
         idx = self._stack_fast.get(k)
         if idx is None:
-            lines: list[tuple[CodeType, int]] = []
+            lines: list[tuple[int, int]] = []
             f = frame
             while f is not None:
-                if not tool[f.f_code]:
-                    lines.append((f.f_code, f.f_lineno))
+                if not tool[id(f.f_code)][1]:
+                    lines.append((id(f.f_code), f.f_lineno or 0))
                 f = f.f_back
             by_line = tuple(lines)
             idx = self._stack_index.get(by_line)
@@ -272,12 +294,66 @@ class Recorder:
                 frames = [
                     f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
                     f"{linecache.getline(c.co_filename, ln).strip()}"
-                    for c, ln in by_line
+                    for c, ln in ((tool[cid][0], ln) for cid, ln in by_line)
                 ]
                 idx = self._stack_index[by_line] = len(self._stacks)
                 self._stacks.append(([], frames))
             self._stack_fast[k] = idx
         self._stacks[idx][0].append(name)
+
+    def _chain_number(self, frame: FrameType) -> int:
+        """A number for the (code, offset) pairs of ``frame`` and its callers (tool frames dropped).
+
+        Each number stands for (its caller's number, code, offset). The frames of the last stack are kept with
+        their offsets and numbers: while a frame runs its callers stay suspended at the same instructions,
+        so the walk up stops at the first kept frame still at its offset (a loop calling many ops, a forward
+        calling many modules walk one or two frames, not twenty). A generator's frame can be resumed from
+        elsewhere: the walk never stops at one. Only frames of the current stack are kept, until the next
+        call (their locals are alive anyway)."""
+        chain, pos = self._chain, self._chain_pos
+        last = len(chain) - 1
+        if last >= 0 and chain[last][0] is frame and pos.get(id(frame)) == last:
+            # the same frame again (a loop calling ops): its callers' number is the kept one before it
+            lasti = frame.f_lasti
+            if chain[last][1] == lasti:
+                return chain[last][2]
+            code = frame.f_code
+            caller = chain[last - 1][2] if last else -1
+            number = caller if _TOOL_CODE[id(code)][1] else self._callers.setdefault(
+                (caller, id(code), lasti), len(self._callers))  # fmt: skip
+            chain[last] = (frame, lasti, number)
+            return number
+        walked: list[FrameType] = []
+        number = -1
+        f: FrameType | None = frame
+        while f is not None:
+            i = pos.get(id(f))
+            if i is not None and chain[i][0] is f and chain[i][1] == f.f_lasti:
+                number = chain[i][2]
+                for gone in chain[i + 1 :]:
+                    pos.pop(id(gone[0]), None)
+                del chain[i + 1 :]
+                break
+            walked.append(f)
+            f = f.f_back
+        else:
+            chain.clear()
+            pos.clear()
+        tool = _TOOL_CODE
+        callers = self._callers
+        for f in reversed(walked):
+            code = f.f_code
+            cid = id(code)
+            known = tool.get(cid)
+            if known is None:
+                known = tool[cid] = (code, code.co_filename.startswith(_TOOL_DIRS))
+            lasti = f.f_lasti
+            if not known[1]:
+                number = callers.setdefault((number, cid, lasti), len(callers))
+            if not code.co_flags & _RESUMABLE:
+                pos[id(f)] = len(chain)
+            chain.append((f, lasti, number))
+        return number
 
     def api_parent(self, fwd: str) -> None:
         """mix: every API maps to the innermost active module, forward and backward (§4.5)."""
@@ -297,9 +373,10 @@ class Recorder:
         fwd = f"{prefix_api}.{n}.forward"
         if self.mix:
             self.api_parent(fwd)
-        track = self.want_bwd and torch.is_grad_enabled()
+        grad_on = torch.is_grad_enabled()
+        track = self.want_bwd and grad_on
         before: InputNodes = input_nodes(args, kwargs) if track else []
-        if not self.selected(fwd):
+        if self.filtered and not self.selected(fwd):
             out = func(*args, **kwargs)
             self._api_counts[prefix_api] = n + 1
             if before:  # not recorded, but it may change a recorded view in place
@@ -307,19 +384,27 @@ class Recorder:
             return out
         entry: dict[str, Any] | None = None
         self._dirty = True
+        # grad off around the tool's own tensor work (its copies), set directly: two per recorded call
         if self.want_fwd_in:
-            with grad_off():
+            _set_grad_enabled(False)
+            try:
                 entry = self.encode_inputs(fwd, *(shown or (args, kwargs)))
+            finally:
+                _set_grad_enabled(grad_on)
             self._data[fwd] = entry
         out = func(*args, **kwargs)
         self._api_counts[prefix_api] = n + 1
         if self.want_fwd_out:
-            with grad_off():
+            grad_now = torch.is_grad_enabled()  # the call may have changed it (torch.set_grad_enabled)
+            _set_grad_enabled(False)
+            try:
                 encoded = self.encode_output(fwd, out)
+            finally:
+                _set_grad_enabled(grad_now)
             if entry is None:
                 entry = self._data[fwd] = {}
             entry["output"] = encoded
-        if entry is not None and self.cfg.extra_info:
+        if entry is not None and self._extra_info:
             self.record_stack(fwd, frame)
         if track:
             self.api_backward.after_call(backward_of(fwd), out, before)
@@ -390,6 +475,7 @@ class Recorder:
             self._module_stack.pop()
         if not call.selected:
             return
+        self._dirty = True  # a flush since module_enter (stop() in the forward) wrote the entry without it
         entry = call.entry
         grad_on = torch.is_grad_enabled()
         with quiet():
@@ -510,6 +596,8 @@ class Recorder:
         writer thread after the files are completely written, and only if they were.
         """
         with self.lock, quiet():
+            self._chain.clear()  # held only while recording: frames keep their locals alive
+            self._chain_pos.clear()
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
@@ -543,6 +631,9 @@ class Recorder:
         self._stacks = []
         self._stack_index = {}
         self._stack_fast = {}
+        self._callers = {}
+        self._chain.clear()
+        self._chain_pos.clear()
         return docs
 
     def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: _Stacks,

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import zlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -98,6 +99,7 @@ Stage = Callable[[torch.Tensor, Callable[[torch.Tensor], object]], None]
 #: an md5 now, or a one-slot box the writer thread fills
 _Digest = str | list[str | None]
 _Parameter = torch.nn.Parameter
+_STRIDED = torch.strided
 _is_functional = torch._is_functional_tensor
 _noted: set[str] = set()  # reasons already logged in this process
 
@@ -109,6 +111,10 @@ def note_unreadable(reason: str, where: str) -> None:
         log.warning("parity: %s (%s): dtype and shape recorded, statistics left null", where, reason)
 
 
+#: (device, kind, the computation of a group's statistics, per tensor the leaves sharing them)
+_Pending = tuple[torch.device, int, Callable[[], torch.Tensor], list[list[dict[str, Any]]]]
+#: (tensor, version, the leaves it feeds, md5 or its box, shape)
+_Cached = tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None, torch.Size]
 #: (stacked chunks of statistics, 0-d statistics not stacked yet, per tensor the leaves sharing them)
 _Group = tuple[list[torch.Tensor], list[torch.Tensor], list[list[dict[str, Any]]]]
 
@@ -123,11 +129,26 @@ class StatsBuffer:
     #: garbage collector to walk, and a stack of 256 costs about one reduction
     CHUNK = 256
 
+    #: A contiguous tensor of at most this many elements is copied (one dispatch) instead of reduced (three):
+    #: at :meth:`resolve`, the copies of one (device, dtype, shape) are stacked and reduced row by row, four
+    #: kernels for all of them. Each row is reduced exactly as the tensor alone would be (same kernels, same
+    #: summation order, bit for bit: below torch's 32768-element grain a CPU reduction is never split
+    #: across threads); larger tensors keep their own reductions (a copy would cost memory bandwidth).
+    SMALL = 32768
+
+    #: Resolve early past this many staged elements (their copies are held until then).
+    MAX_STAGED = 16 << 20
+
     #: How many recent tensors the identity cache remembers (it holds references, so keep it small).
     CACHE_SIZE = 64
 
-    def __init__(self, *, md5: bool, stage: Stage | None = None, stage_cpu: bool = False) -> None:
+    def __init__(self, *, md5: bool, stage: Stage | None = None, stage_cpu: bool = False,
+                 fill_later: Callable[[Callable[[], object]], None] | None = None) -> None:  # fmt: skip
         self.md5 = md5
+        # ``fill_later(job)``: run ``job`` later, in order with what reads the leaves (the writer thread: its
+        # next job writes the documents): the leaves get their numbers (a Python loop over every leaf) and
+        # the staged copies are freed there, off the training thread; None: at once, in :meth:`resolve`
+        self._fill_later = fill_later
         # md5 of a tensor off the CPU: ``stage(tensor, consume)`` runs ``consume(host copy)`` on the writer
         # thread (BackgroundWriter.submit_host), so the training thread never waits for a copy per tensor;
         # ``stage_cpu``: CPU tensors too (the tests' stand-in for an accelerator)
@@ -136,14 +157,25 @@ class StatsBuffer:
         # (device, stat dtype, kind) -> its statistics (4 per float tensor, 2 per bool tensor, 1 per 0-d
         # tensor), and per tensor the leaves that share them
         self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
-        # id(tensor) -> (tensor, version, the leaves it feeds, md5 or its box); holding the tensor keeps its
-        # id unique
-        self._cache: dict[int, tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None]] = {}
+        # (device, stat dtype, kind, shape) -> the copies of small tensors, and per copy the leaves sharing it
+        self._staged: dict[tuple[torch.device, torch.dtype, int, torch.Size],
+                           tuple[list[torch.Tensor], list[list[dict[str, Any]]]]] = {}  # fmt: skip
+        self._staged_numel = 0
+        # id(tensor) -> see _Cached; holding the tensor keeps its id unique
+        self._cache: dict[int, _Cached] = {}
         self.pending = 0
         self.unreadable = 0  # leaves left null because their values could not be read
 
     def leaf(self, t: torch.Tensor, data_name: str | None = None) -> dict[str, Any]:
-        """The leaf dict of ``t``; statistics are queued, filled by the next :meth:`resolve`."""
+        """The leaf dict of ``t``; statistics are queued, filled by the next :meth:`resolve`.
+
+        The same tensor object at the same version (a call's output, the next call's input) gets the same
+        leaf dict back, written wherever it is recorded: its values are those of that one leaf (type, dtype,
+        shape and requires_grad checked; a leaf naming a tensor file is never shared)."""
+        hit = self._cache.get(id(t))
+        if (hit is not None and data_name is None and hit[0] is t and hit[1] == t._version
+                and hit[4] == t.shape and hit[2][0]["requires_grad"] is t.requires_grad):  # fmt: skip
+            return hit[2][0]
         dtype = t.dtype
         dstr = _DTYPE_STR.get(dtype)
         if dstr is None:
@@ -156,50 +188,62 @@ class StatsBuffer:
         }  # fmt: skip
         if data_name is not None:
             leaf["data_name"] = data_name
-        if t.is_meta or (cls is not _Tensor and cls is not _Parameter) or _is_functional(t):
+        # the same tensor object at the same version was readable and non-empty when it was cached
+        version = t._version
+        if hit is not None and hit[0] is t and hit[1] == version:
+            hit[2].append(leaf)
+            if hit[3] is not None:
+                self._set_md5(leaf, hit[3])
+            return leaf
+        plain = cls is _Tensor or cls is _Parameter
+        if not plain or t.is_meta or _is_functional(t):
             reason = unreadable(t)
             if reason is not None:
                 self.unreadable += 1
                 leaf["note"] = f"{reason}: values not readable, statistics null"
                 note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
                 return leaf
-        if t.numel() == 0 or dtype in _SKIP_DTYPES or t.layout is not torch.strided:
-            if self.md5 and t.layout is torch.strided:
+        numel = t.numel()
+        if numel == 0 or dtype in _SKIP_DTYPES or t.layout is not _STRIDED:
+            if self.md5 and t.layout is _STRIDED:
                 leaf["md5"] = crc32_hex(t)
             return leaf
-        version = t._version
-        hit = self._cache.get(id(t))
-        if hit is not None and hit[0] is t and hit[1] == version:
-            hit[2].append(leaf)
-            if hit[3] is not None:
-                self._set_md5(leaf, hit[3])
-            return leaf
+        sharing = [leaf]
         try:
-            kind, vals = _reductions(t)
+            if numel <= self.SMALL and t.dim() and plain and t.is_contiguous():
+                kind, copy = (_FULL, t.clone()) if t.is_floating_point() else _staged_copy(t)
+                skey = (t.device, copy.dtype, kind, t.shape)
+                staged = self._staged.get(skey)
+                if staged is None:
+                    staged = self._staged[skey] = ([], [])
+                staged[0].append(copy)
+                staged[1].append(sharing)
+                self._staged_numel += numel
+            else:
+                kind, vals = _reductions(t)
+                key = (t.device, vals[0].dtype, kind)
+                group = self._groups.get(key)
+                if group is None:
+                    group = self._groups[key] = ([], [], [])
+                pending = group[1]
+                pending.extend(vals)
+                if len(pending) >= self.CHUNK:  # one tensor instead of CHUNK: fewer objects for the collector
+                    group[0].append(torch.stack(pending))
+                    pending.clear()
+                group[2].append(sharing)
             digest = self._md5(t) if self.md5 else None
         except Exception as exc:  # a tensor subclass that cannot run the reductions: never fail the step
             self.unreadable += 1
             note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {type(t).__name__} of dtype {dstr}")
             return leaf
-        key = (t.device, vals[0].dtype, kind)
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = ([], [], [])
-        pending = group[1]
-        pending.extend(vals)
-        if len(pending) >= self.CHUNK:  # one tensor instead of CHUNK: fewer objects for the collector
-            group[0].append(torch.stack(pending))
-            pending.clear()
-        sharing = [leaf]
-        group[2].append(sharing)
         if digest is not None:
             self._set_md5(leaf, digest)
         if len(self._cache) >= self.CACHE_SIZE:
             del self._cache[next(iter(self._cache))]
-        self._cache[id(t)] = (t, version, sharing, digest)
+        self._cache[id(t)] = (t, version, sharing, digest, t.shape)
         self.pending += 1
-        if self.pending >= self.MAX_PENDING:
-            self.resolve()
+        if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
+            self.resolve(later=False)  # here and now: a long step never holds more than this many copies
         return leaf
 
     def _md5(self, t: torch.Tensor) -> _Digest:
@@ -228,41 +272,59 @@ class StatsBuffer:
         """Drop the identity cache: for writes that do not bump ``_version`` (collectives write in C++)."""
         self._cache.clear()
 
-    def resolve(self) -> None:
-        """Move every pending statistic to the host (one copy per device) and fill the leaves."""
+    def resolve(self, *, later: bool = True) -> None:
+        """Take every pending statistic; reduce the staged copies, move the statistics to the host (one copy
+        per device) and fill the leaves: now, or in a ``fill_later`` job (off the training thread: a reader of
+        the leaves then waits for that job, as the documents' writer does); ``later=False``: now in any case.
+        """
+        # statistics may have been queued on any stream of their device (the user's side streams): wait for
+        # the whole device once, so that any stream (and thread) may read them
+        for device in {key[0] for key in self._groups} | {key[0] for key in self._staged}:
+            with contextlib.suppress(Exception):
+                synchronize(device)
+        groups: list[_Pending] = [
+            (device, kind, partial(_stack_chunks, chunks, pending), leaves)
+            for (device, _, kind), (chunks, pending, leaves) in self._groups.items()
+        ]
+        groups += [(device, kind, partial(_row_statistics, kind, copies), leaves)
+                   for (device, _, kind, _), (copies, leaves) in self._staged.items()]  # fmt: skip
+        self._groups = {}
+        self._staged = {}
+        self._staged_numel = 0
+        self._cache.clear()
+        self.pending = 0
+        if self._fill_later is None or not later:
+            self._finish(groups)
+        else:
+            self._fill_later(partial(self._finish, groups))
+
+    def _finish(self, groups: list[_Pending]) -> None:
+        """Compute each group's statistics, bring them to the host and fill the leaves (the copies held by
+        ``groups`` are released after the devices were waited for: no stream still reads them)."""
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         # per device: (offset into its host vector, kind, leaves) of each group
         layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
-        # statistics may have been queued on any stream of their device (the user's side streams): wait for
-        # the whole device once before this stream reads them
-        for device in {key[0] for key in self._groups}:
-            with contextlib.suppress(Exception):
-                synchronize(device)
-        for (device, _, kind), (chunks, pending, leaves) in self._groups.items():
-            try:
-                if pending:
-                    chunks.append(torch.stack(pending))
-                stacked = (chunks[0] if len(chunks) == 1 else torch.cat(chunks)).to(host_dtype(device))
-            except Exception as exc:  # an exotic device or subclass: these leaves keep null statistics
-                self.unreadable += len(leaves)
-                note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
-                continue
-            parts = by_device.setdefault(device, [])
-            offset = sum(p.numel() for p in parts)
-            parts.append(stacked)
-            layout.setdefault(device, []).append((offset, kind, leaves))
-        self._groups.clear()
-        self._cache.clear()
-        self.pending = 0
-        try:  # every device's copy queued, then each waited for: transfers of several devices overlap
-            hosts = to_host(by_device)
-        except Exception:  # one device failing must not cost the others their statistics
-            hosts = {}
-            for device, parts in by_device.items():
+        with quiet():
+            for device, kind, compute, leaves in groups:
                 try:
-                    hosts.update(to_host({device: parts}))
-                except Exception as exc:
+                    stacked = compute().to(host_dtype(device))
+                except Exception as exc:  # an exotic device or subclass: these leaves keep null statistics
+                    self.unreadable += len(leaves)
                     note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
+                    continue
+                parts = by_device.setdefault(device, [])
+                offset = sum(p.numel() for p in parts)
+                parts.append(stacked)
+                layout.setdefault(device, []).append((offset, kind, leaves))
+            try:  # every device's copy queued, then each waited for: transfers of several devices overlap
+                hosts = to_host(by_device)
+            except Exception:  # one device failing must not cost the others their statistics
+                hosts = {}
+                for device, parts in by_device.items():
+                    try:
+                        hosts.update(to_host({device: parts}))
+                    except Exception as exc:
+                        note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"statistics on {device}")
         for device, flat in hosts.items():
             host = flat.tolist()
             for offset, kind, leaves in layout[device]:
@@ -295,6 +357,34 @@ def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
         return _SCALAR, [x.clone()]
     mn, mx = torch.aminmax(x)
     return _FULL, [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
+
+
+def _staged_copy(x: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """A copy of a small contiguous ``x`` (not 0-d) in the dtype its statistics are computed in, and its kind:
+    what :func:`_row_statistics` reduces at the flush (the values as they are now, whatever happens later)."""
+    if x.dtype is torch.bool:
+        return _BOOL, x.clone()
+    if x.is_complex():
+        return _FULL, x.abs()
+    if not x.is_floating_point():
+        return _FULL, x.double() if x.device.type != "mps" else x.float()
+    return _FULL, x.clone()
+
+
+def _row_statistics(kind: int, copies: list[torch.Tensor]) -> torch.Tensor:
+    """The statistics of same-shape copies, flat in :func:`_fill`'s order: one row each, four kernels in all
+    (max, min, mean, norm; any and all for bool), the values :func:`_reductions` computes one by one."""
+    rows = torch.stack(copies).view(len(copies), -1)
+    if kind == _BOOL:
+        return torch.stack((rows.any(1), rows.all(1)), 1).view(-1)
+    return torch.stack((rows.amax(1), rows.amin(1), rows.mean(1), torch.linalg.vector_norm(rows, dim=1)),
+                       1).view(-1)  # fmt: skip
+
+
+def _stack_chunks(chunks: list[torch.Tensor], pending: list[torch.Tensor]) -> torch.Tensor:
+    if pending:
+        chunks.append(torch.stack(pending))
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
 def _fill(host: list[float], offset: int, kind: int, leaves: list[list[dict[str, Any]]]) -> None:

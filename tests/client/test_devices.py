@@ -78,6 +78,58 @@ def test_one_flush_of_several_devices_and_dtypes_never_fails(caplog: pytest.LogC
     assert buf.pending == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_small_tensors_batched_statistics_equal_their_own_reductions(device: str) -> None:
+    """Small tensors are copied and reduced row by row at the flush: every value is the one the tensor's
+    own reductions give (msprobe's torch.max/min/mean/norm), bit for bit, NaN and inf included; a tensor
+    updated in place after it was recorded keeps the statistics of its values when recorded."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        for shape in ((7,), (16, 48), (3, 5, 9), (300, 100), (40000,)):  # the last is past SMALL
+            for scale in (1e-3, 1.0, 1e3):
+                tensors.append(((torch.randn(shape, generator=gen) * scale) + 0.5).to(dtype))
+    tensors[1].view(-1)[3] = float("nan")
+    tensors[2].view(-1)[5] = float("inf")
+    tensors += [torch.arange(-6, 30).view(4, 9), torch.tensor([[True, False]]), torch.ones(2, 2).t()]
+    tensors = [t.to(device) for t in tensors]
+    expected = []
+    for t in tensors:
+        if t.dtype is torch.bool:
+            expected.append([t.any().item(), t.all().item()])
+            continue
+        x = t if t.is_floating_point() else t.double()
+        expected.append([v.item() for v in (x.max(), x.min(), x.mean(), torch.linalg.vector_norm(x))])
+    buf = StatsBuffer(md5=False)
+    with quiet():
+        leaves = [buf.leaf(t) for t in tensors]
+        for t in tensors:
+            t.zero_()  # after recording: the dump keeps the values as they were
+        buf.resolve()
+    for t, leaf, want in zip(tensors, leaves, expected, strict=True):
+        keys = ("Max", "Min") if t.dtype is torch.bool else ("Max", "Min", "Mean", "Norm")
+        got = [leaf[k] for k in keys]
+        # an accelerator's row reductions may sum in another order than its whole-tensor ones: a few ulps
+        rel = 0.0 if device == "cpu" or not t.is_floating_point() else 4 * torch.finfo(t.dtype).eps
+        assert got == pytest.approx(want, rel=rel, abs=0, nan_ok=True), (t.dtype, tuple(t.shape))
+
+
+def test_statistics_filled_later_except_when_a_long_step_resolves_early() -> None:
+    """The flush's reductions and fill run as a ``fill_later`` job (the writer thread's); a step that stages
+    more than ``MAX_STAGED`` elements resolves those at once, so no more copies than that are ever held."""
+    jobs: list[Any] = []
+    buf = StatsBuffer(md5=False, fill_later=jobs.append)
+    buf.MAX_STAGED = 8
+    with quiet():
+        early = [buf.leaf(torch.full((3,), float(i))) for i in range(3)]  # 9 elements: resolved at the third
+        late = buf.leaf(torch.tensor([1.0, 3.0]))
+        buf.resolve()
+    assert [leaf["Max"] for leaf in early] == [0.0, 1.0, 2.0] and not jobs[:-1]
+    assert late["Max"] is None and len(jobs) == 1
+    jobs[0]()
+    assert (late["Max"], late["Min"], late["Mean"]) == (3.0, 1.0, 2.0)
+
+
 def test_a_step_mixing_devices_is_dumped_whole(tmp_path: Path) -> None:
     """Real CPU calls and calls on a (fake) ``cuda:0`` in one step: the step's dump.json is written whole."""
     PrecisionDebugger(dump_path=str(tmp_path), level="L1")
