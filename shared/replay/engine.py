@@ -149,7 +149,11 @@ def _bound_size(func: Callable[..., Any], api: str, args: list[Any], kwargs: dic
     except Exception as exc:  # noqa: BLE001 - no meta kernel, or a data-dependent shape
         if api in _BOUNDED_WITHOUT_META:
             return
-        why = f"the size of its replay cannot be bounded beforehand ({type(exc).__name__})"
+        message = " ".join(str(exc).split())[:200]
+        if isinstance(exc, TypeError):  # the recorded arguments do not bind to the API's signature
+            why = f"its recorded arguments do not make a valid call of {api}: {message}"
+        else:
+            why = f"the size of its replay cannot be bounded beforehand ({type(exc).__name__}: {message})"
         raise ReplayRefusal(why) from None
     total = sum(int(t.numel()) for t in _tensors(out, []) if t is not None)
     if total > max_elements:

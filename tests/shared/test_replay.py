@@ -128,6 +128,21 @@ def test_randomness_unknown_apis_and_modules_are_refused(dumps: dict[str, Path])
     assert module.target.refusal is not None and module.target.refusal.startswith("module call")
 
 
+def test_recorded_arguments_that_do_not_fit_the_api_are_refused_with_its_message(
+        dumps: dict[str, Path], tmp_path: Path) -> None:  # fmt: skip
+    """A linear recorded without its weight (a damaged or hand-made dump) is refused by what binding the
+    arguments said, not as a replay whose size cannot be bounded."""
+    target = copy_dump(dumps["bench"], tmp_path / "rank0")
+    doc = json.loads(target.read_text())
+    doc["data"]["Functional.linear.0.forward"]["input_args"] = doc["data"]["Functional.linear.0.forward"][
+        "input_args"][:1]
+    target.write_text(json.dumps(doc))
+    v = one(target, dumps["bench"], "Functional.linear.0.forward")
+    assert v.target.refusal is not None, v.text
+    assert v.target.refusal.startswith("its recorded arguments do not make a valid call of linear: "), v.text
+    assert v.verdict is Verdict.UNDECIDED  # the bench replays, within rounding
+
+
 def test_a_custom_op_is_refused(tmp_path: Path) -> None:
     x = torch.randn(4, 4)
     dump = DumpBuilder("tensor").api("NPU.npu_fusion_attention.0.forward", inputs=[x, x, x], outputs=[x])
