@@ -153,7 +153,23 @@ def _sync(device: torch.device) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- dumpers
-class ParityDumper:
+class _Dumper:
+    """Both tools' debuggers share msprobe's surface: start(model), stop(), step()."""
+
+    dbg: Any
+
+    def start(self, model: nn.Module) -> None:
+        self.dbg.start(model)
+
+    def end_step(self) -> None:
+        self.dbg.stop()
+        self.dbg.step()
+
+    def close(self) -> None:
+        pass
+
+
+class ParityDumper(_Dumper):
     def __init__(self, dump_dir: Path, level: str, summary: str, async_dump: bool, task: str) -> None:
         from parity.client import PrecisionDebugger
 
@@ -166,18 +182,11 @@ class ParityDumper:
         cfg.write_text(json.dumps(body))
         self.dbg(str(cfg), dump_path=str(dump_dir), level=level)
 
-    def start(self, model: nn.Module) -> None:
-        self.dbg.start(model)
-
-    def end_step(self) -> None:
-        self.dbg.stop()
-        self.dbg.step()
-
     def close(self) -> None:
         self.dbg.reset()
 
 
-class MsprobeDumper:
+class MsprobeDumper(_Dumper):
     """msprobe 8.3.3's ``PrecisionDebugger`` (only in msprobe's venv: one process per mode, a singleton)."""
 
     def __init__(self, dump_dir: Path, level: str, summary: str, async_dump: bool, task: str) -> None:
@@ -191,16 +200,6 @@ class MsprobeDumper:
         cfg = dump_dir.with_suffix(".json")
         cfg.write_text(json.dumps(body))
         self.dbg = PrecisionDebugger(config_path=str(cfg))
-
-    def start(self, model: nn.Module) -> None:
-        self.dbg.start(model)
-
-    def end_step(self) -> None:
-        self.dbg.stop()
-        self.dbg.step()
-
-    def close(self) -> None:
-        pass
 
 
 def entries_of_last_step(dump_dir: Path) -> int:
