@@ -33,11 +33,16 @@ _TARGET = ("NPU Dtype", "NPU max", "NPU min")
 _BENCH = ("Bench max", "Bench min")
 
 
+_NUMBERS = frozenset({float, int, type(None)})
+
+
 def _column(rows: Sequence[CompareRow], col: int) -> np.ndarray:
-    """A statistics column as float64, NaN where a cell is no number."""
+    """A statistics column as float64, NaN where a cell is no number (None, a text, a bool's any/all)."""
     cells = [row.cells[col] for row in rows]
-    return np.fromiter((float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) else np.nan
-                        for c in cells), dtype=np.float64, count=len(cells))  # fmt: skip
+    if set(map(type, cells)) <= _NUMBERS:  # the common column: one C-level conversion (None -> NaN)
+        return np.array(cells, dtype=np.float64)
+    return np.fromiter((c if type(c) in _NUMBERS and c is not None else np.nan for c in cells),
+                       dtype=np.float64, count=len(cells))  # fmt: skip
 
 
 def _fits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +70,8 @@ def held_screen(rows: Sequence[CompareRow], states: Sequence[str], header: Seque
     if n == 0 or not all(name in header for name in (*_TARGET, *_BENCH)):
         return np.zeros(n, dtype=bool)
     dtype_col = header.index("NPU Dtype")
-    wide = np.fromiter((row.cells[dtype_col] in _WIDE for row in rows), dtype=bool, count=len(rows))
+    wide = np.fromiter(map(_WIDE.__contains__, (row.cells[dtype_col] for row in rows)), dtype=bool,
+                       count=len(rows))  # fmt: skip
     t_max, t_min, b_max, b_min = (_column(rows, header.index(name)) for name in (*_TARGET[1:], *_BENCH))
     with np.errstate(invalid="ignore"):
         stats = wide & np.isfinite(t_max) & np.isfinite(t_min)
