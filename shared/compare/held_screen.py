@@ -31,8 +31,6 @@ __all__ = ["held_screen"]
 _WIDE = frozenset({"torch.float32", "torch.float64", "float32", "float64"})
 _TARGET = ("NPU Dtype", "NPU max", "NPU min")
 _BENCH = ("Bench max", "Bench min")
-
-
 _NUMBERS = frozenset({float, int, type(None)})
 
 
