@@ -86,6 +86,7 @@ from parity.shared.compare.expected_error import (
     unit_roundoff,
 )
 from parity.shared.compare.headers import CompareMode
+from parity.shared.compare.held_screen import held_screen
 from parity.shared.compare.result import CompareRow, Suspect, SystematicFinding
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT
 
@@ -295,6 +296,8 @@ class JudgedCalls:
     #: each call's noise floor and its class's systematic background (the float64 replay's expected level)
     floor: np.ndarray = field(default_factory=lambda: np.zeros(0))
     background: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: each call screened in as a held-format candidate for the float64 replay (``held_screen``; tensor mode)
+    held: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def evidence(self, k: int) -> CallEvidence:
         """Call ``k`` as a ``CallEvidence``."""
@@ -529,8 +532,9 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
 
     collective = np.fromiter((a.startswith(_COLLECTIVE_PREFIX) for a in apis), dtype=np.int64, count=n)
     before = np.cumsum(collective) - collective
+    held = held_screen(rows, states, header, cols) if mode is CompareMode.TENSOR else np.zeros(n, dtype=bool)
     judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares, own, classes,
-                               call_floor, background)  # fmt: skip
+                               call_floor, background, held)  # fmt: skip
     suspects = [judged_calls.evidence(k) for k in np.flatnonzero(scores >= threshold).tolist()]
     first = first_divergence(i_err, suspects)
     if mode is CompareMode.MD5:

@@ -8,14 +8,18 @@ first call of a class that carries into every later call (it reads as a systemat
 each side's own recorded inputs sees both: the faulty call's recorded output is far from its own float64
 replay, while a correct call is within its rounding.
 
-Candidates (bounded: at most ``limit + 2 + (1 + 2 * CLASS_SAMPLES)`` per systematic finding, each replay
-capped by the replay's own element and flop caps, ``parity.shared.replay.engine``):
+Candidates (bounded: at most ``limit + 1 + HELD_LIMIT``, plus ``1 + 2 * CLASS_SAMPLES`` per systematic
+finding, each replay capped by the replay's own element and flop caps, ``parity.shared.replay.engine``):
 
 * the ``limit`` calls with the highest table score, below the suspect threshold too, that compute (a copy,
   view or cast, ``_NO_ARITHMETIC``, is the table's own check again);
 * the first divergence;
 * each systematic finding's first call (the one that would be a fault), and CLASS_SAMPLES more calls of its
-  class in each direction, whose replays give the level the class differs by on the target.
+  class in each direction, whose replays give the level the class differs by on the target;
+* the first HELD_LIMIT calls (in execution order) the held-format screen names (``held_screen``: a float32
+  output whose recorded max and min are float16 or bfloat16 values while its inputs' are not), whatever their
+  table score: a float16 kernel on a TF32 target can rank among the last by its error, while the replay's
+  held-format check names it at once.
 
 Each verdict's target side is then judged against its expected level, not rounding alone: the replay's
 allowance (``expected_error.replay_allowance``), the pair's noise floor and its class's level (the median of
@@ -48,7 +52,9 @@ from parity.shared.compare.result import SystematicFinding
 from parity.shared.errors import ParityError
 from parity.shared.replay.verdicts import ReplayVerdict, Verdict, verdict_of
 
-__all__ = ["CLASS_SAMPLES", "LEVEL_MARGIN", "Replayer", "candidates", "judge_with_replay", "rejudge"]
+__all__ = [
+    "CLASS_SAMPLES", "HELD_LIMIT", "LEVEL_MARGIN", "Replayer", "candidates", "judge_with_replay", "rejudge",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,9 @@ logger = logging.getLogger(__name__)
 Replayer = Callable[[Sequence[str]], Sequence[ReplayVerdict]]
 #: Calls of a systematic class replayed beside its first, per direction, to learn the class's level.
 CLASS_SAMPLES = 3
+#: Calls the held-format screen adds to the replay, at most (the earliest: a fault's first call is the one
+#: to find, and a table with many held outputs, a model run in half precision on one side, needs no more).
+HELD_LIMIT = 8
 #: A correct call's distance from its replay spreads about its class's level (TF32 matmuls of one model: 0.5x
 #: to 2x the median) and the pair's floor: beyond this many times them the call's kernel is wrong.
 LEVEL_MARGIN = 3.0
@@ -95,6 +104,9 @@ def candidates(loc: Localization, limit: int) -> list[str]:
                        if c == finding.api_class and d == direction and a != finding.first and _replayable(a)]
             for api in members[:CLASS_SAMPLES]:
                 picked.setdefault(api)
+    held = [apis[k] for k in np.flatnonzero(judged.held).tolist() if _replayable(apis[k])]
+    for api in held[:HELD_LIMIT]:
+        picked.setdefault(api)
     return list(picked)
 
 
