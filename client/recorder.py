@@ -68,6 +68,32 @@ def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
     return out
 
 
+def grads_hook(tensors: list[Tensor], fn: Callable[[Sequence[Tensor | None]], None]) -> None:
+    """``fn(grads)`` once the gradients of all ``tensors`` arrived (``register_multi_grad_hook``, mode all).
+
+    Most modules take and return one tensor: its own hook is the same event (it fires once per backward,
+    with that gradient) without the multi-hook's per-call closures, lock and graph-task bookkeeping."""
+    if len(tensors) == 1:
+        tensors[0].register_hook(partial(_one_grad, fn))
+    else:
+        register_multi_grad_hook(tensors, fn)
+
+
+def _one_grad(fn: Callable[[Sequence[Tensor | None]], None], grad: Tensor) -> None:
+    fn((grad,))
+
+
+def own_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``module.named_parameters(recurse=False)`` without its generator machinery (called per forward)."""
+    seen: set[int] = set()
+    out = []
+    for name, p in module._parameters.items():
+        if p is not None and id(p) not in seen:
+            seen.add(id(p))
+            out.append((name, p))
+    return out
+
+
 def param_grad_name(prefix: str) -> str:
     """``Module.{path}.{Class}.parameters_grad``: msprobe 8.3.3's name, no counter (one entry a step)."""
     return f"{prefix}.parameters_grad"
@@ -457,7 +483,7 @@ class Recorder:
                 if self.want_bwd_out and grad_on:
                     ins = grad_tensors(args, grad_tensors(kwargs, []))
                     if ins:
-                        register_multi_grad_hook(ins, partial(self.module_input_grads, backward_of(name)))
+                        grads_hook(ins, partial(self.module_input_grads, backward_of(name)))
             if self.cfg.extra_info:
                 self.record_stack(name, frame)
         # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
@@ -483,9 +509,9 @@ class Recorder:
                 if entry is None:
                     entry = {}
                 entry["output"] = self.encode_output(name, output)
+                params = own_parameters(module)
                 entry["parameters"] = {  # present, maybe empty, as msprobe writes it
-                    p: self.tensor_leaf(t, name, "parameters", (p,))
-                    for p, t in module.named_parameters(recurse=False)
+                    p: self.tensor_leaf(t, name, "parameters", (p,)) for p, t in params
                 }
             if entry is not None:
                 self._data.pop(name, None)
@@ -494,7 +520,7 @@ class Recorder:
             if self.want_bwd and grad_on and prefix not in self._param_grads:
                 # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
                 # ``[null]`` per trainable parameter, filled when the gradient arrives
-                slots = {p: [None] for p, t in module.named_parameters(recurse=False) if t.requires_grad}
+                slots = {p: [None] for p, t in own_parameters(module) if t.requires_grad}
                 if slots:
                     self._param_grads[prefix] = slots
                     self._data[param_grad_name(prefix)] = slots
@@ -502,7 +528,7 @@ class Recorder:
                 outs = grad_tensors(output, [])
                 bname = backward_of(name)
                 if outs:
-                    register_multi_grad_hook(outs, partial(self.module_output_grads, bname))
+                    grads_hook(outs, partial(self.module_output_grads, bname))
                 if len(outs) == 1 and outs[0]._is_view():  # its hook is lost if it is updated in place
                     self.api_backward.watch_view(outs[0], partial(self._module_rebased, bname))
 
