@@ -180,3 +180,56 @@ def test_module_output_view_changed_in_place_keeps_its_backward(tmp_path: Path) 
         assert f"{name}.backward.0" in data, name
     g = _saved(tensors, data["Module.fc1.Linear.backward.0"]["input"][0])
     torch.testing.assert_close(g, ref["fc1"].view(2, 4, 8), rtol=0, atol=0)
+
+
+class _Pair(nn.Module):
+    """Two grad-requiring inputs (the multi-grad hook) around a one-input module (a tensor's own hook)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.fc(a) * b
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = _Pair()
+        self.grads: Grads | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x * 2, x + 1
+        _keep(self.grads, "a", a)
+        _keep(self.grads, "b", b)
+        out = self.pair(a, b)
+        _keep(self.grads, "out", out)
+        return out * out  # the module's output used twice: its gradient is the sum
+
+
+def test_module_backward_of_one_and_of_two_inputs(tmp_path: Path) -> None:
+    """A module's backward ``input`` is its output's gradient and ``output`` its inputs' gradients, whether
+    it has one grad-requiring tensor (its own hook) or several (a multi-grad hook): equal to plain hooks."""
+    torch.manual_seed(0)
+    model, x = _TwoInputs(), torch.randn(3, 4, requires_grad=True)
+    ref: Grads = {}
+    model.grads = ref
+    model(x).sum().backward()
+    model.grads = None
+    model.zero_grad()
+    PrecisionDebugger(dump_path=str(tmp_path), level="L0", task="tensor")
+    PrecisionDebugger.start(model)
+    model(x).sum().backward()
+    PrecisionDebugger.stop()
+    PrecisionDebugger.step()
+    data = load_data(tmp_path)
+    tensors = tmp_path / "step0" / "rank0" / "dump_tensor_data"
+    pair = data["Module.pair._Pair.backward.0"]
+    assert len(pair["input"]) == 1 and len(pair["output"]) == 2
+    torch.testing.assert_close(_saved(tensors, pair["input"][0]), ref["out"], rtol=0, atol=0)
+    torch.testing.assert_close(_saved(tensors, pair["output"][0]), ref["a"], rtol=0, atol=0)
+    torch.testing.assert_close(_saved(tensors, pair["output"][1]), ref["b"], rtol=0, atol=0)
+    fc = data["Module.pair.fc.Linear.backward.0"]
+    assert len(fc["input"]) == 1 and len(fc["output"]) == 1
+    torch.testing.assert_close(_saved(tensors, fc["output"][0]), ref["a"], rtol=0, atol=0)
