@@ -159,11 +159,10 @@ class _LinearThenInplaceReLU(nn.Module):
         return self.fc2(self.act(h))
 
 
-def test_module_output_view_changed_in_place_keeps_its_backward(tmp_path: Path) -> None:
-    """The module analogue (L0, no API recorded): ``nn.Linear`` of a 3-D input followed by
-    ``nn.ReLU(inplace=True)`` lost ``Module.fc1.Linear.backward.0``."""
-    torch.manual_seed(0)
-    model, x = _LinearThenInplaceReLU(), torch.randn(2, 4, 8)
+def _reference_then_l0_dump(model: nn.Module, x: torch.Tensor, tmp_path: Path
+                            ) -> tuple[Grads, dict[str, Any], Path]:  # fmt: skip
+    """The gradients plain tensor hooks see (``model.grads``), then the same step dumped at L0 in tensor
+    mode: the reference, the dump's entries and its tensor folder."""
     ref: Grads = {}
     model.grads = ref
     model(x).sum().backward()
@@ -174,8 +173,15 @@ def test_module_output_view_changed_in_place_keeps_its_backward(tmp_path: Path) 
     model(x).sum().backward()
     PrecisionDebugger.stop()
     PrecisionDebugger.step()
-    data = load_data(tmp_path)
-    tensors = tmp_path / "step0" / "rank0" / "dump_tensor_data"
+    return ref, load_data(tmp_path), tmp_path / "step0" / "rank0" / "dump_tensor_data"
+
+
+def test_module_output_view_changed_in_place_keeps_its_backward(tmp_path: Path) -> None:
+    """The module analogue (L0, no API recorded): ``nn.Linear`` of a 3-D input followed by
+    ``nn.ReLU(inplace=True)`` lost ``Module.fc1.Linear.backward.0``."""
+    torch.manual_seed(0)
+    model, x = _LinearThenInplaceReLU(), torch.randn(2, 4, 8)
+    ref, data, tensors = _reference_then_l0_dump(model, x, tmp_path)
     for name in ("Module.fc1.Linear", "Module.act.ReLU", "Module.fc2.Linear"):
         assert f"{name}.backward.0" in data, name
     g = _saved(tensors, data["Module.fc1.Linear.backward.0"]["input"][0])
@@ -213,18 +219,7 @@ def test_module_backward_of_one_and_of_two_inputs(tmp_path: Path) -> None:
     it has one grad-requiring tensor (its own hook) or several (a multi-grad hook): equal to plain hooks."""
     torch.manual_seed(0)
     model, x = _TwoInputs(), torch.randn(3, 4, requires_grad=True)
-    ref: Grads = {}
-    model.grads = ref
-    model(x).sum().backward()
-    model.grads = None
-    model.zero_grad()
-    PrecisionDebugger(dump_path=str(tmp_path), level="L0", task="tensor")
-    PrecisionDebugger.start(model)
-    model(x).sum().backward()
-    PrecisionDebugger.stop()
-    PrecisionDebugger.step()
-    data = load_data(tmp_path)
-    tensors = tmp_path / "step0" / "rank0" / "dump_tensor_data"
+    ref, data, tensors = _reference_then_l0_dump(model, x, tmp_path)
     pair = data["Module.pair._Pair.backward.0"]
     assert len(pair["input"]) == 1 and len(pair["output"]) == 2
     torch.testing.assert_close(_saved(tensors, pair["input"][0]), ref["out"], rtol=0, atol=0)
