@@ -227,6 +227,17 @@ class JobRepository:
             self.finish(job, "failed", error=message, now=now)
         return job
 
+    def cancel(self, kind: str, subject: str, message: str, now: datetime) -> int:
+        """Fail the unfinished jobs of ``kind`` about ``subject`` with ``message``; how many. A running one
+        sees it at its heartbeat's next look (its attempt no longer holds a running job) and stops."""
+        result = self.session.execute(
+            update(Job)
+            .where(Job.kind == kind, Job.subject == subject, Job.status.in_(("queued", "running")))
+            .values(status="failed", error=message, finished_at=now, lease_expires_at=None)
+            .execution_options(synchronize_session=False)
+        )
+        return int(getattr(result, "rowcount", 0))
+
     def requeue_running(self, worker: str | None = None) -> int:
         """Put running jobs (of one dead ``worker``, or all of them) back in the queue; returns how many."""
         stmt = update(Job).where(Job.status == "running")

@@ -268,6 +268,24 @@ class ComparisonService:
         logger.info("comparison %s: task(s) %s queued again", comparison_id, ", ".join(k for _, k in keys))
         return public
 
+    def cancel(self, comparison_id: str) -> ComparisonPublic:
+        """Stop a queued or running comparison: its unfinished ranks fail as cancelled (a running one stops
+        within a second or two, ``jobs.lease``), the finished ones keep their rows; ``retry`` runs the
+        cancelled ranks again."""
+        with self.db.write() as session:
+            c = session.get(Comparison, comparison_id, with_for_update=True)
+            if c is None:
+                raise NotFound(f"comparison {comparison_id!r} not found")
+            if c.status not in ("queued", "running"):
+                raise Conflict(f"comparison {comparison_id} is {c.status}; only a queued or running one is "
+                               "cancelled")  # fmt: skip
+            now = utcnow()
+            JobRepository(session).cancel("rank", comparison_id, "cancelled", now)
+            c.status, c.error, c.finished_at, c.summary, c.headers = "failed", "cancelled", now, None, None
+            public = comparison_public(c, JobRepository(session).for_comparison(comparison_id))
+        logger.info("comparison %s cancelled", comparison_id)
+        return public
+
     def _require(self, session: Any, comparison_id: str) -> Comparison:
         c = ComparisonRepository(session).get(comparison_id)
         if c is None:

@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: ``progress(done, total)``: called by the engine as rows (or bytes) are compared.
+#: ``progress(done, total)``: called by the engine as rows (or bytes) are compared; ``(0, 0)`` between the
+#: phases of a rank reports nothing and only lets the caller stop the compare (by raising).
 ProgressCallback = Callable[[int, int], None]
 
 _ROW_LOG_COLUMNS = ("Cosine", "MaxAbsErr", "MaxRelativeErr", "Accuracy Reached or Not", "Err_message")
