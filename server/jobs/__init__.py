@@ -1,1 +1,1 @@
-"""Jobs: the backends (local process pool, Celery) and ``TaskRunner``, which claims a job and runs its work."""
+"""Jobs: the backends (local process pool, Celery) and ``TaskRunner``, which claims a job and runs it."""

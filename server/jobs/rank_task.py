@@ -199,4 +199,4 @@ class RankTask:
         xlsx, advisor = out_dir / "report.xlsx", out_dir / "advisor.txt"
         # the replay of the rank's top suspects reads their tensor files: fetch those this slice lacks
         return finish_rank(pair, parts, xlsx_path=xlsx, advisor_path=advisor, replay_top=options.replay_top,
-                           stage_files=files.stage)  # fmt: skip
+                           stage_files=files.stage, progress=lease.progress)  # fmt: skip

@@ -23,6 +23,7 @@ from parity.server.jobs.runner import job_lease
 from parity.server.migrate import upgrade
 from parity.server.models import Comparison, Run, utcnow
 from parity.shared.compare.engine import compare_dumps
+from parity.shared.compare.job import RankPair, compare_rank
 from parity.shared.compare.options import CompareOptions
 
 from tests.server.conftest import ServerProcess, build_dump, upload_run, wait_comparison
@@ -105,6 +106,10 @@ def test_a_statistics_rank_offers_its_caller_points_to_stop_between_phases(tmp_p
     calls: list[tuple[int, int]] = []
     compare_dumps(dump, dump, CompareOptions(), progress=lambda done, total: calls.append((done, total)))
     assert calls.count((0, 0)) >= 3  # reading, pairing, building the rows, highlighting
+    calls.clear()
+    compare_rank(RankPair(0, dump, dump), CompareOptions(), xlsx_path=tmp_path / "r.xlsx",
+                 advisor_path=tmp_path / "a.txt", progress=lambda d, t: calls.append((d, t)))  # fmt: skip
+    assert calls.count((0, 0)) >= 5  # and localizing, writing the xlsx
 
     class Cancelled(Exception):
         pass
