@@ -26,14 +26,24 @@ from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.job import RankPair, compare_rank
 from parity.shared.compare.options import CompareOptions
 
-from tests.server.conftest import ServerProcess, build_dump, upload_run, wait_comparison
+from tests.server.conftest import (
+    ServerProcess,
+    build_dump,
+    fresh_postgres_database,
+    postgres_url_or_skip,
+    upload_run,
+    wait_comparison,
+)
 from tests.server.test_validation import big_dump
 
 
 # -- the heartbeat, on the database alone -------------------------------------------------------------------
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Database]:
+    if request.param == "postgres":
+        url = fresh_postgres_database(postgres_url_or_skip())
+    else:
+        url = f"sqlite:///{tmp_path / 'jobs.db'}"
     upgrade(url)
     database = Database.connect(url)
     with database.write() as session:
