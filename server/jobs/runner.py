@@ -184,9 +184,11 @@ def job_lease(db: Database, job_id: JobId, attempt: int, seconds: float, *, what
             return JobRepository(session).renew(job_id, attempt, until, progress=noted)
 
     def alive() -> bool:
+        # Held while running, and once this attempt itself recorded its end (a slice that does not join,
+        # a skipped rank) until its block ends; lost when deleted, cancelled or failed, or claimed again.
         with db.read() as session:
             found = session.execute(select(Job.attempt, Job.status).where(Job.id == job_id)).first()
-        return found is not None and tuple(found) == (attempt, "running")
+        return found is not None and found[0] == attempt and found[1] in ("running", "succeeded", "skipped")
 
     def expire(message: str) -> None:
         comparison_id, rank_, slice_ = parse_task_id(job_id)

@@ -47,6 +47,7 @@ class ValidationTask:
         """Validate the claimed run and record the outcome; raises what the caller records."""
         problem, sidecars = self._validate(run_id, lease)
         lease.check()
+        lease.stop()  # the finishing write is guarded by its attempt; the baseline compare after may be slow
         self.finish(run_id, attempt, problem, sidecars)
 
     def _validate(self, run_id: str, lease: Lease) -> tuple[str | None, list[str]]:
