@@ -84,11 +84,7 @@ class Run(Base):
     auto_compare: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     # Never deleted by the retention sweep (revision 0006).
     keep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    # Revision 0009: the claim on the run's validation (status ``validating``), the rank tasks' protocol on
-    # the run row. Attempt counts the claims; the lease says until when a worker holds it (NULL: not claimed).
-    validation_attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    validation_lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    validation_worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # The validation that ``complete`` queues is a job (``jobs``, kind ``validate``, subject the run id).
 
     __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 
@@ -126,7 +122,8 @@ class RunFile(Base):
 
 
 class Comparison(Base):
-    """A compare job and, once it succeeded, its summary. The job queue *is* this table."""
+    """A comparison and, once it succeeded, its summary. Its work is one job per rank pair (``Job``, kind
+    ``rank``, subject the comparison id); the last job to finish merges the ranks into this row."""
 
     __tablename__ = "comparisons"
 
@@ -145,11 +142,6 @@ class Comparison(Base):
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # rank (as a string key) -> column header of that rank's rows; the ranks that have reports.
     headers: Mapped[dict[str, list[str]] | None] = mapped_column(JSON, nullable=True)
-    # Bumped each time a worker claims the job, so a stale worker cannot overwrite a newer attempt.
-    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    # While ``running``: until when the claiming worker holds the job (revision 0004). Its worker renews it
-    # every few seconds; once it has passed, the worker is presumed dead and another may claim the job.
-    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # Revision 0007: the bench run was its project's baseline when the comparison was queued; such
     # comparisons are the ones whose failing APIs are judged new or known.
     against_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
@@ -180,38 +172,52 @@ class ComparisonRow(Base):
     )
 
 
-class ComparisonTask(Base):
-    """One rank pair of a comparison: the unit a worker claims, runs and stores (revision 0005).
+class Job(Base):
+    """One unit of work on the job backends (revision 0012): claimed under a lease, renewed, finished.
 
-    The comparison fans out into one task per rank found in both runs; each task is claimed under a lease
-    (the protocol of ``Comparison`` before, per rank now), so a worker killed mid-rank loses that rank
-    only, and a failed rank is run again alone. A finished task keeps its rank's summary document and
-    header; the last task to finish merges them into the comparison's summary.
+    Two kinds share the table and the protocol (``JobRepository``):
+
+    * ``rank``: one rank pair of a comparison (``subject`` the comparison id), or one slice of it: a rank
+      pair over ``PARITY_TASK_MAX_BYTES`` is ``slices`` jobs, slice k comparing the k-th share of its calls,
+      and the slice that finds the others done joins them and holds the rank's result (``rows``,
+      ``summary``, ``header``);
+    * ``validate``: the validation of a run's dump.json files (``subject`` the run id), queued by
+      ``complete``; it makes the run ``complete`` or ``invalid``.
+
+    ``id`` is the job id the backends carry (``jobs.base``: ``{comparison}:{rank}[.{slice}]``,
+    ``validate:{run}``). A claim is one conditional UPDATE (``attempt`` + 1, a lease until
+    ``lease_expires_at``), so exactly one claimant wins; a worker that dies loses its job once the lease has
+    passed, and every write of an attempt is guarded by its number, so a stale worker cannot overwrite a newer
+    attempt. Status: queued → running → succeeded | failed | skipped (a side has no dump.json for the rank).
     """
 
-    __tablename__ = "comparison_tasks"
+    __tablename__ = "jobs"
 
-    comparison_id: Mapped[str] = mapped_column(
-        ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
-    )
-    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
-    # A rank pair over PARITY_TASK_MAX_BYTES is ``slices`` tasks, slice k comparing the k-th share of its
-    # calls (revision 0010); the slice that finds the others done joins them and holds the rank's result.
-    slice: Mapped[int] = mapped_column(Integer, primary_key=True, default=0, server_default="0")
+    id: Mapped[str] = mapped_column(String(96), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    subject: Mapped[str] = mapped_column(String(32))
+    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    slice: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     slices: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
-    # queued → running → succeeded | failed | skipped (a side has no dump.json for this rank)
-    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    status: Mapped[str] = mapped_column(String(16), default="queued")
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     worker: Mapped[str | None] = mapped_column(String(255), nullable=True)  # host:pid of the claimant
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A rank job's result: its rows' count, its summary document and its column header.
     rows: Mapped[int | None] = mapped_column(Integer, nullable=True)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     header: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    __table_args__ = (
+        Index("ix_jobs_subject", "kind", "subject", "rank", "slice"),
+        Index("ix_jobs_queue", "status", "queued_at"),
+        Index("ix_jobs_worker", "worker"),
+    )
 
 
 class ComparisonCall(Base):

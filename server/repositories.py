@@ -6,20 +6,19 @@ import hashlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any
 
+from parity.server.job_repository import JobRepository
 from parity.server.models import (
     Comparison,
     ComparisonCall,
     ComparisonCounts,
     ComparisonRow,
-    ComparisonTask,
     Run,
     RunFile,
     RunTag,
 )
-from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, text, update
+from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
 
@@ -164,7 +163,8 @@ class RunRepository:
         self.session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id.in_(cids)))
         self.session.execute(delete(ComparisonCall).where(ComparisonCall.comparison_id.in_(cids)))
         self.session.execute(delete(ComparisonCounts).where(ComparisonCounts.comparison_id.in_(cids)))
-        self.session.execute(delete(ComparisonTask).where(ComparisonTask.comparison_id.in_(cids)))
+        JobRepository(self.session).delete_for("rank", cids)
+        JobRepository(self.session).delete_for("validate", [run_id])
         self.session.execute(
             delete(Comparison).where(
                 or_(Comparison.target_run_id == run_id, Comparison.bench_run_id == run_id)
@@ -193,6 +193,7 @@ class ComparisonRepository:
 
     def delete(self, comparison_id: str) -> None:
         self.session.execute(delete(ComparisonRow).where(ComparisonRow.comparison_id == comparison_id))
+        JobRepository(self.session).delete_for("rank", [comparison_id])
         self.session.execute(delete(Comparison).where(Comparison.id == comparison_id))
 
     def filtered(
@@ -228,189 +229,6 @@ class ComparisonRepository:
         return next((c for c in candidates if c.ranks == ranks and (c.options or {}) == options), None)
 
 
-#: Statements ``claim_next`` tries before it gives up on a busy queue (PostgreSQL only needs more than one).
-CLAIM_NEXT_LOOKS = 4
-
-#: A task's id on the job backends: ``{comparison id}:{rank}``, or ``{comparison id}:{rank}.{slice}`` for a
-#: slice past the first of a rank split into slices (ids, never objects, travel to workers).
-TaskId = str
-
-
-def task_id(comparison_id: str, rank: int, slice_: int = 0) -> TaskId:
-    return f"{comparison_id}:{rank}" if slice_ == 0 else f"{comparison_id}:{rank}.{slice_}"
-
-
-def parse_task_id(value: TaskId) -> tuple[str, int, int]:
-    """``(comparison id, rank, slice)`` of a task id."""
-    comparison_id, sep, key = value.rpartition(":")
-    rank, dot, slice_ = key.partition(".")
-    if not sep or not rank.lstrip("-").isdigit() or (dot and not slice_.isdigit()):
-        raise ValueError(f"not a task id: {value!r} (expected COMPARISON:RANK or COMPARISON:RANK.SLICE)")
-    return comparison_id, int(rank), int(slice_ or 0)
-
-
-class TaskRepository:
-    """The per-rank tasks of comparisons: claim under a lease, renew, find the lapsed and the queued."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-
-    def for_comparison(self, comparison_id: str) -> list[ComparisonTask]:
-        stmt = select(ComparisonTask).where(ComparisonTask.comparison_id == comparison_id)
-        return list(self.session.scalars(stmt.order_by(ComparisonTask.rank, ComparisonTask.slice)))
-
-    def for_comparisons(self, comparison_ids: Sequence[str]) -> dict[str, list[ComparisonTask]]:
-        out: dict[str, list[ComparisonTask]] = defaultdict(list)
-        if comparison_ids:
-            stmt = select(ComparisonTask).where(ComparisonTask.comparison_id.in_(list(comparison_ids)))
-            for task in self.session.scalars(stmt.order_by(ComparisonTask.rank, ComparisonTask.slice)):
-                out[task.comparison_id].append(task)
-        return out
-
-    def claim(
-        self, comparison_id: str, rank: int, now: datetime, lease_seconds: float, worker: str, slice_: int = 0
-    ) -> int | None:
-        """Make the task running under a lease and return its new attempt number, if it is queued or running
-        under a lease that has passed (its worker died); else None. One conditional UPDATE, so exactly one
-        of any number of claimants wins (as ``ComparisonRepository.claim`` for whole jobs before)."""
-        t = ComparisonTask
-        result = self.session.execute(
-            update(t)
-            .where(t.comparison_id == comparison_id, t.rank == rank, t.slice == slice_, _task_claimable(now))
-            .values(status="running", attempt=t.attempt + 1, started_at=now, progress=0.0, error=None,
-                    worker=worker, lease_expires_at=now + timedelta(seconds=lease_seconds))
-            .execution_options(synchronize_session=False)
-        )  # fmt: skip
-        if getattr(result, "rowcount", 0) != 1:
-            return None
-        # The comparison is running from its first claimed task on (lock order: task row, then comparison).
-        self.session.execute(
-            update(Comparison)
-            .where(Comparison.id == comparison_id, Comparison.status == "queued")
-            .values(status="running", started_at=now)
-            .execution_options(synchronize_session=False)
-        )
-        return self.session.scalar(
-            select(t.attempt).where(t.comparison_id == comparison_id, t.rank == rank, t.slice == slice_)
-        )
-
-    def claimable(self, comparison_id: str, rank: int, now: datetime, slice_: int = 0) -> bool:
-        """Whether ``claim`` could take the task now: a read, so a worker handed a task that another has
-        taken already does not queue for SQLite's write lock to find out."""
-        t = ComparisonTask
-        found = self.session.scalar(
-            select(t.rank).where(t.comparison_id == comparison_id, t.rank == rank, t.slice == slice_,
-                                 _task_claimable(now))  # fmt: skip
-        )
-        return found is not None
-
-    def claim_next(self, now: datetime, lease_seconds: float, worker: str) -> tuple[TaskId, int] | None:
-        """Claim the oldest queued task, in one statement: (its id, its new attempt), or None when none is
-        queued. The local pool's workers pull their work with it: a look then a claim let two idle workers
-        pick the same task, and the loser waited for the write lock twice before its next look."""
-        t = ComparisonTask
-        oldest = (
-            select(t.comparison_id, t.rank, t.slice)
-            .where(t.status == "queued")
-            .order_by(t.queued_at, t.comparison_id, t.rank, t.slice)
-            .limit(1)
-        )
-        if self.session.get_bind().dialect.name == "postgresql":
-            oldest = oldest.with_for_update(skip_locked=True)  # two claimants take two different tasks
-        # A CTE, evaluated once: as ``IN (subquery)`` PostgreSQL may run the subquery again per row, and with
-        # SKIP LOCKED each run finds another task (one claim took two, measured).
-        picked = oldest.cte("picked")
-        claim = (
-            update(t)
-            .where(t.comparison_id == picked.c.comparison_id, t.rank == picked.c.rank)
-            .where(t.slice == picked.c.slice)
-            .where(t.status == "queued")
-            .values(status="running", attempt=t.attempt + 1, started_at=now, progress=0.0, error=None,
-                    worker=worker, lease_expires_at=now + timedelta(seconds=lease_seconds))
-            .returning(t.comparison_id, t.rank, t.slice, t.attempt)
-            .execution_options(synchronize_session=False)
-        )  # fmt: skip
-        claimed = self.session.execute(claim).first()
-        for _ in range(CLAIM_NEXT_LOOKS - 1 if claimed is None else 0):
-            # On PostgreSQL a row another claimant took between this statement's snapshot and its lock is
-            # dropped, not replaced by the next (LIMIT before the lock's recheck): look again while one is
-            # queued. (SQLite's write lock makes the first look final.) Bounded: a worker that still finds
-            # none looks again at its next wake-up.
-            if self.session.scalar(select(t.rank).where(t.status == "queued").limit(1)) is None:
-                break
-            claimed = self.session.execute(claim).first()
-            if claimed is not None:
-                break
-        if claimed is None:
-            return None
-        comparison_id, rank, slice_, attempt = claimed
-        self.session.execute(
-            update(Comparison)
-            .where(Comparison.id == comparison_id, Comparison.status == "queued")
-            .values(status="running", started_at=now)
-            .execution_options(synchronize_session=False)
-        )
-        return task_id(comparison_id, rank, slice_), attempt
-
-    def renew_lease(
-        self, comparison_id: str, rank: int, attempt: int, until: datetime, *, progress: float | None = None,
-        slice_: int = 0,
-    ) -> bool:
-        """Extend ``attempt``'s lease (and record its ``progress``, given one); False when that attempt no
-        longer holds the task."""
-        t = ComparisonTask
-        values: dict[str, Any] = {"lease_expires_at": until}
-        if progress is not None:
-            values["progress"] = progress
-        result = self.session.execute(
-            update(t)
-            .where(t.comparison_id == comparison_id, t.rank == rank, t.slice == slice_)
-            .where(t.attempt == attempt, t.status == "running")
-            .values(**values)
-            .execution_options(synchronize_session=False)
-        )
-        return bool(getattr(result, "rowcount", 0))
-
-    def expired_leases(self, now: datetime, limit: int) -> list[tuple[TaskId, datetime | None]]:
-        """(task id, lease expiry) of the running tasks whose lease has passed: their worker is gone."""
-        t = ComparisonTask
-        stmt = (
-            select(t.comparison_id, t.rank, t.slice, t.lease_expires_at)
-            .where(t.status == "running", _task_lease_passed(now))
-            .order_by(t.queued_at, t.comparison_id, t.rank, t.slice)
-            .limit(limit)
-        )
-        return [(task_id(cid, rank, k), lease) for cid, rank, k, lease in self.session.execute(stmt)]
-
-    def queued(self, limit: int, exclude: Sequence[TaskId] = ()) -> list[TaskId]:
-        """Queued tasks, oldest comparison first, ranks in order."""
-        t = ComparisonTask
-        stmt = (
-            select(t.comparison_id, t.rank, t.slice)
-            .where(t.status == "queued")
-            .order_by(t.queued_at, t.comparison_id, t.rank, t.slice)
-        )
-        skip = set(exclude)
-        out: list[TaskId] = []
-        for cid, rank, k in self.session.execute(stmt.limit(limit + len(skip))):
-            tid = task_id(cid, rank, k)
-            if tid not in skip:
-                out.append(tid)
-        return out[:limit]
-
-    def requeue_running(self, worker: str | None = None) -> int:
-        """Put running tasks (of one dead ``worker``, or all of them) back in the queue; returns how many."""
-        t = ComparisonTask
-        stmt = update(t).where(t.status == "running")
-        if worker is not None:
-            stmt = stmt.where(t.worker == worker)
-        result = self.session.execute(
-            stmt.values(status="queued", progress=0.0, lease_expires_at=None, worker=None)
-            .execution_options(synchronize_session=False)
-        )
-        return int(getattr(result, "rowcount", 0))
-
-
 def contains_text(column: ColumnElement[str], needle: str) -> ColumnElement[bool]:
     """``needle`` anywhere in ``column``, ignoring case, with ``%``, ``_`` and ``\\`` taken literally.
 
@@ -419,12 +237,3 @@ def contains_text(column: ColumnElement[str], needle: str) -> ColumnElement[bool
     """
     escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return column.ilike(f"%{escaped}%", escape="\\")
-
-
-def _task_lease_passed(now: datetime) -> ColumnElement[bool]:
-    return or_(ComparisonTask.lease_expires_at.is_(None), ComparisonTask.lease_expires_at < now)
-
-
-def _task_claimable(now: datetime) -> ColumnElement[bool]:
-    running = and_(ComparisonTask.status == "running", _task_lease_passed(now))
-    return or_(ComparisonTask.status == "queued", running)

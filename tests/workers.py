@@ -1,6 +1,7 @@
 """A validation worker in a thread of the test process, for in-process apps and services run with
-``workers=0`` (no local pool): the job backend's own ``Validator``, so runs completed there become
-``complete`` (or ``invalid``) as on a server, while comparisons stay queued for the test to run."""
+``workers=0`` (no local pool): the job backend's own ``TaskRunner``, taking validations only, so runs
+completed there become ``complete`` (or ``invalid``) as on a server, while comparisons stay queued for the
+test to run."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from parity.server.jobs.base import NullQueue
 from parity.server.jobs.runner import TaskRunner
-from parity.server.jobs.validation import Validator
 from parity.server.settings import Settings
 
 
@@ -18,10 +17,9 @@ def validate_waiting(settings: Settings) -> int:
     """Validate every run waiting for it, in this thread; returns how many were run."""
     runner = TaskRunner(settings, worker="test-validator")
     try:
-        validator = Validator.beside(runner, NullQueue())
         done = 0
-        while (run_id := validator.next_waiting()) is not None:
-            done += validator.run(run_id)
+        while runner.run_next(kinds=("validate",)):
+            done += 1
         return done
     finally:
         runner.close()
@@ -34,14 +32,10 @@ def validation_thread(settings: Settings, poll_s: float = 0.05) -> Iterator[None
 
     def work() -> None:
         runner = TaskRunner(settings, worker="test-validator")
-        validator = Validator.beside(runner, NullQueue())
         try:
             while not stop.is_set():
-                run_id = validator.next_waiting()
-                if run_id is None:
+                if not runner.run_next(kinds=("validate",)):
                     stop.wait(poll_s)
-                else:
-                    validator.run(run_id)
         finally:
             runner.close()
 

@@ -1,1 +1,1 @@
-"""Compare jobs: the ``JobQueue`` protocol, the local process pool, Celery, and ``TaskRunner`` (one rank)."""
+"""Jobs: the backends (local process pool, Celery) and ``TaskRunner``, which claims a job and runs it."""

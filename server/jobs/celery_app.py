@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from datetime import datetime
 from typing import Any
@@ -30,8 +31,9 @@ from celery import Celery
 from celery.signals import task_received, worker_init
 from parity.server.db import Database
 from parity.server.errors import ServiceError
+from parity.server.job_repository import JobRepository
+from parity.server.jobs.base import import_engine, validated_run, validation_id, worker_name
 from parity.server.models import utcnow
-from parity.server.repositories import TaskRepository
 from parity.server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -62,20 +64,17 @@ def make_celery(settings: Settings) -> Celery:
 
     @app.task(name=TASK_NAME)  # type: ignore[untyped-decorator]
     def run_rank(task_id: str) -> None:
-        _runner(settings).run(task_id)
+        _runner(settings, app).run(task_id)
 
     @app.task(name=VALIDATE_TASK_NAME)  # type: ignore[untyped-decorator]
     def validate_run(run_id: str) -> None:
-        from parity.server.jobs.validation import Validator
-
-        Validator.beside(_runner(settings), _Sender(app)).run(run_id)
+        _runner(settings, app).run(validation_id(run_id))
 
     @worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _import_engine(**_: Any) -> None:
         # In the worker's main process, before its pool processes are forked: they start with the engine
         # imported instead of paying for it in their first task.
-        from parity.server.jobs.runner import import_engine
-
+        _main_pid[:] = [os.getpid()]
         import_engine()
 
     # Connected once per process, whatever the number of apps built (each test builds its own).
@@ -86,7 +85,6 @@ def make_celery(settings: Settings) -> Celery:
 def _received(request: Any = None, **_: Any) -> None:
     """In a worker's main process, as a broker message arrives: the first mark of the task's timeline."""
     if request is not None and request.name in (TASK_NAME, VALIDATE_TASK_NAME) and request.args:
-        from parity.server.jobs.runner import worker_name
         from parity.server.jobs.timeline import log_received
 
         log_received(str(request.args[0]), worker_name())
@@ -111,8 +109,6 @@ class _Sender:
 
 def send(app: Celery, job_id: str) -> None:
     """One message for a rank task (``{comparison}:{rank}``) or a run's validation (``validate:{run}``)."""
-    from parity.server.jobs.validation import validated_run
-
     run_id = validated_run(job_id)
     if run_id is not None:
         app.tasks[VALIDATE_TASK_NAME].apply_async(args=[run_id])
@@ -121,15 +117,21 @@ def send(app: Celery, job_id: str) -> None:
 
 
 _runners: dict[int, Any] = {}
+#: The pid of the worker's main process (set at ``worker_init``): its prefork pool's processes differ.
+_main_pid: list[int] = []
 
 
-def _runner(settings: Settings) -> Any:
-    """One ``TaskRunner`` (a database pool, a store) per worker process, built on its first task."""
+def _runner(settings: Settings, app: Celery) -> Any:
+    """One ``TaskRunner`` (a database pool, a store) per worker process, built on its first task. A prefork
+    pool process may be ended by a lost or late job's heartbeat (Celery starts another; the message is
+    rejected and redelivered, and finds the job finished or gone); the worker's own process never is."""
     from parity.server.jobs.runner import TaskRunner
 
     runner = _runners.get(id(settings))
     if runner is None:
-        runner = _runners[id(settings)] = TaskRunner(settings, pull_next=True)
+        pool_child = bool(_main_pid) and os.getpid() != _main_pid[0]
+        runner = _runners[id(settings)] = TaskRunner(settings, pull_next=True, queue=_Sender(app),
+                                                     hard_stop=pool_child)  # fmt: skip
     return runner
 
 
@@ -150,12 +152,9 @@ class CeleryQueue:
         send(self.app, task_id)
 
     def start(self) -> None:
-        from parity.server.jobs.validation import ValidationRepository, validation_id
-
-        # Tasks queued while no server could send them (or whose message was lost) are sent again.
+        # Jobs queued while no server could send them (or whose message was lost) are sent again.
         with self.db.read() as session:
-            queued = [validation_id(r) for r in ValidationRepository(session).waiting(limit=100_000)]
-            queued += TaskRepository(session).queued(limit=100_000)
+            queued = JobRepository(session).queued(limit=100_000)
         for task_id in queued:
             self.submit(task_id)
         if queued:
@@ -172,15 +171,8 @@ class CeleryQueue:
 
     def resend_lapsed(self) -> list[str]:
         """Send the id of every running task whose lease has passed and was not yet sent for that lapse."""
-        from parity.server.jobs.validation import ValidationRepository, validation_id
-
         with self.db.read() as session:
-            now = utcnow()
-            lapsed = [
-                (validation_id(run_id), lease)
-                for run_id, lease in ValidationRepository(session).lapsed(now, LEASE_SCAN_LIMIT)
-            ]
-            lapsed += TaskRepository(session).expired_leases(now, LEASE_SCAN_LIMIT)  # fmt: skip
+            lapsed = JobRepository(session).lapsed(utcnow(), LEASE_SCAN_LIMIT)
         sent = [task_id for task_id, lease in lapsed
                 if task_id not in self._resent or self._resent[task_id] != lease]  # fmt: skip
         for task_id in sent:
@@ -197,8 +189,6 @@ class CeleryQueue:
         took 0.11 s: the Redis connection (about 0.1 s), the result backend's look-up (an entry-points
         scan, even with results ignored) and an import (measured with ``bench_scale.py --trace``).
         """
-        from parity.server.jobs import validation  # noqa: F401  (``send`` imports it)
-
         self.app.backend  # noqa: B018  (the look-up is the point)
         with self.app.producer_or_acquire() as producer:
             producer.connection.ensure_connection(max_retries=1)

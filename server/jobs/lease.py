@@ -10,6 +10,8 @@ the lost flag, the deadline and the progress throttle live here once.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -18,12 +20,22 @@ from datetime import datetime, timedelta
 from parity.server.jobs.limits import Deadline
 from parity.server.models import utcnow
 
-__all__ = ["PROGRESS_INTERVAL_S", "Lease", "LeaseLost"]
+__all__ = ["PROGRESS_INTERVAL_S", "STOP_GRACE_S", "Lease", "LeaseLost", "end_this_process"]
 
 logger = logging.getLogger(__name__)
 
 #: How often the heartbeat looks at the progress noted by the working thread (it writes only if it moved).
 PROGRESS_INTERVAL_S = 0.5
+#: How long the working thread has, once its work was deleted, cancelled or ran past its deadline, to notice
+#: (at its next ``check``) before the heartbeat ends the process (when it may: ``hard_stop``).
+STOP_GRACE_S = 1.0
+
+
+def end_this_process() -> None:
+    """What a stuck attempt's heartbeat does: SIGKILL this worker process. Its supervisor (the local pool,
+    Celery's prefork pool) starts another; the job it held is already recorded (failed at its deadline) or
+    gone (deleted), so nothing is lost, and the queue moves on."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class LeaseLost(Exception):
@@ -48,6 +60,13 @@ class Lease:
     With a ``timeout``, the heartbeat also wakes at the deadline and calls ``expire(message)`` to record the
     failure, even when the working thread is inside one long unit of work and will not call ``check`` for a
     while; the attempt guard drops whatever that thread records later.
+
+    Between renewals the heartbeat asks ``alive()`` (a read, every ``PROGRESS_INTERVAL_S``) whether the
+    attempt still holds its work, so a deletion or cancel is seen within half a second, not a third of the
+    lease. Once the work is lost or past its deadline, the working thread has ``STOP_GRACE_S`` to reach its
+    next ``check``; with ``hard_stop`` (a worker process of a pool, never a thread of the server or a test)
+    the heartbeat then ends the process (``stop_process``), so one long unit of work (a tensor pair, an xlsx
+    of a million rows) cannot keep a worker from the queue.
     """
 
     def __init__(
@@ -59,13 +78,17 @@ class Lease:
         why_lost: str,
         timeout: float | None = None,
         expire: Callable[[str], None] | None = None,
+        alive: Callable[[], bool] | None = None,
+        hard_stop: bool = False,
+        stop_process: Callable[[], None] = end_this_process,
     ) -> None:
         self.seconds = seconds
         self.what = what  # for the log: "comparison C rank R", "validation of run R"
         self.why_lost = why_lost
         self.deadline = Deadline(timeout)
         self.lost = threading.Event()
-        self._renew, self._expire = renew, expire
+        self._renew, self._expire, self._alive = renew, expire, alive
+        self.hard_stop, self._stop_process = hard_stop, stop_process
         self._done = threading.Event()
         self._fraction = 0.0  # set by the working thread; a float store is atomic under the GIL
         self._thread = threading.Thread(target=self._beat, name=f"parity-lease {what}", daemon=True)
@@ -100,6 +123,11 @@ class Lease:
             self._fraction = min(max(done / total, 0.0), 1.0) * 0.9  # the last tenth: reports and rows
 
     def _beat(self) -> None:
+        if self._watch():
+            self._stop_working_thread()
+
+    def _watch(self) -> bool:
+        """Renew until the work ends (False) or is lost or past its deadline (True)."""
         written, renewed = 0.0, time.monotonic()
         while not self._done.wait(self.deadline.cap(min(PROGRESS_INTERVAL_S, self.seconds / 3))):
             if self.deadline.passed():
@@ -111,17 +139,28 @@ class Lease:
                     continue
                 self.why_lost = "it ran past its time limit"
                 self.lost.set()
-                return
+                return True
             fraction = self._fraction
-            if fraction == written and time.monotonic() - renewed < self.seconds / 3:
-                continue
             try:
-                held = self._renew(utcnow() + timedelta(seconds=self.seconds), fraction)
+                if fraction == written and time.monotonic() - renewed < self.seconds / 3:
+                    if self._alive is None or self._alive():
+                        continue
+                    held = False
+                else:
+                    held = self._renew(utcnow() + timedelta(seconds=self.seconds), fraction)
+                    written, renewed = fraction, time.monotonic()
             except Exception:
                 logger.warning("%s: lease renewal failed; retrying", self.what, exc_info=True)
                 continue
-            written, renewed = fraction, time.monotonic()
             if not held:
                 logger.warning("%s: %s (its lease was lost)", self.what, self.why_lost)
                 self.lost.set()
-                return
+                return True
+        return False
+
+    def _stop_working_thread(self) -> None:
+        if not self.hard_stop or self._done.wait(STOP_GRACE_S):
+            return  # the working thread saw ``lost`` at its next check and left the ``with`` block
+        logger.warning("%s: %s, and its work did not stop within %.1f s; ending worker process %d", self.what,
+                       self.why_lost, STOP_GRACE_S, os.getpid())  # fmt: skip
+        self._stop_process()

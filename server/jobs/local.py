@@ -1,9 +1,9 @@
 """The default job backend: a pool of worker processes in the server, pulling rank tasks from the database.
 
 ``workers`` processes (``spawn``: the server never imports the compare engine itself) each loop: claim the
-oldest queued task (one statement, so two workers never pick the same one), run it, and claim the next in
-the transaction that stores it (``TaskRunner(pull_next=True)``), until none is queued; an idle worker
-sleeps until ``submit`` wakes it (or a second passes). A process is kept across tasks, so a task
+next queued job (one statement, so two workers never pick the same one; validations first), run it, and
+claim the next in the transaction that stores it (``TaskRunner(pull_next=True)``), until none is queued; an
+idle worker sleeps until ``submit`` wakes it (or a second passes). A process is kept across tasks, so a task
 costs a claim and its own work, not an interpreter start and the engine's imports. Each child dies with the
 server (``PR_SET_PDEATHSIG``), and the task's ``attempt`` counter stops a stale child from writing over a
 newer attempt in any case.
@@ -22,12 +22,10 @@ died with it).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import logging
 import multiprocessing
 import os
-import signal
 import sys
 import termios
 import threading
@@ -37,10 +35,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from parity.server.db import Database
-from parity.server.models import ComparisonTask
-from parity.server.repositories import TaskRepository
+from parity.server.job_repository import JobRepository
+from parity.server.jobs.base import JobId, die_with_parent, import_engine, parse_task_id, validated_run
 from parity.server.settings import Settings
-from sqlalchemy import select
 
 logger = logging.getLogger(__name__)
 
@@ -48,16 +45,6 @@ POLL_SECONDS = 1.0
 #: Claims of one task before a dying worker fails it instead of queueing it again (a rank that kills its
 #: worker every time, out of memory say, must not loop forever).
 MAX_ATTEMPTS = 3
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel kill this process when the server dies (even by SIGKILL)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
-        os._exit(1)
 
 
 class Bell:
@@ -94,20 +81,17 @@ class Bell:
 
 
 def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake: Bell) -> None:
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from parity.server.jobs.runner import TaskRunner, import_engine
-    from parity.server.jobs.validation import Validator
+    from parity.server.jobs.runner import TaskRunner
 
-    runner = TaskRunner(Settings(**settings_data), worker=name, pull_next=True)
-    validator = Validator.beside(runner, _Wake(wake))
+    # hard_stop: a deleted, cancelled or late job that does not stop within its grace ends this process;
+    # the supervisor starts another.
+    runner = TaskRunner(Settings(**settings_data), worker=name, pull_next=True, queue=_Wake(wake),
+                        hard_stop=True)  # fmt: skip
     import_engine()
     while True:
-        run_id = validator.next_waiting()  # first: a comparison of the run may be waiting for it
-        if run_id is not None:
-            validator.run(run_id)
-            continue
-        if not runner.run_next():
+        if not runner.run_next():  # validations first: a comparison of the run may be waiting for it
             wake.wait(POLL_SECONDS)
 
 
@@ -147,11 +131,8 @@ class LocalProcessQueue:
     def start(self) -> None:
         # Only one server runs a given database's local pool, so whatever is still "running" was
         # interrupted by the death of the previous server: it runs again, without waiting for its lease.
-        from parity.server.jobs.validation import ValidationRepository
-
         with self.db.write() as session:
-            requeued = TaskRepository(session).requeue_running()
-            requeued += ValidationRepository(session).requeue()
+            requeued = JobRepository(session).requeue_running()
         if requeued:
             logger.warning("%d task(s) interrupted by the last shutdown are queued again", requeued)
         self._stopping.clear()
@@ -194,38 +175,39 @@ class LocalProcessQueue:
             self._recover(name, f"worker process exited with code {proc.exitcode}")
 
     def _recover(self, worker: str, why: str) -> None:
-        """Queue again (or fail, past MAX_ATTEMPTS) the task or validation a dead worker held."""
-        from parity.server.jobs.runner import finish_failed
-        from parity.server.jobs.validation import recover
-
-        recover(self.db, worker, why, MAX_ATTEMPTS)
+        """Queue again (or fail, past MAX_ATTEMPTS) the jobs a dead worker held."""
+        with self.db.read() as session:
+            held = JobRepository(session).held_by(worker)
+        for job_id, attempt in held:
+            if attempt >= MAX_ATTEMPTS:
+                _fail(self.db, job_id, attempt, f"{why} (attempt {attempt})")
+            else:
+                logger.warning("job %s: %s; queued again", job_id, why)
+        with self.db.write() as session:
+            JobRepository(session).requeue_running(worker)
         self._wake.ring()
 
-        with self.db.read() as session:
-            t = ComparisonTask
-            held = session.execute(
-                select(t.comparison_id, t.rank, t.slice, t.attempt).where(t.status == "running",
-                                                                          t.worker == worker)
-            ).all()  # fmt: skip
-        for comparison_id, rank, slice_, attempt in held:
-            if attempt >= MAX_ATTEMPTS:
-                message = f"{why} (attempt {attempt})"
-                finish_failed(self.db, comparison_id, rank, attempt, message, slice_=slice_)
-                continue
-            with self.db.write() as session:
-                TaskRepository(session).requeue_running(worker)
-            logger.warning("comparison %s rank %d: %s; queued again", comparison_id, rank, why)
-            self._wake.ring()
-
     def _shutdown_children(self) -> None:
-        from parity.server.jobs.validation import ValidationRepository
-
         for name, proc in list(self._children.items()):
             proc.kill()
             proc.join(timeout=10)
             with self.db.write() as session:
-                requeued = TaskRepository(session).requeue_running(name)
-                requeued += ValidationRepository(session).requeue(name)
+                requeued = JobRepository(session).requeue_running(name)
             if requeued:
                 logger.info("worker %s stopped with the server; its task is queued again", name)
         self._children.clear()
+
+
+def _fail(db: Database, job_id: JobId, attempt: int, why: str) -> None:
+    """A job whose worker died ``MAX_ATTEMPTS`` times fails (a rank, or a run made ``invalid``): one that
+    kills its worker every time, out of memory say, must not loop forever."""
+    from parity.server.jobs.rank_store import finish_failed
+    from parity.server.jobs.validation_task import record_outcome
+
+    run_id = validated_run(job_id)
+    if run_id is not None:
+        record_outcome(db, run_id, attempt, f"validation failed: {why}")
+    else:
+        comparison_id, rank, slice_ = parse_task_id(job_id)
+        finish_failed(db, comparison_id, rank, attempt, why, slice_=slice_)
+    logger.warning("job %s failed: %s", job_id, why)

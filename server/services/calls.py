@@ -113,7 +113,7 @@ def rank_calls(
     comparison_id: str, rank: int, header: Sequence[str], rows: Iterable[tuple[int, str, str, str, str]]
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """(``comparison_calls`` records, row counts per status) of one rank: what its task stores with its rows
-    (``jobs/runner.py``), and what ``index_comparison`` builds for a comparison finished without them."""
+    (``jobs/rank_store.py``), and what ``index_comparison`` builds for a comparison finished without them."""
     calls, counts = summarize_rows(header, rows)
     records = [{"comparison_id": comparison_id, "rank": rank, "seq": seq, **c} for seq, c in enumerate(calls)]
     return records, counts

@@ -17,15 +17,14 @@ from typing import Any
 import anyio.to_thread
 from parity.server.db import Database
 from parity.server.errors import BadRequest, Conflict, NotFound, Unprocessable
+from parity.server.job_repository import JobRepository
 from parity.server.jobs.base import JobQueue
-from parity.server.models import Comparison, ComparisonRow, ComparisonTask, utcnow
+from parity.server.models import Comparison, ComparisonRow, Job, utcnow
 from parity.server.repositories import (
     ComparisonRepository,
     RunRepository,
-    TaskRepository,
     contains_text,
     serialize_on,
-    task_id,
 )
 from parity.server.schemas import (
     ComparisonCreate,
@@ -49,7 +48,7 @@ INLINE_SCAN_ROWS = 10_000
 REPORT_FILES = {"report.xlsx": "report.xlsx", "advisor.txt": "advisor.txt"}
 
 
-def comparison_public(c: Comparison, tasks: list[ComparisonTask] | None = None) -> ComparisonPublic:
+def comparison_public(c: Comparison, tasks: list[Job] | None = None) -> ComparisonPublic:
     tasks = tasks or []
     progress = c.progress
     if tasks and c.status in ("queued", "running"):
@@ -210,18 +209,13 @@ class ComparisonService:
                 comparison = Comparison(
                     id=uuid.uuid4().hex, target_run_id=target_id, bench_run_id=bench_id, step=step,
                     ranks=asked_ranks, options=options, status="queued", progress=0.0, created_at=now,
-                    attempt=0, against_baseline=against_baseline,
+                    against_baseline=against_baseline,
                 )  # fmt: skip
-                # One task per rank pair (per slice of a rank past task_max_bytes): the workers compare
-                # ranks side by side, and each is stored, retried and taken over on its own.
-                tasks = [
-                    ComparisonTask(comparison_id=comparison.id, rank=rank, slice=k, slices=slices[rank],
-                                   status="queued", attempt=0, progress=0.0, queued_at=now)
-                    for rank in ranks for k in range(slices[rank])
-                ]  # fmt: skip
                 session.add(comparison)
                 session.flush()
-                session.add_all(tasks)
+                # One job per rank pair (per slice of a rank past task_max_bytes): the workers compare
+                # ranks side by side, and each is stored, retried and taken over on its own.
+                tasks = JobRepository(session).add_rank_jobs(comparison.id, slices, now)
         if existing is not None:
             if existing.status == "failed":
                 logger.info("comparison %s asked for again after it failed: its failed ranks are retried",
@@ -234,7 +228,7 @@ class ComparisonService:
             return self.get(existing.id)
         # Enqueued only after the commit, so a worker always finds the row it is given.
         for t in tasks:
-            self.queue.submit(task_id(comparison.id, t.rank, t.slice))
+            self.queue.submit(t.id)
         logger.info("comparison %s queued (%s vs %s, step %s, %d rank(s), %d task(s))", comparison.id,
                     target_id, bench_id, step, len(ranks), len(tasks))  # fmt: skip
         return comparison_public(comparison, tasks)
@@ -258,23 +252,38 @@ class ComparisonService:
                 raise Conflict(
                     f"comparison {comparison_id} is {c.status}; only a failed comparison is retried"
                 )
-            tasks = TaskRepository(session).for_comparison(comparison_id)
+            jobs = JobRepository(session)
+            tasks = jobs.for_comparison(comparison_id)
             again = [t for t in tasks if t.status == "failed"]
             if not again:
                 raise Conflict(f"comparison {comparison_id} has no failed rank to retry")
-            now = utcnow()
-            for t in again:
-                t.status, t.error, t.progress, t.queued_at, t.finished_at = "queued", None, 0.0, now, None
-                t.lease_expires_at, t.worker = None, None
+            jobs.requeue(again, utcnow())
             c.status, c.error, c.finished_at, c.summary, c.headers = "running", None, None, None, None
-            keys = [(t.rank, t.slice) for t in again]
+            keys = [(t.id, f"rank {t.rank}{f' slice {t.slice}' if t.slice else ''}") for t in again]
             public = comparison_public(c, tasks)
         with self._lock:
             self._finished.pop(comparison_id, None)
-        for rank, k in keys:
-            self.queue.submit(task_id(comparison_id, rank, k))
-        logger.info("comparison %s: task(s) %s queued again", comparison_id,
-                    ", ".join(f"rank {r}" if k == 0 else f"rank {r} slice {k}" for r, k in keys))  # fmt: skip
+        for job_id, _ in keys:
+            self.queue.submit(job_id)
+        logger.info("comparison %s: task(s) %s queued again", comparison_id, ", ".join(k for _, k in keys))
+        return public
+
+    def cancel(self, comparison_id: str) -> ComparisonPublic:
+        """Stop a queued or running comparison: its unfinished ranks fail as cancelled (a running one stops
+        within a second or two, ``jobs.lease``), the finished ones keep their rows; ``retry`` runs the
+        cancelled ranks again."""
+        with self.db.write() as session:
+            c = session.get(Comparison, comparison_id, with_for_update=True)
+            if c is None:
+                raise NotFound(f"comparison {comparison_id!r} not found")
+            if c.status not in ("queued", "running"):
+                raise Conflict(f"comparison {comparison_id} is {c.status}; only a queued or running one is "
+                               "cancelled")  # fmt: skip
+            now = utcnow()
+            JobRepository(session).cancel("rank", comparison_id, "cancelled", now)
+            c.status, c.error, c.finished_at, c.summary, c.headers = "failed", "cancelled", now, None, None
+            public = comparison_public(c, JobRepository(session).for_comparison(comparison_id))
+        logger.info("comparison %s cancelled", comparison_id)
         return public
 
     def _require(self, session: Any, comparison_id: str) -> Comparison:
@@ -286,7 +295,7 @@ class ComparisonService:
     def get(self, comparison_id: str) -> ComparisonPublic:
         with self.db.read() as session:
             c = self._require(session, comparison_id)
-            return comparison_public(c, TaskRepository(session).for_comparison(comparison_id))
+            return comparison_public(c, JobRepository(session).for_comparison(comparison_id))
 
     def search(
         self, *, run: str | None, project: str | None, status: str | None, limit: int, offset: int
@@ -297,7 +306,7 @@ class ComparisonService:
                 run = resolve_run(RunRepository(session), run, project=project, field="run").id
             repo = ComparisonRepository(session)
             items, total = repo.page(repo.filtered(run=run, project=project, status=status), limit, offset)
-            tasks = TaskRepository(session).for_comparisons([c.id for c in items])
+            tasks = JobRepository(session).for_comparisons([c.id for c in items])
             return ComparisonsPublic(data=[comparison_public(c, tasks.get(c.id)) for c in items], count=total)
 
     def forget(self, comparison_ids: list[str]) -> None:
@@ -467,7 +476,7 @@ class ComparisonService:
             c = self._require(session, comparison_id)
             if c.status != "succeeded":
                 raise Conflict(f"comparison {comparison_id} is {c.status}; a summary exists once it succeeds")
-            tasks = TaskRepository(session).for_comparison(comparison_id)
+            tasks = JobRepository(session).for_comparison(comparison_id)
         # a sliced rank's result is on the slice that joined the others; the other slices hold no summary
         docs = [t.summary for t in tasks if t.status == "succeeded" and t.summary is not None]
         skipped = sorted({t.rank for t in tasks if t.status == "skipped"})

@@ -21,7 +21,8 @@ from datetime import datetime, timedelta
 
 from parity.server.db import Database
 from parity.server.disk import Reserve
-from parity.server.models import Comparison, ComparisonTask, Run, RunFile, utcnow
+from parity.server.job_repository import JobRepository
+from parity.server.models import Comparison, Run, RunFile, utcnow
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService
 from parity.server.store import BlobStore, sidecar_key
@@ -151,8 +152,7 @@ class RetentionService:
     def _busy_job_folders(self) -> list[str]:
         """Name prefixes of the staging folders of rank tasks running now (the runner's
         ``task-{id8}-r{rank}-``)."""
-        t = ComparisonTask
         with self.db.read() as session:
-            running = session.execute(select(t.comparison_id, t.rank).where(t.status == "running"))
-            return [f"task-{cid[:8]}-r{rank}-" for cid, rank in running]
+            running = JobRepository(session).running("rank")
+            return [f"task-{job.subject[:8]}-r{job.rank}-" for job in running]
 

@@ -22,6 +22,7 @@ from parity.server.errors import (
     StoreError,
     Unprocessable,
 )
+from parity.server.job_repository import JobRepository
 from parity.server.jobs.base import JobQueue, NullQueue
 from parity.server.models import Run, RunFile, RunTag, utcnow
 from parity.server.repositories import RunRepository, RunStats, serialize_on
@@ -355,14 +356,12 @@ class RunService:
     def complete(self, ref: str) -> RunPublic:
         """Queue the validation of every dump.json on the job backend and return at once (``validating``).
 
-        A worker parses the files (``jobs.validation``), never this process, and makes the run ``complete``
-        or ``invalid`` with the error naming file and entry. A run already complete or validating is
-        returned as it is; an ``invalid`` one is validated again (files may have been added since). From
-        here on no file can be added: an upload's transaction and this one lock the run row, so the files
-        validated are exactly those recorded before.
+        A worker parses the files (the run's ``validate`` job), never this process, and makes the run
+        ``complete`` or ``invalid`` with the error naming file and entry. A run already complete or
+        validating is returned as it is; an ``invalid`` one is validated again (files may have been added
+        since). From here on no file can be added: an upload's transaction and this one lock the run row,
+        so the files validated are exactly those recorded before.
         """
-        from parity.server.jobs.validation import validation_id
-
         with self.db.write() as session:
             repo = RunRepository(session)
             run = self._require(repo, ref, for_update=True)
@@ -372,8 +371,8 @@ class RunService:
             if not any(f.path.rsplit("/", 1)[-1] == "dump.json" for f in repo.files(run_id)):
                 raise Unprocessable(f"run {run_id}: no dump.json uploaded")
             run.status, run.error = "validating", None
-            run.validation_lease_expires_at, run.validation_worker = None, None
-        self.queue.submit(validation_id(run_id))  # after the commit: a worker always finds the run validating
+            job_id = JobRepository(session).queue_validation(run_id, utcnow())
+        self.queue.submit(job_id)  # after the commit: a worker always finds the run validating
         logger.info("run %s validating", run_id)
         return self.get(run_id)
 

@@ -196,13 +196,23 @@ def _table_part(
     tensor = mode is CompareMode.TENSOR
     header = full_header(mode, stack=stack_mode)
     missing: list[Path] = []
+
+    def phase_done() -> None:
+        # A statistics rank of a million rows is seconds of work with no tensor pair in it: its phases are
+        # where a caller (a server job) may stop it early (``progress`` raises when its job was cancelled).
+        if progress is not None:
+            progress(0, 0)  # no progress to report (total 0): only a point to stop at
+
     npu_rows = side_rows(npu, tensor_mode=tensor)
     bench_rows = side_rows(bench, tensor_mode=tensor)
+    phase_done()
     pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
+    phase_done()
     stack = stack_cells(npu_rows.apis, stacks) if stack_mode else None
     if mode is CompareMode.STATISTICS:
         table = build_statistics_rows(npu_rows, bench_rows, pairing.bench_index, fuzzy=options.fuzzy_match,
                                       stack=stack)  # fmt: skip
+        phase_done()
     else:
         table = Table()
         _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack)
@@ -221,6 +231,7 @@ def _table_part(
     elif progress is not None:
         progress(len(table.rows), len(table.rows))
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
+    phase_done()
     _finish_rows(table, header, mode)
     return TablePart(mode=mode.value, stack_mode=stack_mode, rows=table.rows, states=table.states,
                      missing_tensor_files=[str(f) for f in missing], calls=calls)  # fmt: skip

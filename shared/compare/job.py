@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: ``progress(done, total)``: called by the engine as rows (or bytes) are compared.
+#: ``progress(done, total)``: called by the engine as rows (or bytes) are compared; ``(0, 0)`` between the
+#: phases of a rank reports nothing and only lets the caller stop the compare (by raising).
 ProgressCallback = Callable[[int, int], None]
 
 _ROW_LOG_COLUMNS = ("Cosine", "MaxAbsErr", "MaxRelativeErr", "Accuracy Reached or Not", "Err_message")
@@ -171,7 +172,7 @@ def compare_rank(
     """
     part = compare_slice(pair, options, None, progress=progress, read_dump=read_dump)
     return finish_rank(pair, [part], xlsx_path=xlsx_path, advisor_path=advisor_path, highlight=highlight,
-                       log_rows=log_rows, replay_top=options.replay_top)  # fmt: skip
+                       log_rows=log_rows, replay_top=options.replay_top, progress=progress)  # fmt: skip
 
 
 def compare_slice(
@@ -223,6 +224,7 @@ def finish_rank(
     log_rows: bool = False,
     replay_top: int = REPLAY_TOP,
     stage_files: StageFiles | None = None,
+    progress: ProgressCallback | None = None,
 ) -> RankReport:
     """Join the parts of every slice of a rank (in call order) into its result; write its xlsx and advisor.
 
@@ -230,18 +232,25 @@ def finish_rank(
     rank-wide steps (localization, the float64 replay of about ``replay_top`` calls in tensor mode, advice,
     suspects) run here over all of them. ``pair`` names the dumps for the stack.json, the replay and the
     result's paths; ``stage_files`` fetches the replay's tensor files first where a worker holds only its
-    slice's.
+    slice's. ``progress`` gets ``(0, 0)`` between those steps (each is seconds for a million rows): a point
+    where a caller may stop the compare.
     """
     from parity.shared.compare import engine
+
+    def phase_done() -> None:
+        if progress is not None:
+            progress(0, 0)
 
     replayer = dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files) if replay_top > 0 else None
     result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path), replayer=replayer,
                              replay_top=replay_top)  # fmt: skip
     result.rank = pair.rank
     result.npu_path, result.bench_path = str(pair.npu_dump), str(pair.bench_dump)
+    phase_done()
     if log_rows:
         _log_rows(result)
     write_xlsx(result, xlsx_path, highlight=highlight)
+    phase_done()
     if advisor_path is not None:
         write_advisor(result, advisor_path)
     files = {"xlsx": xlsx_path.name, "advisor": advisor_path.name if advisor_path is not None else None}

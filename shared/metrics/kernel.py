@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from parity.shared.metrics.tensor import N_ACC, native_kernel
+from parity.shared.metrics.accumulators import N_ACC, native_kernel
 
 #: Whether :func:`fused_pass` is the C module's (else numba's).
 NATIVE = native_kernel()

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 from numba import njit
-from parity.shared.metrics.tensor import (
+from parity.shared.metrics.accumulators import (
     _BLOCK,
     _EPS32,
     _EPS64,

@@ -25,13 +25,33 @@ by the pair's size (``NUMPY_MAX_ELEMENTS``).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from parity.shared.metrics.accumulators import (  # noqa: F401  (re-exported: the engine's names for them)
+    _BLOCK,
+    _EPS32,
+    _EPS64,
+    A_BB,
+    A_DD,
+    A_DOT,
+    A_FIRST_MISMATCH,
+    A_LT1,
+    A_LT5,
+    A_MAX_ABS,
+    A_MAX_ABS_IDX,
+    A_MAX_RE,
+    A_MISMATCH,
+    A_NN,
+    KIND_BF16,
+    KIND_FP16,
+    KIND_NATIVE,
+    N_ACC,
+    native_kernel,
+)
 from parity.shared.tensor_io import RawTensor
 
 UNSUPPORTED = "unsupported"
@@ -59,13 +79,10 @@ MSG_MAX_REL_NAN = "Cannot compare by MaxRelativeError, the data contains nan/inf
 
 #: Cosine values above this are shown with 6 decimals instead of 12 (msprobe's ``COSINE_THRESHOLD``).
 COSINE_THRESHOLD = 0.9999
-_EPS64 = float(np.finfo(np.float64).eps)
-_EPS32 = float(np.finfo(np.float32).eps)
 
 #: Elements per segment: the unit a large tensor is split into; results never depend on how segments are
 #: spread over workers because their partial sums are always combined in segment order.
 SEGMENT_ELEMENTS = 1 << 22
-_BLOCK = 1024
 
 Metric = float | str
 
@@ -108,14 +125,6 @@ def format_value(value: float) -> float:
 
 # --- the fused kernel --------------------------------------------------------------------------------
 
-KIND_NATIVE = 0  # read the array's elements as they are (float32/64, ints, bools)
-KIND_BF16 = 1  # uint16 bit patterns of bfloat16
-KIND_FP16 = 2  # uint16 bit patterns of IEEE float16 (numba has no float16 arithmetic on CPU)
-
-# Indices into the accumulator vector the kernel returns.
-(A_DOT, A_NN, A_BB, A_DD, A_MAX_ABS, A_MAX_ABS_IDX, A_MAX_RE, A_LT1, A_LT5, A_MISMATCH,
- A_FIRST_MISMATCH) = range(11)  # fmt: skip
-N_ACC = 11
 
 
 #: A pair of up to this many elements takes the numpy pass, a larger one the compiled kernel (``.kernel``),
@@ -125,18 +134,6 @@ N_ACC = 11
 NUMPY_MAX_ELEMENTS = 1 << 16
 #: Elements the numpy pass holds at once (a whole number of blocks): its temporaries stay near 3 MB.
 NUMPY_CHUNK = 64 * _BLOCK
-
-
-@functools.cache
-def native_kernel() -> bool:
-    """Whether the compiled kernel is the C module's (``_fused.c``), which costs nothing to start, so every
-    pair takes it; else numba's, worth its start-up only for a large compare. Asking imports no numba."""
-    try:
-        from parity.shared.metrics import _fused  # type: ignore[attr-defined]
-    except ImportError:  # not built: no C compiler where the package was installed
-        return False
-    # A build left over from other constants would sum differently: numba's kernel reads them afresh.
-    return (_fused.BLOCK, _fused.N_ACC) == (_BLOCK, N_ACC)
 
 
 def _as_float64(arr: np.ndarray, kind: int) -> np.ndarray:

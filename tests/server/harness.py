@@ -23,7 +23,7 @@ from parity.server.db import Database
 from parity.server.jobs.base import NullQueue
 from parity.server.jobs.runner import TaskRunner
 from parity.server.migrate import upgrade
-from parity.server.models import ComparisonRow, ComparisonTask, RunFile
+from parity.server.models import ComparisonRow, Job, RunFile
 from parity.server.schemas import RunCreate
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService
@@ -126,7 +126,7 @@ class InProcess:
     def tasks(self, cid: str) -> dict[int, tuple[str, int]]:
         """``{rank: (status, attempt)}`` of a comparison's tasks (one slice a rank)."""
         with self.db.read() as session:
-            found = session.scalars(select(ComparisonTask).where(ComparisonTask.comparison_id == cid)).all()
+            found = session.scalars(select(Job).where(Job.kind == "rank", Job.subject == cid)).all()
             return {t.rank: (t.status, t.attempt) for t in found}
 
     def rank_bytes(self, run_ids: Sequence[str], rank: int) -> int:

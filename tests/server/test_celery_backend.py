@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import redis
 from parity.server.db import Database
+from parity.server.job_repository import JobRepository
 from parity.server.jobs.celery_app import CeleryQueue
 from parity.server.jobs.timeline import parse
 from parity.server.migrate import upgrade
-from parity.server.models import Comparison, ComparisonTask, Run, utcnow
-from parity.server.repositories import TaskRepository
+from parity.server.models import Comparison, Job, Run, utcnow
 from parity.server.settings import Settings
 
 from parity.demo import free_port
@@ -248,7 +248,7 @@ def attempt_of(data_dir: Path, cid: str) -> int:
     """The most claims any rank task of the comparison took, read from the server's SQLite database."""
     conn = sqlite3.connect(f"file:{data_dir / 'parity.db'}?mode=ro", uri=True)
     try:
-        row = conn.execute("SELECT MAX(attempt) FROM comparison_tasks WHERE comparison_id = ?", (cid,))
+        row = conn.execute("SELECT MAX(attempt) FROM jobs WHERE kind = 'rank' AND subject = ?", (cid,))
         return int(row.fetchone()[0])
     finally:
         conn.close()
@@ -299,8 +299,7 @@ def db_with_job(tmp_path: Path) -> Iterator[tuple[Database, str]]:
         session.flush()  # the run first: no ORM relationship orders the two inserts
         session.add(Comparison(id="c1", target_run_id="r1", bench_run_id="r1", options={}, status="queued"))
         session.flush()
-        session.add(ComparisonTask(comparison_id="c1", rank=0, status="queued", progress=0.0,
-                                   queued_at=utcnow()))  # fmt: skip
+        JobRepository(session).add_rank_jobs("c1", {0: 1}, utcnow())
     yield db, "c1"
     db.dispose()
 
@@ -308,7 +307,7 @@ def db_with_job(tmp_path: Path) -> Iterator[tuple[Database, str]]:
 def claim(db: Database, cid: str, at: datetime, lease_s: float = 60) -> int | None:
     """Claim rank 0 of comparison ``cid`` (the one task of the fixture's comparison)."""
     with db.write() as session:
-        return TaskRepository(session).claim(cid, 0, at, lease_s, worker="test")
+        return JobRepository(session).claim(f"{cid}:0", at, lease_s, worker="test")
 
 
 def test_a_live_lease_keeps_the_job_and_a_lapsed_one_gives_it_up(db_with_job: tuple[Database, str]) -> None:
@@ -317,18 +316,18 @@ def test_a_live_lease_keeps_the_job_and_a_lapsed_one_gives_it_up(db_with_job: tu
     assert claim(db, cid, now) == 1
     assert claim(db, cid, now + timedelta(seconds=59)) is None  # its worker still holds it
     with db.read() as session:
-        repo = TaskRepository(session)
-        assert repo.expired_leases(now + timedelta(seconds=59), 10) == []
-        assert [task for task, _ in repo.expired_leases(now + timedelta(seconds=61), 10)] == [f"{cid}:0"]
+        repo = JobRepository(session)
+        assert repo.lapsed(now + timedelta(seconds=59), 10) == []
+        assert [task for task, _ in repo.lapsed(now + timedelta(seconds=61), 10)] == [f"{cid}:0"]
         assert session.get_one(Comparison, cid).status == "running"  # from its first claimed rank on
     assert claim(db, cid, now + timedelta(seconds=61)) == 2  # the lease passed: its worker is gone
     with db.write() as session:
-        repo = TaskRepository(session)
-        assert not repo.renew_lease(cid, 0, 1, now + timedelta(seconds=120))  # the first attempt lost it
-        assert repo.renew_lease(cid, 0, 2, now + timedelta(seconds=180))
+        repo = JobRepository(session)
+        assert not repo.renew(f"{cid}:0", 1, now + timedelta(seconds=120))  # the first attempt lost it
+        assert repo.renew(f"{cid}:0", 2, now + timedelta(seconds=180))
     assert claim(db, cid, now + timedelta(seconds=121)) is None  # renewed: still held
     with db.write() as session:
-        session.get_one(ComparisonTask, (cid, 0, 0)).status = "succeeded"
+        session.get_one(Job, f"{cid}:0").status = "succeeded"
     assert claim(db, cid, now + timedelta(seconds=999)) is None  # a finished job is never claimed again
 
 
@@ -356,7 +355,7 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
     db_with_job: tuple[Database, str],
 ) -> None:
     from parity.server.jobs.lease import LeaseLost
-    from parity.server.jobs.runner import _task_lease
+    from parity.server.jobs.runner import job_lease
 
     db, cid = db_with_job
     now = utcnow()
@@ -364,12 +363,12 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
 
     def lease_expiry() -> datetime:
         with db.read() as session:
-            value = session.get_one(ComparisonTask, (cid, 0, 0)).lease_expires_at
+            value = session.get_one(Job, f"{cid}:0").lease_expires_at
         assert value is not None
         return value
 
     first = lease_expiry()
-    with _task_lease(db, cid, 0, 1, 0.3) as lease:
+    with job_lease(db, f"{cid}:0", 1, 0.3) as lease:
         deadline = time.monotonic() + 10
         while lease_expiry() <= first and time.monotonic() < deadline:  # renewed every 0.1 s
             time.sleep(0.02)
@@ -378,10 +377,10 @@ def test_a_worker_renews_its_lease_and_stops_once_another_holds_the_job(
         # Its lease passes unrenewed (as when the worker stalls) and another worker claims the job.
         assert claim(db, cid, lease_expiry() + timedelta(seconds=1)) == 2
         assert lease.lost.wait(timeout=10)
-        with pytest.raises(LeaseLost, match="attempt 1 no longer holds the task"):
+        with pytest.raises(LeaseLost, match="attempt 1 no longer holds the job"):
             lease.check()
     with db.read() as session:
-        assert session.get_one(ComparisonTask, (cid, 0, 0)).attempt == 2  # the lost attempt wrote nothing
+        assert session.get_one(Job, f"{cid}:0").attempt == 2  # the lost attempt wrote nothing
 
 
 def test_a_celery_worker_killed_mid_validation_has_it_taken_over(

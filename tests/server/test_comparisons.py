@@ -184,7 +184,7 @@ def test_sigkill_during_compare_then_restart(backend: str, tmp_path: Path) -> No
     with engine.connect() as conn:
         status = conn.execute(text("SELECT status FROM comparisons WHERE id = :id"), {"id": cid}).scalar_one()
         held_at_kill = {rank for rank, task_status in conn.execute(
-            text("SELECT rank, status FROM comparison_tasks WHERE comparison_id = :id"), {"id": cid}
+            text("SELECT rank, status FROM jobs WHERE kind = 'rank' AND subject = :id"), {"id": cid}
         ) if task_status == "running"}  # fmt: skip
     assert status == "running", "the compare finished before the kill; nothing was tested"
 
@@ -203,7 +203,7 @@ def test_sigkill_during_compare_then_restart(backend: str, tmp_path: Path) -> No
         restarted.stop()
     with engine.connect() as conn:
         attempts = conn.execute(
-            text("SELECT rank, attempt FROM comparison_tasks WHERE comparison_id = :id"), {"id": cid}
+            text("SELECT rank, attempt FROM jobs WHERE kind = 'rank' AND subject = :id"), {"id": cid}
         ).all()
     engine.dispose()
     # One worker, two ranks: a rank held when the server died ran again (attempt 2); the other ran once. The

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from parity.server.jobs import runner as runner_module
+from parity.server.jobs import staging as staging_module
+from parity.server.jobs.base import task_id
 from parity.server.models import RunFile
-from parity.server.repositories import task_id
 from parity.server.schemas import ComparisonCreate
 from parity.server.services.comparisons import ComparisonService
 from parity.server.store import comparison_key
@@ -126,14 +126,14 @@ def test_a_failed_slice_is_retried_alone_and_stages_only_its_tensor_files(
     cid = service.create(ComparisonCreate(target_run=target, bench_run=bench, ranks=[0])).id
 
     staged: dict[tuple[str, str], list[str]] = {}
-    real_stage = runner_module._stage
+    real_stage = staging_module.stage
 
     def recording_stage(blobs: Any, run_id: str, files: Any, dest: Path, label: str) -> int:
         files = list(files)
         staged.setdefault((dest.parent.name, label), []).extend(f.path for f in files)
         return real_stage(blobs, run_id, files, dest, label)
 
-    monkeypatch.setattr(runner_module, "_stage", recording_stage)
+    monkeypatch.setattr(staging_module, "stage", recording_stage)
 
     # What each slice reads, from the dumps themselves.
     root = tmp_path / "npu-tensor" / "step0" / "rank0"

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from parity.server.db import Database
+from parity.server.jobs.base import task_id
 from parity.server.migrate import upgrade
-from parity.server.models import ComparisonTask, RunFile
-from parity.server.repositories import task_id
+from parity.server.models import Job, RunFile
 from parity.server.schemas import ComparisonCreate
 from parity.shared.compare.job import run_compare
 from parity.shared.compare.options import CompareOptions
@@ -232,8 +232,8 @@ def test_workers_claiming_the_next_task_at_once_each_get_a_different_one(
     get four different tasks, the oldest comparison's first and its ranks in order, and two get none."""
     from datetime import timedelta
 
+    from parity.server.job_repository import JobRepository
     from parity.server.models import Comparison, Run, utcnow
-    from parity.server.repositories import TaskRepository
 
     from tests.server.conftest import fresh_postgres_database, postgres_url_or_skip
 
@@ -252,16 +252,14 @@ def test_workers_claiming_the_next_task_at_once_each_get_a_different_one(
                 session.add(Comparison(id=cid, target_run_id="r1", bench_run_id="r1", options={},
                                        status="queued"))  # fmt: skip
                 session.flush()
-                for rank in (0, 1):
-                    session.add(ComparisonTask(comparison_id=cid, rank=rank, status="queued", progress=0.0,
-                                               queued_at=now + timedelta(seconds=n)))  # fmt: skip
+                JobRepository(session).add_rank_jobs(cid, {0: 1, 1: 1}, now + timedelta(seconds=n))
         claimed: list[tuple[str, int] | None] = []
         barrier = threading.Barrier(6)
 
         def claim_next(worker: str) -> None:
             barrier.wait()
             with db.write() as session:
-                claimed.append(TaskRepository(session).claim_next(utcnow(), 60, worker))
+                claimed.append(JobRepository(session).claim_next(utcnow(), 60, worker))
 
         threads = [threading.Thread(target=claim_next, args=(f"w{i}",)) for i in range(6)]
         for t in threads:
@@ -272,16 +270,16 @@ def test_workers_claiming_the_next_task_at_once_each_get_a_different_one(
         assert got == [("c-new:0", 1), ("c-new:1", 1), ("c-old:0", 1), ("c-old:1", 1)]
         assert claimed.count(None) == 2
         with db.read() as session:
-            tasks = session.scalars(select(ComparisonTask)).all()
+            tasks = session.scalars(select(Job)).all()
             assert {t.status for t in tasks} == {"running"} and len({t.worker for t in tasks}) == 4
             assert {session.get_one(Comparison, cid).status for cid in ("c-old", "c-new")} == {"running"}
         # One at a time, the oldest comparison's lowest rank comes first.
         with db.write() as session:
-            session.execute(update(ComparisonTask).values(status="queued", attempt=0))
+            session.execute(update(Job).values(status="queued", attempt=0))
         order = []
         while True:
             with db.write() as session:
-                nxt = TaskRepository(session).claim_next(utcnow(), 60, "w")
+                nxt = JobRepository(session).claim_next(utcnow(), 60, "w")
             if nxt is None:
                 break
             order.append(nxt[0])
@@ -318,7 +316,8 @@ def test_a_worker_claims_its_next_task_as_it_stores_one(server: Server, pair: tu
                                                         ) -> None:  # fmt: skip
     """``pull_next`` (the job backends' workers): storing a rank claims the oldest queued task in the same
     transaction, and the runner runs it next; a message whose task another worker took pulls the next queued
-    one; a run's validation waiting ends the chain (workers run those first)."""
+    one; a run's validation waiting is claimed next and ends the chain (workers run those first)."""
+    from parity.server.job_repository import JobRepository
     from parity.server.jobs.runner import TaskRunner
     from parity.server.models import Run, utcnow
 
@@ -330,9 +329,9 @@ def test_a_worker_claims_its_next_task_as_it_stores_one(server: Server, pair: tu
 
     def tasks(cid: str) -> list[tuple[int, str, int, str | None]]:
         with server.db.read() as session:
-            t = ComparisonTask
+            t = Job
             found = session.execute(select(t.rank, t.status, t.attempt, t.worker)
-                                    .where(t.comparison_id == cid).order_by(t.started_at)).all()  # fmt: skip
+                                    .where(t.subject == cid).order_by(t.started_at)).all()  # fmt: skip
         return [tuple(row) for row in found]  # type: ignore[misc]
 
     runner = TaskRunner(server.settings, worker="puller", pull_next=True)
@@ -348,8 +347,7 @@ def test_a_worker_claims_its_next_task_as_it_stores_one(server: Server, pair: tu
 
         cid = _create(server, target, bench)
         with server.db.write() as session:  # rank 0 is another worker's, under a live lease
-            session.execute(update(ComparisonTask).where(ComparisonTask.comparison_id == cid,
-                                                         ComparisonTask.rank == 0)
+            session.execute(update(Job).where(Job.subject == cid, Job.rank == 0)
                             .values(status="running", attempt=1, worker="other", started_at=utcnow(),
                                     lease_expires_at=utcnow() + timedelta(hours=1)))  # fmt: skip
         assert runner.run(task_id(cid, 0))  # its message pulls what is queued instead
@@ -360,8 +358,13 @@ def test_a_worker_claims_its_next_task_as_it_stores_one(server: Server, pair: tu
         cid = _create(server, target, bench)
         with server.db.write() as session:  # a run waits for its validation
             session.add(Run(id="waiting", name="n", project="p", device="npu", status="validating"))
+            JobRepository(session).queue_validation("waiting", utcnow())
         assert runner.run(task_id(cid, 2))
+        # the validation was claimed next (it has no files: the run is invalid), and it ends the chain
         assert sorted((rank, status) for rank, status, _, _ in tasks(cid)) == [
             (0, "queued"), (1, "queued"), (2, "succeeded")]  # fmt: skip
+        with server.db.read() as session:
+            assert session.get_one(Run, "waiting").status == "invalid"
+            assert session.get_one(Job, "validate:waiting").worker == "puller"
     finally:
         runner.close()

@@ -12,8 +12,8 @@ from typing import Any
 import boto3
 import pytest
 from parity.server.blob_cache import BlobCache
+from parity.server.jobs.base import task_id
 from parity.server.jobs.runner import TaskRunner
-from parity.server.repositories import task_id
 from parity.server.schemas import ComparisonCreate
 
 from parity.demo import free_port

@@ -16,11 +16,11 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 from parity.server.db import Database
+from parity.server.job_repository import JobRepository
 from parity.server.jobs import validation
-from parity.server.jobs.validation import ValidationRepository
 from parity.server.main import create_app
 from parity.server.migrate import upgrade
-from parity.server.models import Run, utcnow
+from parity.server.models import Job, Run, utcnow
 from parity.server.settings import Settings
 
 from tests.factories import stats_leaf, write_raw_dump
@@ -89,49 +89,56 @@ def db(tmp_path: Path) -> Iterator[Database]:
     database = Database.connect(url)
     with database.write() as session:
         session.add(Run(id="r1", name="n", project="p", device="npu", status="validating"))
+        JobRepository(session).queue_validation("r1", utcnow())
     yield database
     database.dispose()
 
 
 def test_a_validation_is_claimed_once_and_taken_over_when_its_lease_passes(db: Database) -> None:
-    now = utcnow()
+    now, job = utcnow(), "validate:r1"
     with db.write() as session:
-        repo = ValidationRepository(session)
-        assert repo.waiting(10) == ["r1"]
-        assert repo.claim("r1", now, 60, "w1") == 1
-        assert repo.claim("r1", now + timedelta(seconds=59), 60, "w2") is None  # held
-        assert repo.waiting(10) == [] and repo.lapsed(now + timedelta(seconds=59), 10) == []
-        assert [r for r, _ in repo.lapsed(now + timedelta(seconds=61), 10)] == ["r1"]
-        assert repo.claim("r1", now + timedelta(seconds=61), 60, "w2") == 2  # w1 is gone
-        assert not repo.renew("r1", 1, now + timedelta(seconds=200))  # the first attempt lost it
-        assert repo.held("r1", 1) is None and repo.held("r1", 2) is not None
-        assert repo.requeue("w2") == 1 and repo.waiting(10) == ["r1"]  # a dead local worker's: at once
-        session.get_one(Run, "r1").status = "complete"
-        assert repo.claim("r1", now + timedelta(seconds=999), 60, "w3") is None  # done: never again
+        repo = JobRepository(session)
+        assert repo.queued(10) == [job]
+        assert repo.claim(job, now, 60, "w1") == 1
+        assert repo.claim(job, now + timedelta(seconds=59), 60, "w2") is None  # held
+        assert repo.queued(10) == [] and repo.lapsed(now + timedelta(seconds=59), 10) == []
+        assert [r for r, _ in repo.lapsed(now + timedelta(seconds=61), 10)] == [job]
+        assert repo.claim(job, now + timedelta(seconds=61), 60, "w2") == 2  # w1 is gone
+        assert not repo.renew(job, 1, now + timedelta(seconds=200))  # the first attempt lost it
+        assert repo.held(job, 1) is None and repo.held(job, 2) is not None
+        assert repo.requeue_running("w2") == 1 and repo.queued(10) == [job]  # a dead local worker's: at once
+        assert repo.claim_next(now, 60, "w3") == (job, 3)
+        held = repo.held(job, 3)
+        assert held is not None
+        repo.finish(held, "succeeded", now=now)
+        assert repo.claim(job, now + timedelta(seconds=999), 60, "w4") is None  # done: never again
+        repo.queue_validation("r1", now)  # completed again (after an invalid one): attempts keep counting
+        assert repo.claim(job, now, 60, "w4") == 4
 
 
 def test_a_validation_lease_is_renewed_and_stops_the_work_once_another_attempt_holds_it(db: Database) -> None:
-    """The validation runs under the rank tasks' lease helper (``server/jobs/lease.py``): renewed on the run
+    """The validation runs under the rank jobs' lease helper (``server/jobs/lease.py``): renewed on its job
     row while held, ``LeaseLost`` once another worker took the validation over."""
     from parity.server.jobs.lease import LeaseLost
+    from parity.server.jobs.runner import job_lease
 
     def expiry() -> object:
         with db.read() as session:
-            return session.get_one(Run, "r1").validation_lease_expires_at
+            return session.get_one(Job, "validate:r1").lease_expires_at
 
     with db.write() as session:
-        assert ValidationRepository(session).claim("r1", utcnow(), 0.3, "w1") == 1
+        assert JobRepository(session).claim("validate:r1", utcnow(), 0.3, "w1") == 1
     first = expiry()
-    with validation._validation_lease(db, "r1", 1, 0.3) as lease:
+    with job_lease(db, "validate:r1", 1, 0.3) as lease:
         deadline = time.monotonic() + 10
         while expiry() == first and time.monotonic() < deadline:  # renewed every 0.1 s
             time.sleep(0.02)
         assert expiry() != first
         lease.check()  # still held
         with db.write() as session:  # its lease passes unrenewed and another worker claims it
-            assert ValidationRepository(session).claim("r1", utcnow() + timedelta(seconds=5), 60, "w2") == 2
+            assert JobRepository(session).claim("validate:r1", utcnow() + timedelta(seconds=5), 60, "w2") == 2
         assert lease.lost.wait(timeout=10)
-        with pytest.raises(LeaseLost, match="attempt 1 no longer holds the validation"):
+        with pytest.raises(LeaseLost, match="attempt 1 no longer holds the job"):
             lease.check()
 
 
@@ -148,7 +155,7 @@ def big_dump(root: Path, apis: int = 40_000) -> Path:
 def validation_claim(data_dir: Path, run_id: str) -> tuple[int, str | None]:
     conn = sqlite3.connect(f"file:{data_dir / 'parity.db'}?mode=ro", uri=True)
     try:
-        row = conn.execute("SELECT validation_attempt, validation_worker FROM runs WHERE id = ?", (run_id,))
+        row = conn.execute("SELECT attempt, worker FROM jobs WHERE id = ?", (f"validate:{run_id}",))
         attempt, worker = row.fetchone()
         return int(attempt), worker
     finally:

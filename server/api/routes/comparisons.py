@@ -64,6 +64,15 @@ def retry_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> C
     return comparisons.retry(comparison_id)
 
 
+@router.post(
+    "/{comparison_id}/cancel",
+    summary="Stop a queued or running comparison (its unfinished ranks fail as cancelled; retry runs them)",
+    responses={409: {"description": "The comparison is not queued or running"}},
+)
+def cancel_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> ComparisonPublic:
+    return comparisons.cancel(comparison_id)
+
+
 @router.get("/{comparison_id}", summary="Read a comparison: status, progress and state of each rank, summary")
 def get_comparison(comparison_id: str, comparisons: ComparisonServiceDep) -> ComparisonPublic:
     return comparisons.get(comparison_id)
