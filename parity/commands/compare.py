@@ -20,7 +20,6 @@ from parity.progress import ProgressBar
 
 logger = logging.getLogger(__name__)
 
-TOP_SUSPECTS = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
     from parity.process_policy import collector_paused, metric_executor
     from parity.shared.compare.job import run_compare
-    from parity.shared.compare.options import CompareOptions
+    from parity.shared.compare.options import TOP_SUSPECTS, CompareOptions
     from parity.shared.replay.text import replay_lines
     from parity.shared.report.advisor import suspect_lines
 

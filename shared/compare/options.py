@@ -11,6 +11,9 @@ if TYPE_CHECKING:
 
 #: Tensor mode replays about this many top calls in float64 (``replay_judgement`` adds a few: see there).
 REPLAY_TOP = 10
+#: How many suspects are named: the top of a step-directory summary across its ranks (the server's summary
+#: too), each rank's on the terminal (``parity compare``), a comparison's in ``compare-runs``.
+TOP_SUSPECTS = 10
 
 
 @dataclass(frozen=True, slots=True)
