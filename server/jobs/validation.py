@@ -315,8 +315,8 @@ def _child_main() -> None:
 def first_problem(dumps: Sequence[tuple[str, str, str | None]]) -> str | None:
     """In the child: ``rel: problem`` for the first ``(rel, local path, sidecar path)`` that does not parse,
     else None; each dump that parses has its sidecar written (when a sidecar path is given)."""
-    from parity.shared.dump.reader import load_dump
-    from parity.shared.dump.sidecar import encode_sidecar
+    from parity.shared.dump.sidecar import write_sidecar
+    from parity.shared.dump.stream import stream_dump
     from parity.shared.errors import ParityError
 
     from parity.process_policy import collector_paused
@@ -324,11 +324,11 @@ def first_problem(dumps: Sequence[tuple[str, str, str | None]]) -> str | None:
     for rel, local, sidecar in dumps:
         try:
             with collector_paused():
-                dump = load_dump(Path(local))
+                dump = stream_dump(Path(local))  # incrementally: memory of its columns, not of its text
         except ParityError as exc:
             return f"{rel}: {describe(exc)}"
         if sidecar is not None:
-            Path(sidecar).write_bytes(encode_sidecar(dump))
+            write_sidecar(dump, Path(sidecar))
         del dump
     return None
 
