@@ -53,7 +53,7 @@ from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, open_store, sidecar_key
 from parity.shared.compare.result import FAILING_STATUSES, json_cells
 from parity.shared.compare.slices import CallSlice
-from parity.shared.dump.layout import DUMP_JSON, rank_dir_name, step_dir_name
+from parity.shared.dump.layout import DUMP_JSON, TENSOR_DIR, rank_dir_name, step_dir_name
 from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
@@ -63,7 +63,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TENSOR_DIR = "dump_tensor_data"
 #: How a finishing task locks its comparison row: ``FOR NO KEY UPDATE`` on PostgreSQL, which serialises the
 #: finishers as ``FOR UPDATE`` did but not against the ``KEY SHARE`` lock that inserting a rank's rows
 #: (foreign keys to the comparison) takes: with ``FOR UPDATE`` two ranks finishing at once each held that

@@ -162,20 +162,6 @@ def stacks_of(npu_dump_json: Path, stack_path: Path | None) -> dict[str, list[st
 # the table
 
 
-def compare_loaded(
-    npu: Dump,
-    bench: Dump,
-    mode: CompareMode,
-    options: CompareOptions,
-    *,
-    stacks: Mapping[str, list[str]] | None = None,
-    stack_mode: bool = False,
-    progress: Progress | None = None,
-) -> CompareResult:
-    """Compare two already-read dumps in ``mode`` (see ``compare_dumps``)."""
-    return conclude([_table_part(npu, bench, mode, options, stacks, stack_mode, progress, None)], stacks)
-
-
 def _table_part(
     npu: Dump,
     bench: Dump,

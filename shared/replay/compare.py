@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from parity.shared.dump.layout import TENSOR_DIR
 from parity.shared.replay.verdicts import ReplayVerdict
 
 __all__ = ["StageFiles", "dump_replayer"]
@@ -26,7 +27,7 @@ def _lacking(dump_json: str | Path, entries: Sequence[str]) -> list[str]:
     """The tensor files a replay of ``entries`` reads that are not in the dump's folder yet."""
     from parity.shared.replay.engine import replay_files
 
-    folder = Path(dump_json).parent / "dump_tensor_data"
+    folder = Path(dump_json).parent / TENSOR_DIR
     return [name for name in replay_files(dump_json, entries) if not (folder / name).exists()]
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from parity.shared.dump.layout import DUMP_JSON, TENSOR_DIR
 from parity.shared.dump.naming import parse_entry
 from parity.shared.dump.reader import read_json
 from parity.shared.errors import DumpError
@@ -65,12 +66,12 @@ class DumpSide:
     def __init__(self, name: str, dump_json: Path) -> None:
         self.name = name
         self.dump_json = Path(dump_json)
-        self.tensor_dir = self.dump_json.parent / "dump_tensor_data"
+        self.tensor_dir = self.dump_json.parent / TENSOR_DIR
         self._data: dict[str, Any] | None = None
 
     def data(self) -> dict[str, Any]:
         if self._data is None:
-            doc = read_json(self.dump_json, "dump.json")
+            doc = read_json(self.dump_json, DUMP_JSON)
             data = doc.get("data") if isinstance(doc, dict) else None
             if not isinstance(data, dict):
                 raise DumpError(self.dump_json, "has no 'data' object")
