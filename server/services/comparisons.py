@@ -8,7 +8,6 @@ import logging
 import math
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
@@ -16,6 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import anyio.to_thread
+from cachetools import LRUCache
 from parity.server.db import Database
 from parity.server.errors import BadRequest, Conflict, NotFound, Unprocessable
 from parity.server.jobs.base import JobQueue
@@ -189,7 +189,7 @@ class _Finished:
         self.rank_counts: list[tuple[int, int]] | None = None  # (rank, rows) in rank order
         # Rows per (rank, status), counted at the first status filter: then every status count is a sum.
         self.status_counts: dict[tuple[int, str], int] | None = None
-        self.name_counts: OrderedDict[tuple[RowFilter, int | None], int] = OrderedDict()
+        self.name_counts: LRUCache[tuple[RowFilter, int | None], int] = LRUCache(maxsize=512)
 
     def count(self, rows: RowFilter, rank: int | None) -> int | None:
         """The rows matching ``rows`` and ``rank``, when known without asking the database."""
@@ -222,8 +222,8 @@ class ComparisonService:
         self.store = store
         self.queue = queue
         self.task_max_bytes = task_max_bytes  # PARITY_TASK_MAX_BYTES: past it, a rank is split in slices
-        self._finished: OrderedDict[str, _Finished] = OrderedDict()
-        self._lock = threading.Lock()
+        self._finished: LRUCache[str, _Finished] = LRUCache(maxsize=256)
+        self._lock = threading.Lock()  # the caches (cachetools' are not thread-safe) and their states' counts
         self._count_lock = threading.Lock()
 
     def create(self, body: ComparisonCreate) -> ComparisonPublic:
@@ -392,7 +392,6 @@ class ComparisonService:
         with self._lock:
             state = self._finished.get(comparison_id)
             if state is not None:
-                self._finished.move_to_end(comparison_id)
                 return state
         with self.db.read() as session:
             c = self._require(session, comparison_id)
@@ -401,8 +400,6 @@ class ComparisonService:
             state = _Finished(dict(c.headers or {}))
         with self._lock:
             self._finished[comparison_id] = state
-            while len(self._finished) > 256:
-                self._finished.popitem(last=False)
         return state
 
     async def rows_json_async(
@@ -483,8 +480,6 @@ class ComparisonService:
                         total = int(conn.execute(select(func.count()).where(*where)).scalar_one())
                         with self._lock:
                             state.name_counts[key] = total
-                            while len(state.name_counts) > 512:
-                                state.name_counts.popitem(last=False)
             order = (t.rank, t.index) if sort != "score" else (t.score.desc().nulls_last(), t.rank, t.index)
             stmt = select(*columns).where(*where).order_by(*order).limit(limit)
             if rows.statuses is None and not rows.name and sort != "score":
