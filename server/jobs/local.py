@@ -30,13 +30,13 @@ import os
 import signal
 import sys
 import termios
-import threading
 import uuid
 from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from parity.server.db import Database
+from parity.server.jobs.background import BackgroundLoop
 from parity.server.models import ComparisonTask
 from parity.server.repositories import TaskRepository
 from parity.server.settings import Settings
@@ -138,8 +138,8 @@ class LocalProcessQueue:
         self._ctx = multiprocessing.get_context("spawn")
         self._wake = Bell(self._ctx, self.workers)
         self._children: dict[str, BaseProcess] = {}
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop(self._supervise, "parity-jobs")
+        self._stopping = self._loop.stopping
 
     def submit(self, task_id: str) -> None:
         self._wake.ring()
@@ -154,15 +154,10 @@ class LocalProcessQueue:
             requeued += ValidationRepository(session).requeue()
         if requeued:
             logger.warning("%d task(s) interrupted by the last shutdown are queued again", requeued)
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._supervise, name="parity-jobs", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._loop.stop()
 
     # -- the supervisor thread --------------------------------------------------------------------------
     def _supervise(self) -> None:
