@@ -12,15 +12,46 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
+    from parity.shared.tensor_io import TensorLimits
+
+logger = logging.getLogger(__name__)
+
 #: What each forked tensor-metric worker needs at once: the compiled kernel (the C module, or numba's cache).
 _METRIC_WORKER_MODULES = ["parity.shared.metrics.kernel", "parity.shared.metrics.parallel"]
+
+
+def tensor_limits(environ: Mapping[str, str] = os.environ) -> TensorLimits:
+    """The tensor caps this process was started with: ``PARITY_MAX_TENSOR_FILE_BYTES`` (an integer) and
+    ``PARITY_MAX_TENSOR_ELEMENTS`` (a positive integer), each the library's default when unset; a value that
+    is not one is ignored with a warning. The library never reads them itself (``CompareOptions``)."""
+    from parity.shared.tensor_io import (
+        DEFAULT_MAX_TENSOR_ELEMENTS,
+        DEFAULT_MAX_TENSOR_FILE_BYTES,
+        TensorLimits,
+    )
+
+    def read(name: str, default: int, minimum: int) -> int:
+        raw = environ.get(name)
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            value = minimum - 1
+        if value >= minimum:
+            return value
+        logger.warning("ignoring %s=%r: not an integer of at least %d", name, raw, minimum)
+        return default
+
+    return TensorLimits(read("PARITY_MAX_TENSOR_FILE_BYTES", DEFAULT_MAX_TENSOR_FILE_BYTES, 0),
+                        read("PARITY_MAX_TENSOR_ELEMENTS", DEFAULT_MAX_TENSOR_ELEMENTS, 1))  # fmt: skip
 
 
 @contextmanager

@@ -218,10 +218,14 @@ class TaskRunner:
         from parity.shared.compare.job import RankPair, compare_rank
         from parity.shared.compare.options import CompareOptions
         from parity.shared.dump.sidecar import read_dump
+        from parity.shared.tensor_io import TensorLimits
+
+        settings = self.settings
 
         engine_options = CompareOptions(
             fuzzy_match=bool(options.get("fuzzy_match", False)),
             stack_mode=bool(options.get("stack_mode", False)),
+            tensor_limits=TensorLimits(settings.max_tensor_file_bytes, settings.max_tensor_elements),
             # no executor: the backend runs one task per worker slot, so each computes its metrics itself
         )
         # A slice's own folder name (s0 too), so a takeover below never removes a sibling slice's folder.
@@ -332,7 +336,7 @@ class TaskRunner:
         xlsx, advisor = out_dir / "report.xlsx", out_dir / "advisor.txt"
         # the replay of the rank's top suspects reads their tensor files: fetch those this slice lacks
         return finish_rank(pair, parts, xlsx_path=xlsx, advisor_path=advisor, replay_top=options.replay_top,
-                           stage_files=files.stage)  # fmt: skip
+                           stage_files=files.stage, tensor_limits=options.tensor_limits)  # fmt: skip
 
     def _tmp_root(self) -> Path:
         # Beside the blobs on a file store, so the hard links of the staging folder stay on one filesystem.

@@ -86,7 +86,7 @@ def compare_dumps(
     if options.replay_top > 0:  # imported here: a compare without the replay never imports torch for it
         from parity.shared.replay.compare import dump_replayer
 
-        replayer = dump_replayer(npu_dump_json, bench_dump_json)
+        replayer = dump_replayer(npu_dump_json, bench_dump_json, limits=options.tensor_limits)
     result = conclude([part], stacks_of(npu_dump_json, stack_path), replayer=replayer,
                       replay_top=options.replay_top)  # fmt: skip
     result.npu_path = str(npu_dump_json)
@@ -370,7 +370,8 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
         ]
         first = header.index("Cosine")
         total = len(jobs)
-        results = compare_tensor_files(jobs, executor=options.executor)
+        extra = {"limits": options.tensor_limits} if options.tensor_limits is not None else {}
+        results = compare_tensor_files(jobs, executor=options.executor, **extra)
         for done, (i, metrics) in enumerate(results, start=1):
             cells = table.rows[i].cells
             cells[first : first + 6] = [

@@ -46,6 +46,7 @@ from parity.shared.report.xlsx import write_xlsx
 
 if TYPE_CHECKING:
     from parity.shared.dump.reader import Dump
+    from parity.shared.tensor_io import TensorLimits
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +205,8 @@ def compare_rank(
     """
     part = compare_slice(pair, options, None, progress=progress, read_dump=read_dump)
     return finish_rank(pair, [part], xlsx_path=xlsx_path, advisor_path=advisor_path, highlight=highlight,
-                       log_rows=log_rows, replay_top=options.replay_top)  # fmt: skip
+                       log_rows=log_rows, replay_top=options.replay_top,
+                       tensor_limits=options.tensor_limits)  # fmt: skip
 
 
 def compare_slice(
@@ -256,6 +258,7 @@ def finish_rank(
     log_rows: bool = False,
     replay_top: int = REPLAY_TOP,
     stage_files: StageFiles | None = None,
+    tensor_limits: TensorLimits | None = None,
 ) -> RankReport:
     """Join the parts of every slice of a rank (in call order) into its result; write its xlsx and advisor.
 
@@ -267,7 +270,8 @@ def finish_rank(
     """
     from parity.shared.compare import engine
 
-    replayer = dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files) if replay_top > 0 else None
+    replayer = (dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files, limits=tensor_limits)
+                if replay_top > 0 else None)  # fmt: skip
     result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path), replayer=replayer,
                              replay_top=replay_top)  # fmt: skip
     result.rank = pair.rank
