@@ -8,9 +8,11 @@ decided here, once, by the entry point that owns the process, and handed to the 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -25,6 +27,19 @@ logger = logging.getLogger(__name__)
 
 #: What each forked tensor-metric worker needs at once: the compiled kernel (the C module, or numba's cache).
 _METRIC_WORKER_MODULES = ["parity.shared.metrics.kernel", "parity.shared.metrics.parallel"]
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel kill this process when its parent (the server, a worker) dies, even by
+    SIGKILL; elsewhere, exit at once if the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
 
 
 def tensor_limits(environ: Mapping[str, str] = os.environ) -> TensorLimits:

@@ -22,12 +22,10 @@ died with it).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import logging
 import multiprocessing
 import os
-import signal
 import sys
 import termios
 import uuid
@@ -42,22 +40,14 @@ from parity.server.repositories import TaskRepository
 from parity.server.settings import Settings
 from sqlalchemy import select
 
+from parity.process_policy import die_with_parent
+
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
 #: Claims of one task before a dying worker fails it instead of queueing it again (a rank that kills its
 #: worker every time, out of memory say, must not loop forever).
 MAX_ATTEMPTS = 3
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel kill this process when the server dies (even by SIGKILL)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
-        os._exit(1)
 
 
 class Bell:
@@ -94,7 +84,7 @@ class Bell:
 
 
 def _worker_main(name: str, settings_data: dict[str, Any], parent_pid: int, wake: Bell) -> None:
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from parity.server.jobs.runner import TaskRunner, import_engine
     from parity.server.jobs.validation import Validator

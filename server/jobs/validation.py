@@ -6,11 +6,13 @@ same code) claims the validation under a lease on the run row (the rank tasks' p
 UPDATE per claim, ``validation_attempt`` + 1, renewed every third of ``PARITY_JOB_LEASE_SECONDS``), so a
 worker killed mid-validation is taken over once its lease passes (the local pool requeues it at once).
 
-Parsing a dump.json takes about 7x its size in memory (a 200 MB file: ~1.4 GB). The worker does it in a
-short-lived child interpreter (``python -m parity.server.jobs.validation``, a subprocess and not a
-multiprocessing child: a Celery prefork worker's processes are daemonic, and multiprocessing refuses them
-children), one file after another, so its own memory stays that of a worker and the parse's goes back to
-the system when the child exits; the child dies with the worker (``PR_SET_PDEATHSIG``).
+The worker parses the files in a short-lived child interpreter (``python -m parity.server.jobs.parse_child``,
+a subprocess and not a multiprocessing child: a Celery prefork worker's processes are daemonic, and
+multiprocessing refuses them children), one file after another, so its own memory stays that of a worker and
+the parse's goes back to the system when the child exits; the child dies with the worker
+(``PR_SET_PDEATHSIG``). It parses each file incrementally (``shared.dump.stream``), so it holds the dump's
+columns, not its text and whole parse (~7x the file: a 150 MB file took +1 GB; incrementally, under +300 MB
+for the server's whole process tree).
 The child writes each dump's parsed columns (``shared.dump.sidecar``), which the worker stores beside the
 blob for the compare tasks, and returns only the first problem's text. Then one transaction, guarded by
 the attempt, makes the run ``complete`` (and queues its comparison against the project's baseline) or
@@ -289,7 +291,9 @@ def validate_dumps(dumps: Sequence[tuple[str, Path]], sidecar_dir: Path | None =
     work = [(rel, str(path), str(sidecar_dir / f"{i}.columns") if sidecar_dir else None)
             for i, (rel, path) in enumerate(dumps)]  # fmt: skip
     request = json.dumps({"parent": os.getpid(), "dumps": work})
-    done = subprocess.run([sys.executable, "-m", __name__], input=request, capture_output=True, text=True)
+    # The child imports the parse only (parse_child), not the server: 24 MiB less in every parsing child.
+    done = subprocess.run([sys.executable, "-m", "parity.server.jobs.parse_child"], input=request,
+                          capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
         raise ValidationChildError(f"the parsing child failed: {tail[0]}")
@@ -299,48 +303,3 @@ def validate_dumps(dumps: Sequence[tuple[str, Path]], sidecar_dir: Path | None =
 
 class ValidationChildError(RuntimeError):
     """The child that parses the dump.json files ended without an answer."""
-
-
-def _child_main() -> None:
-    """``python -m parity.server.jobs.validation``: reads ``{"parent", "dumps"}`` from stdin and prints
-    ``{"problem": ...}``; dies with the worker that started it."""
-    from parity.server.jobs.local import _die_with_parent
-
-    request = json.load(sys.stdin)
-    _die_with_parent(int(request["parent"]))
-    problem = first_problem([(rel, local, sidecar) for rel, local, sidecar in request["dumps"]])
-    sys.stdout.write(json.dumps({"problem": problem}))
-
-
-def first_problem(dumps: Sequence[tuple[str, str, str | None]]) -> str | None:
-    """In the child: ``rel: problem`` for the first ``(rel, local path, sidecar path)`` that does not parse,
-    else None; each dump that parses has its sidecar written (when a sidecar path is given)."""
-    from parity.shared.dump.sidecar import write_sidecar
-    from parity.shared.dump.stream import stream_dump
-    from parity.shared.errors import ParityError
-
-    from parity.process_policy import collector_paused
-
-    for rel, local, sidecar in dumps:
-        try:
-            with collector_paused():
-                dump = stream_dump(Path(local))  # incrementally: memory of its columns, not of its text
-        except ParityError as exc:
-            return f"{rel}: {describe(exc)}"
-        if sidecar is not None:
-            write_sidecar(dump, Path(sidecar))
-        del dump
-    return None
-
-
-def describe(exc: Exception) -> str:
-    """The problem without the server-side path the reader names (the client knows the file by ``rel``)."""
-    where = getattr(exc, "where", None)
-    problem = getattr(exc, "problem", None)
-    if problem is None:
-        return str(exc)
-    return f"{where}: {problem}" if where else str(problem)
-
-
-if __name__ == "__main__":
-    _child_main()

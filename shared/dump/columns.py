@@ -10,6 +10,7 @@ modes, tests).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import sub
@@ -127,9 +128,19 @@ class DumpColumns:
 
     def to_wire(self) -> tuple[Any, ...]:
         """The columns as plain values ``marshal`` can carry (see ``from_wire``)."""
-        return (self.entry_names, self.names, self.apis, self.entry_of.tobytes(), self.states, self.dtypes,
-                self.shapes, self.requires_grads, self.stats.tobytes(), bytes(self.plain), self.odd,
-                self.md5s, self.data_names, bytes(self.is_tensor), self.p2p)  # fmt: skip
+        return tuple(self.iter_wire())
+
+    def iter_wire(self) -> Iterator[Any]:
+        """``to_wire()``'s values one at a time, each made as it is asked for: a writer that sends them one by
+        one never holds the copies of the buffers (``stats`` is 8 bytes a row) all at once."""
+        yield from (self.entry_names, self.names, self.apis)
+        yield self.entry_of.tobytes()
+        yield from (self.states, self.dtypes, self.shapes, self.requires_grads)
+        yield self.stats.tobytes()
+        yield bytes(self.plain)
+        yield from (self.odd, self.md5s, self.data_names)
+        yield bytes(self.is_tensor)
+        yield self.p2p
 
     @classmethod
     def from_wire(cls, wire: tuple[Any, ...]) -> DumpColumns:
@@ -155,7 +166,7 @@ class ColumnsBuilder:
 
     def __init__(self) -> None:
         self.entry_names: list[str] = []
-        self.entry_starts: list[int] = []
+        self.entry_starts = array("q")  # 8 bytes an entry, not an int object and its pointer (36)
         self.names: list[str] = []
         self.states: list[str] = []
         self.dtypes: list[str | None] = []

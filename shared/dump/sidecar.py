@@ -33,7 +33,7 @@ def dump_sidecar(dump: Dump, out: BinaryIO) -> None:
     """Write ``dump``'s sidecar to ``out``: its header, then its columns one by one."""
     header = (_MAGIC, _VERSION, dump.task, dump.level, dump.framework, dump.dump_data_dir, dump.has_md5)
     marshal.dump(header, out)
-    for column in dump.columns.to_wire():
+    for column in dump.columns.iter_wire():
         marshal.dump(column, out)
 
 
