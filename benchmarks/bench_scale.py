@@ -179,18 +179,15 @@ def tensor_pair(base: Path, ranks: int, total_bytes: int) -> tuple[Path, Path]:
 
 
 def big_dump(path: Path, megabytes: int) -> Path:
-    """A statistics dump.json of about ``megabytes`` MB (msprobe's indent=1 layout)."""
+    """A statistics dump.json of about ``megabytes`` MB (msprobe's indent=1 layout), shaped as the one of
+    issue 21 (150 MB, 452,487 entries): every entry an output, every fourth an input too."""
     from parity.shared.dump.writer import dumps_indent1
 
-    apis = megabytes * 1_000_000 // 490
+    apis = megabytes * 1_000_000 // 318
     leaf = stats_leaf(1.5, -0.5, 0.25, 3.0)
-    doc = {
-        "task": "statistics",
-        "level": "L1",
-        "framework": "pytorch",
-        "dump_data_dir": None,
-        "data": {f"Torch.op{i}.0.forward": {"input_args": [leaf], "output": [leaf]} for i in range(apis)},
-    }
+    data = {f"Torch.op{i}.0.forward": {"output": [leaf], **({"input_args": [leaf]} if i % 4 == 0 else {})}
+            for i in range(apis)}  # fmt: skip
+    doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}
     path.mkdir(parents=True, exist_ok=True)
     (path / "dump.json").write_text(dumps_indent1(doc))
     return path
