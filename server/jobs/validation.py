@@ -284,12 +284,23 @@ def _validation_lease(db: Database, run_id: str, attempt: int, seconds: float) -
 
 
 # -- the parse, in a child process ------------------------------------------------------------------------
-def validate_dumps(dumps: Sequence[tuple[str, Path]], sidecar_dir: Path | None = None) -> str | None:
-    """The first problem among ``(rel, local path)`` dump.json files, parsed in a child interpreter; with
-    ``sidecar_dir``, the sidecar of the i-th file is written there as ``{i}.columns``. Raises
-    :class:`ValidationChildError` when the child itself fails (killed, out of memory, a bug)."""
+#: Dumps of at most this many bytes in all are parsed in the worker itself: the incremental parse holds about
+#: their size, and a child interpreter's own ~30 MB would be more than that again.
+IN_PROCESS_BYTES = 64 * 2**20
+
+
+def validate_dumps(dumps: Sequence[tuple[str, Path]], sidecar_dir: Path | None = None, *,
+                   in_process_bytes: int = IN_PROCESS_BYTES) -> str | None:  # fmt: skip
+    """The first problem among ``(rel, local path)`` dump.json files, parsed in a child interpreter (in this
+    process when they hold ``in_process_bytes`` or less); with ``sidecar_dir``, the sidecar of the i-th file
+    is written there as ``{i}.columns``. Raises :class:`ValidationChildError` when the child itself fails
+    (killed, out of memory, a bug)."""
     work = [(rel, str(path), str(sidecar_dir / f"{i}.columns") if sidecar_dir else None)
             for i, (rel, path) in enumerate(dumps)]  # fmt: skip
+    if sum(path.stat().st_size for _, path in dumps) <= in_process_bytes:
+        from parity.server.jobs.parse_child import first_problem
+
+        return first_problem(work)
     request = json.dumps({"parent": os.getpid(), "dumps": work})
     # The child imports the parse only (parse_child), not the server: 24 MiB less in every parsing child.
     done = subprocess.run([sys.executable, "-m", "parity.server.jobs.parse_child"], input=request,
