@@ -12,7 +12,7 @@ multiprocessing refuses them children), one file after another, so its own memor
 the parse's goes back to the system when the child exits; the child dies with the worker
 (``PR_SET_PDEATHSIG``). It parses each file incrementally (``shared.dump.stream``), so it holds the dump's
 columns, not its text and whole parse (~7x the file: a 150 MB file took +1 GB; incrementally, under +300 MB
-for the server's whole process tree).
+for the server's whole process tree). Files of ``IN_PROCESS_BYTES`` or less in all are parsed in the worker.
 The child writes each dump's parsed columns (``shared.dump.sidecar``), which the worker stores beside the
 blob for the compare tasks, and returns only the first problem's text. Then one transaction, guarded by
 the attempt, makes the run ``complete`` (and queues its comparison against the project's baseline) or
