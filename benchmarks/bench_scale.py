@@ -124,6 +124,27 @@ def _tree_bytes(folder: Path, pattern: str) -> int:
     return total
 
 
+def _tree_rss(root: psutil.Process) -> int:
+    """RSS of ``root`` and its descendants, summed."""
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
+def _settled_tree_rss(root: psutil.Process, timeout: float = 60.0) -> int:
+    """``_tree_rss`` once it holds still (within 2 MB over a second): a baseline, not a start-up."""
+    last, deadline = _tree_rss(root), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = _tree_rss(root)
+        if abs(now - last) < 2 * MB:
+            return now
+        last = now
+    return last
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
@@ -541,8 +562,8 @@ def bench_complete(base: Path, megabytes: int) -> list[tuple[str, str]]:
             assert resp.status_code == 201, resp.text
             assert srv.proc is not None
             server = psutil.Process(srv.proc.pid)
+            tree_before = _settled_tree_rss(server)  # the workers import the engine as they start
             before = server.memory_info().rss
-            tree_before = before + sum(p.memory_info().rss for p in server.children(recursive=True))
             # The local pool's worker validates (issue 11): it and its parsing child are sampled.
             sampler = Sampler(srv.proc.pid, lambda: _children(srv.proc.pid), data / "blobs" / ".tmp")
             slowest = 0.0
