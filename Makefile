@@ -14,7 +14,7 @@ MSPROBE_STAMP := $(MSPROBE_VENV)/.installed-$(shell cat scripts/msprobe_venv.sh 
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml shared/metrics/_fused.c
+$(STAMP): pyproject.toml setup.py shared/metrics/_fused.c
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)

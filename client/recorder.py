@@ -194,11 +194,6 @@ class Recorder:
         """The step's entries so far (read them; recording goes through the event methods)."""
         return self._data
 
-    def next_step(self, step: int) -> None:
-        """Start a new step: counters, caches and entries all reset (§1.4)."""
-        self.step = step
-        self._reset()
-
     # ------------------------------------------------------------------------------------------ filters
     def selected(self, name: str) -> bool:
         """``scope`` (inclusive range in call order) and ``list`` (full names or substrings) for one entry.

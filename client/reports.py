@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity.client.rest import ApiError, ParityClient
+from parity.shared.compare.options import TOP_SUSPECTS
 from parity.shared.contract import ComparisonPublic, SuspectPublic
 from parity.shared.report.advisor import excel_where, suspect_lines
 
@@ -51,7 +52,7 @@ def download_reports(api: ParityClient, info: ComparisonPublic, out_dir: Path) -
     return paths
 
 
-def summary_lines(info: ComparisonPublic, limit: int = 10) -> list[str]:
+def summary_lines(info: ComparisonPublic, limit: int = TOP_SUSPECTS) -> list[str]:
     """The comparison's verdict, then its first divergence and top ``limit`` suspects in the advisor file's
     own words (``shared.report.advisor.suspect_lines``, the one formatter), each naming its rank."""
     summary = info.summary

@@ -29,6 +29,7 @@ from parity.client.errors import RunInvalid, UploadError
 from parity.client.rest import ParityClient, sha256_file
 from parity.shared.contract import RunPublic
 from parity.shared.dump.layout import DEBUG_JSON, DUMP_JSON, find_dump_ranks, stored_prefix
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 __all__ = [
     "DumpFile",
@@ -98,28 +99,37 @@ def retry_call(
     max_backoff_s: float = 8.0,
     wait: Callable[[float], Any] = time.sleep,
 ) -> T:
-    """Call ``fn`` until it succeeds, retrying retryable :class:`UploadError` with exponential back-off.
+    """Call ``fn`` until it succeeds, retrying retryable :class:`UploadError` with exponential back-off
+    (tenacity: ``initial_backoff_s``, doubled each try, at most ``max_backoff_s``).
 
     The total time spent waiting is bounded by ``budget_s`` (0 means a single try). A non-retryable error
     (a 4xx other than 408/429) is raised at once: trying the same request again cannot change the answer.
     """
     deadline = time.monotonic() + budget_s
-    delay = initial_backoff_s
-    attempt = 1
-    while True:
-        try:
-            return fn()
-        except UploadError as exc:
-            if not getattr(exc, "retryable", False):
-                raise
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise UploadError(f"{exc} (gave up after {attempt} tries)") from None
-            pause = min(delay, remaining, max_backoff_s)
-            log.debug("%s failed (try %d), retrying in %.2f s: %s", what, attempt, pause, exc)
-            wait(pause)
-            delay = min(delay * 2, max_backoff_s)
-            attempt += 1
+    backoff = wait_exponential(multiplier=initial_backoff_s, max=max_backoff_s)
+
+    def pause(state: RetryCallState) -> float:
+        return max(0.0, min(backoff(state), deadline - time.monotonic()))
+
+    def give_up(state: RetryCallState) -> T:
+        assert state.outcome is not None
+        tries = state.attempt_number
+        raise UploadError(f"{state.outcome.exception()} (gave up after {tries} tries)") from None
+
+    def log_retry(state: RetryCallState) -> None:
+        assert state.outcome is not None and state.next_action is not None
+        log.debug("%s failed (try %d), retrying in %.2f s: %s", what, state.attempt_number,
+                  state.next_action.sleep, state.outcome.exception())  # fmt: skip
+
+    retrying = Retrying(
+        retry=retry_if_exception(lambda e: isinstance(e, UploadError) and getattr(e, "retryable", False)),
+        stop=lambda state: deadline - time.monotonic() <= 0,
+        wait=pause,
+        sleep=wait,
+        before_sleep=log_retry,
+        retry_error_callback=give_up,
+    )  # fmt: skip
+    return retrying(fn)
 
 
 #: How a request is made: ``call(what, fn)`` runs ``fn`` with the caller's retry policy.

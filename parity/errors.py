@@ -38,6 +38,8 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "pydantic_settings": "server",
     "boto3": "server",
     "swagger_ui_bundle": "server",
+    "ijson": "server",
+    "cachetools": "server",
     "celery": "celery",
     "redis": "celery",
     "psycopg": "postgres",

@@ -8,19 +8,65 @@ decided here, once, by the entry point that owns the process, and handed to the 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
+import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
+    from parity.shared.tensor_io import TensorLimits
+
+logger = logging.getLogger(__name__)
+
 #: What each forked tensor-metric worker needs at once: the compiled kernel (the C module, or numba's cache).
 _METRIC_WORKER_MODULES = ["parity.shared.metrics.kernel", "parity.shared.metrics.parallel"]
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel kill this process when its parent (the server, a worker) dies, even by
+    SIGKILL; elsewhere, exit at once if the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
+
+
+def tensor_limits(environ: Mapping[str, str] = os.environ) -> TensorLimits:
+    """The tensor caps this process was started with: ``PARITY_MAX_TENSOR_FILE_BYTES`` (an integer) and
+    ``PARITY_MAX_TENSOR_ELEMENTS`` (a positive integer), each the library's default when unset; a value that
+    is not one is ignored with a warning. The library never reads them itself (``CompareOptions``)."""
+    from parity.shared.tensor_io import (
+        DEFAULT_MAX_TENSOR_ELEMENTS,
+        DEFAULT_MAX_TENSOR_FILE_BYTES,
+        TensorLimits,
+    )
+
+    def read(name: str, default: int, minimum: int) -> int:
+        raw = environ.get(name)
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            value = minimum - 1
+        if value >= minimum:
+            return value
+        logger.warning("ignoring %s=%r: not an integer of at least %d", name, raw, minimum)
+        return default
+
+    return TensorLimits(read("PARITY_MAX_TENSOR_FILE_BYTES", DEFAULT_MAX_TENSOR_FILE_BYTES, 0),
+                        read("PARITY_MAX_TENSOR_ELEMENTS", DEFAULT_MAX_TENSOR_ELEMENTS, 1))  # fmt: skip
 
 
 @contextmanager

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
         default=None, description="comma-separated TOKEN, TOKEN:rw or TOKEN:ro entries (unset: no auth)"
     )
     max_upload_bytes: int = Field(default=DEFAULT_MAX_UPLOAD_BYTES, gt=0)
+    # The caps of each tensor load in a compare (``shared.tensor_io.TensorLimits``): read here, handed down.
+    max_tensor_file_bytes: int = Field(default=10 * 2**30, ge=0, description="largest tensor file compared")
+    max_tensor_elements: int = Field(default=2**31, gt=0, description="largest tensor compared, in elements")
     job_backend: Literal["local", "celery"] = Field(
         default="local", description="local: a pool of processes in the server; celery: Celery workers"
     )

@@ -294,6 +294,8 @@ class ComparisonSummary(_Response):
     mode: str
     status_counts: dict[str, int] = Field(default_factory=dict)
     skipped_ranks: list[int] = Field(default_factory=list)  # in both runs, but a side has no dump.json
+    npu_only_ranks: list[int] = Field(default_factory=list)  # in the target run's step only: not compared
+    bench_only_ranks: list[int] = Field(default_factory=list)  # in the bench run's step only: not compared
     replay: list[ReplayVerdictPublic] = Field(default_factory=list)  # the top suspects' float64 replays
     replay_notes: list[str] = Field(default_factory=list)  # why a rank has no replay (statistics mode)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import logging
 import math
-import os
 import pickle
 import re
 import struct
@@ -35,15 +34,26 @@ from parity.shared.errors import DumpError, TensorTooLargeError, UnsafeFileError
 
 logger = logging.getLogger(__name__)
 
-#: Files above this size are refused, as msprobe does (10 GiB); ``PARITY_MAX_TENSOR_FILE_BYTES`` overrides it.
+#: Files above this size are refused, as msprobe does (10 GiB).
 DEFAULT_MAX_TENSOR_FILE_BYTES = 10 * 2**30
-_ENV_MAX_BYTES = "PARITY_MAX_TENSOR_FILE_BYTES"
-#: Tensors with more elements are not compared (a row diagnostic says why); ``PARITY_MAX_TENSOR_ELEMENTS``
-#: overrides it. The size cap alone does not bound the work: a 1.7 KB ``.pt`` can hold an ``expand``-ed view
-#: of 2**40 elements. 2**31 float32 elements are an 8 GiB file, the largest a 10 GiB size cap lets through
-#: for the common dtype; the fused kernel reads them in a few seconds.
+#: Tensors with more elements are not compared (a row diagnostic says why). The size cap alone does not bound
+#: the work: a 1.7 KB ``.pt`` can hold an ``expand``-ed view of 2**40 elements. 2**31 float32 elements are an
+#: 8 GiB file, the largest a 10 GiB size cap lets through for the common dtype; the fused kernel reads them
+#: in a few seconds.
 DEFAULT_MAX_TENSOR_ELEMENTS = 2**31
-_ENV_MAX_ELEMENTS = "PARITY_MAX_TENSOR_ELEMENTS"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorLimits:
+    """The caps every tensor load applies. The core never reads them from the environment: the entry points
+    do (``PARITY_MAX_TENSOR_FILE_BYTES`` and ``PARITY_MAX_TENSOR_ELEMENTS``: the CLI in
+    ``parity.process_policy.tensor_limits``, the server in its ``Settings``) and pass them down."""
+
+    max_file_bytes: int = DEFAULT_MAX_TENSOR_FILE_BYTES
+    max_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS
+
+
+DEFAULT_LIMITS = TensorLimits()
 
 # torch storage class names (as they appear in data.pkl) -> the numpy dtype of their elements.
 _STORAGE_DTYPES: dict[str, np.dtype[Any]] = {
@@ -62,90 +72,64 @@ _MAX_PICKLE_BYTES = 1 << 20  # a one-tensor data.pkl is ~200 bytes
 _ZIP_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 
 
-def max_tensor_file_bytes() -> int:
-    """The size cap in force: ``PARITY_MAX_TENSOR_FILE_BYTES`` when set to an integer, else 10 GiB."""
-    raw = os.environ.get(_ENV_MAX_BYTES)
-    if raw:
-        try:
-            return int(raw)
-        except ValueError:
-            logger.warning("ignoring %s=%r: not an integer", _ENV_MAX_BYTES, raw)
-    return DEFAULT_MAX_TENSOR_FILE_BYTES
-
-
-def max_tensor_elements() -> int:
-    """The element cap in force: ``PARITY_MAX_TENSOR_ELEMENTS`` when set to a positive integer, else 2**31."""
-    raw = os.environ.get(_ENV_MAX_ELEMENTS)
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = 0
-        if value > 0:
-            return value
-        logger.warning("ignoring %s=%r: not a positive integer", _ENV_MAX_ELEMENTS, raw)
-    return DEFAULT_MAX_TENSOR_ELEMENTS
-
-
-def _check_elements(path: Path, shape: tuple[int, ...]) -> None:
+def _check_elements(path: Path, shape: tuple[int, ...], limits: TensorLimits) -> None:
     numel = math.prod(shape)
-    cap = max_tensor_elements()
+    cap = limits.max_elements
     if numel > cap:
         raise TensorTooLargeError(
             path, f"tensor of shape {list(shape)} has {numel} elements, over the cap of {cap} "
-            f"({_ENV_MAX_ELEMENTS}); not compared",
+            "(PARITY_MAX_TENSOR_ELEMENTS); not compared",
         )  # fmt: skip
 
 
-def _check_size(path: Path, max_bytes: int | None) -> None:
+def _check_size(path: Path, limits: TensorLimits) -> None:
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         raise DumpError(path, "tensor file not found") from None
     except OSError as exc:
         raise DumpError(path, f"cannot read tensor file: {exc.strerror or exc}") from None
-    cap = max_tensor_file_bytes() if max_bytes is None else max_bytes
+    cap = limits.max_file_bytes
     if size > cap:
         raise UnsafeFileError(path, f"tensor file is {size} bytes, over the {cap}-byte cap")
 
 
-def load_tensor(path: Path, *, max_bytes: int | None = None) -> np.ndarray:
+def load_tensor(path: Path, *, limits: TensorLimits = DEFAULT_LIMITS) -> np.ndarray:
     """Load one dumped tensor as a numpy array, never unpickling anything but tensor data.
 
     Raises :class:`UnsafeFileError` for a file that needs pickle to load (an arbitrary object, an object
     ``.npy``) or is over the size cap, and :class:`DumpError` for a missing, corrupt or non-tensor file.
     """
     path = Path(path)
-    _check_size(path, max_bytes)
+    _check_size(path, limits)
     suffix = path.suffix.lower()
     if suffix == ".pt":
-        array = _load_pt_with_torch(path)
+        array = _load_pt_with_torch(path, limits)
     elif suffix == ".npy":
-        array = _load_npy(path)
+        array = _load_npy(path, limits)
     else:
         raise DumpError(path, f"unsupported tensor file type {suffix or '(none)'!r}: expected .pt or .npy")
     return np.squeeze(array)
 
 
-def load_torch_tensor(path: Path, *, max_bytes: int | None = None) -> Any:
+def load_torch_tensor(path: Path, *, limits: TensorLimits = DEFAULT_LIMITS) -> Any:
     """Load one dumped tensor as a CPU ``torch.Tensor`` in its own dtype and shape (the float64 replay needs
     both), with the same refusals as :func:`load_tensor`: weights-only ``torch.load``, the size and element
     caps, dense tensors only. A ``.npy`` file is read with ``allow_pickle=False`` and wrapped."""
     import torch
 
     path = Path(path)
-    _check_size(path, max_bytes)
+    _check_size(path, limits)
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        array = np.array(_load_npy(path))  # a private copy: the memory map is read-only
-        _check_elements(path, tuple(array.shape))
+        array = np.array(_load_npy(path, limits))  # a private copy: the memory map is read-only
         return torch.from_numpy(array)
     if suffix != ".pt":
         raise DumpError(path, f"unsupported tensor file type {suffix or '(none)'!r}: expected .pt or .npy")
-    return _load_pt_tensor(path)
+    return _load_pt_tensor(path, limits)
 
 
-def _load_pt_tensor(path: Path) -> Any:
+def _load_pt_tensor(path: Path, limits: TensorLimits) -> Any:
     """``torch.load(weights_only=True)`` of a file that must hold one dense tensor; returned detached."""
     import torch  # lazily: the compare engine runs without torch for .npy dumps and statistics mode
 
@@ -167,17 +151,17 @@ def _load_pt_tensor(path: Path) -> Any:
         raise DumpError(path, f"cannot load tensor file: {exc}") from None
     if not isinstance(obj, torch.Tensor):
         raise DumpError(path, f"holds a {type(obj).__name__}, not a single tensor")
-    _check_elements(path, tuple(obj.shape))
+    _check_elements(path, tuple(obj.shape), limits)
     tensor = obj.detach()
     if tensor.layout is not torch.strided:
         raise DumpError(path, f"holds a {tensor.layout} tensor; only dense tensors are compared")
     return tensor
 
 
-def _load_pt_with_torch(path: Path) -> np.ndarray:
+def _load_pt_with_torch(path: Path, limits: TensorLimits) -> np.ndarray:
     import torch
 
-    tensor = _load_pt_tensor(path)
+    tensor = _load_pt_tensor(path, limits)
     if tensor.is_floating_point() and tensor.dtype not in (torch.float16, torch.float32, torch.float64):
         tensor = tensor.float()  # bfloat16 and the float8 family: numpy has no such dtype
     try:
@@ -207,7 +191,7 @@ def _is_pickle_or_zip(path: Path) -> bool:
     return head[:1] == b"\x80" or head == b"PK\x03\x04"
 
 
-def _load_npy(path: Path) -> np.ndarray:
+def _load_npy(path: Path, limits: TensorLimits) -> np.ndarray:
     try:
         with path.open("rb") as fh:
             version = np.lib.format.read_magic(fh)
@@ -227,7 +211,7 @@ def _load_npy(path: Path) -> np.ndarray:
         raise DumpError(path, f"cannot load .npy file: {exc}") from None
     except OSError as exc:
         raise DumpError(path, f"cannot load .npy file: {exc}") from None
-    _check_elements(path, array.shape)
+    _check_elements(path, array.shape, limits)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("="))
     return np.asarray(array)
@@ -315,7 +299,7 @@ def _member_data_offset(fh: Any, info: zipfile.ZipInfo) -> int:
     return int(info.header_offset + _ZIP_LOCAL_HEADER.size + name_len + extra_len)
 
 
-def _open_pt_mmap(path: Path) -> RawTensor:
+def _open_pt_mmap(path: Path, limits: TensorLimits) -> RawTensor:
     file_size = path.stat().st_size
     with path.open("rb") as fh:
         try:
@@ -352,7 +336,7 @@ def _open_pt_mmap(path: Path) -> RawTensor:
         raise _NotPlainTensor("negative size, stride or offset")
     if storage.numel * itemsize > data_info.file_size or data_offset + data_info.file_size > file_size:
         raise _NotPlainTensor("storage larger than its zip member")
-    _check_elements(path, size)
+    _check_elements(path, size, limits)
     if 0 in size:
         array: np.ndarray = np.zeros(size, dtype=dtype)
     else:
@@ -366,21 +350,21 @@ def _open_pt_mmap(path: Path) -> RawTensor:
     return RawTensor(np.squeeze(array), bfloat16=storage.dtype_name == "BFloat16Storage")
 
 
-def open_tensor(path: Path, *, max_bytes: int | None = None) -> RawTensor:
+def open_tensor(path: Path, *, limits: TensorLimits = DEFAULT_LIMITS) -> RawTensor:
     """Open one dumped tensor for comparison, memory-mapped and without importing torch when possible.
 
     Same refusals and errors as :func:`load_tensor`, which it falls back to for any ``.pt`` that is not one
     plain tensor of a common dtype (so torch's weights-only unpickler is the judge of those).
     """
     path = Path(path)
-    _check_size(path, max_bytes)
+    _check_size(path, limits)
     if path.suffix.lower() == ".pt":
         try:
-            return _open_pt_mmap(path)
+            return _open_pt_mmap(path, limits)
         except TensorTooLargeError:
             raise
         except _NotPlainTensor as why:
             logger.debug("%s: fast reader declined (%s); using torch.load(weights_only=True)", path, why)
         except Exception as exc:  # noqa: BLE001 - any surprise: torch's weights-only loader judges the file
             logger.debug("%s: fast reader failed (%s); using torch.load(weights_only=True)", path, exc)
-    return RawTensor(load_tensor(path, max_bytes=max_bytes))
+    return RawTensor(load_tensor(path, limits=limits))

@@ -20,7 +20,6 @@ from parity.progress import ProgressBar
 
 logger = logging.getLogger(__name__)
 
-TOP_SUSPECTS = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -177,9 +176,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"parity compare: note: {note}\n")
     spec = load_compare_spec(args.input_path)
 
-    from parity.process_policy import collector_paused, metric_executor
+    from parity.process_policy import collector_paused, metric_executor, tensor_limits
     from parity.shared.compare.job import run_compare
-    from parity.shared.compare.options import CompareOptions
+    from parity.shared.compare.options import TOP_SUSPECTS, CompareOptions
     from parity.shared.replay.text import replay_lines
     from parity.shared.report.advisor import suspect_lines
 
@@ -188,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         with collector_paused(), metric_executor(args.workers) as executor:
             options = CompareOptions(
                 fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, executor=executor,
-                replay_top=args.replay,
+                replay_top=args.replay, tensor_limits=tensor_limits(),
             )  # fmt: skip
             outputs = run_compare(
                 spec,

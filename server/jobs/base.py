@@ -10,19 +10,14 @@ the ids), and it imports nothing of the server, so no import cycle can pass thro
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import signal
 import socket
-import sys
 from typing import Protocol
 
 __all__ = [
     "JobId",
     "JobQueue",
     "NullQueue",
-    "die_with_parent",
     "import_engine",
     "parse_task_id",
     "task_id",
@@ -94,17 +89,6 @@ class NullQueue:
 def worker_name() -> str:
     """Who holds a job, as shown in the database: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel kill this process when ``parent_pid`` (its parent) dies, even by SIGKILL: a
-    pool worker with its server, a parsing child with its worker."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
-        os._exit(1)
 
 
 def import_engine() -> None:

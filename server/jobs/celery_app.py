@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +31,7 @@ from celery.signals import task_received, worker_init
 from parity.server.db import Database
 from parity.server.errors import ServiceError
 from parity.server.job_repository import JobRepository
+from parity.server.jobs.background import BackgroundLoop
 from parity.server.jobs.base import import_engine, validated_run, validation_id, worker_name
 from parity.server.models import utcnow
 from parity.server.settings import Settings
@@ -143,8 +143,8 @@ class CeleryQueue:
         self.db = db
         self.app = make_celery(settings)
         self.watch_interval = max(settings.job_lease_seconds / 2, 0.5)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop(self._watch_leases, "parity-leases")
+        self._stopping = self._loop.stopping
         # task id -> the lapsed lease it was last sent for: one message per lapse, not one per look.
         self._resent: dict[str, datetime | None] = {}
 
@@ -159,15 +159,10 @@ class CeleryQueue:
             self.submit(task_id)
         if queued:
             logger.info("sent %d queued rank task(s) to the Celery workers", len(queued))
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._watch_leases, name="parity-leases", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._loop.stop()
 
     def resend_lapsed(self) -> list[str]:
         """Send the id of every running task whose lease has passed and was not yet sent for that lapse."""

@@ -28,7 +28,6 @@ import multiprocessing
 import os
 import sys
 import termios
-import threading
 import uuid
 from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
@@ -36,8 +35,11 @@ from typing import Any
 
 from parity.server.db import Database
 from parity.server.job_repository import JobRepository
-from parity.server.jobs.base import JobId, die_with_parent, import_engine, parse_task_id, validated_run
+from parity.server.jobs.background import BackgroundLoop
+from parity.server.jobs.base import JobId, import_engine, parse_task_id, validated_run
 from parity.server.settings import Settings
+
+from parity.process_policy import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +124,8 @@ class LocalProcessQueue:
         self._ctx = multiprocessing.get_context("spawn")
         self._wake = Bell(self._ctx, self.workers)
         self._children: dict[str, BaseProcess] = {}
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop(self._supervise, "parity-jobs")
+        self._stopping = self._loop.stopping
 
     def submit(self, task_id: str) -> None:
         self._wake.ring()
@@ -135,15 +137,10 @@ class LocalProcessQueue:
             requeued = JobRepository(session).requeue_running()
         if requeued:
             logger.warning("%d task(s) interrupted by the last shutdown are queued again", requeued)
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._supervise, name="parity-jobs", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._loop.stop()
 
     # -- the supervisor thread --------------------------------------------------------------------------
     def _supervise(self) -> None:

@@ -8,16 +8,13 @@ pipeline's merged summary, with the headline figures the REST body shows.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
 
 from parity.server.job_repository import TERMINAL, JobRepository
 from parity.server.models import Comparison, ComparisonCounts, Job, utcnow
-from parity.shared.compare.result import FAILING_STATUSES
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-__all__ = ["COMPARISON_LOCK", "TOP_SUSPECTS", "comparison_summary", "merge_comparison", "slice_label"]
+__all__ = ["COMPARISON_LOCK", "merge_comparison", "slice_label"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +25,6 @@ logger = logging.getLogger(__name__)
 #: it.
 COMPARISON_LOCK: dict[str, bool] = {"key_share": True}
 
-TOP_SUSPECTS = 10
-_FAILING = frozenset(status.value for status in FAILING_STATUSES)
 
 
 def slice_label(slice_: int) -> str:
@@ -73,9 +68,12 @@ def merge_comparison(session: Session, comparison_id: str) -> None:
         return
     c.status, c.error = "succeeded", None
     c.headers = {str(t.rank): list(t.header or []) for t in done}
+    from parity.server.services.comparisons import comparison_summary
+
     c.summary = comparison_summary(
-        [t.summary or {} for t in done], skipped=sorted({t.rank for t in tasks if t.status == "skipped"})
-    )
+        session, c, [t.summary or {} for t in done],
+        skipped=sorted({t.rank for t in tasks if t.status == "skipped"}),
+    )  # fmt: skip
     # The ranks stored their calls with their rows; their counts make the calls ready for the pages.
     session.execute(delete(ComparisonCounts).where(ComparisonCounts.comparison_id == comparison_id))
     counts = {status: n for status, n in c.summary["status_counts"].items() if n}
@@ -83,47 +81,3 @@ def merge_comparison(session: Session, comparison_id: str) -> None:
     logger.info(
         "comparison %s succeeded: %d rows over %d rank(s)", comparison_id, c.summary["rows"], len(done)
     )
-
-
-def comparison_summary(rank_docs: Sequence[dict[str, Any]], *, skipped: Sequence[int] = ()) -> dict[str, Any]:
-    """The comparison body's ``summary``: the shared pipeline's merged summary, and the headline figures the
-    REST body shows (rows, failing rows and APIs, top suspects), read from it."""
-    from parity.shared.report.summary import multi_rank_summary
-
-    doc = multi_rank_summary(rank_docs, skipped_ranks=list(skipped))
-    counts = doc["status_counts"]
-    failing_apis: dict[str, None] = {}
-    suspects: list[dict[str, Any]] = []
-    for rank in doc["ranks"]:
-        for api in rank["failing_apis"]:
-            failing_apis.setdefault(api)
-        suspects += [{**s, "compare_rank": rank["rank"]} for s in rank["suspects"]]
-    # Ranked by score across ranks; the first divergence is the one of the rank that diverged first.
-    suspects.sort(key=lambda s: (-s.get("score", 0.0), s["compare_rank"], s["rank"]))
-    origin = doc.get("first_diverged")
-    first = None
-    if origin is not None:
-        for rank in doc["ranks"]:
-            if rank["rank"] == origin["rank"] and rank.get("first_divergence"):
-                first = {**rank["first_divergence"], "compare_rank": rank["rank"]}
-    replay, notes = _replay_of(doc["ranks"])
-    return {
-        "replay": replay, "replay_notes": notes,
-        "rows": sum(counts.values()), "failing_rows": sum(counts[s] for s in _FAILING),
-        "failing_apis": list(failing_apis), "top_suspects": suspects[:TOP_SUSPECTS],
-        "first_divergence": first,
-        "ranks": doc["compared_ranks"], "mode": doc["mode"] or "none", "status_counts": counts,
-        "skipped_ranks": doc["skipped_ranks"],
-    }  # fmt: skip
-
-
-def _replay_of(ranks: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every rank's float64 replay verdicts (with their rank), and the distinct notes of ranks without."""
-    verdicts: list[dict[str, Any]] = []
-    notes: dict[str, None] = {}
-    for rank in ranks:
-        doc = rank.get("replay") or {}
-        verdicts += [{**v, "compare_rank": rank["rank"]} for v in doc.get("verdicts") or []]
-        if doc.get("note"):
-            notes.setdefault(str(doc["note"]))
-    return verdicts, list(notes)

@@ -30,6 +30,7 @@ from parity.server.repositories import RunRepository
 from parity.server.store import BlobStore, comparison_key
 from parity.shared.compare.slices import CallSlice
 from parity.shared.dump.layout import DUMP_JSON, rank_dir_name, step_dir_name
+from parity.shared.tensor_io import TensorLimits
 from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
@@ -59,8 +60,10 @@ class RankTask:
     """
 
     def __init__(self, db: Database, store: BlobStore, tmp_root: Path,
-                 claim_following: Callable[[Session], Claimed | None] | None = None) -> None:  # fmt: skip
+                 claim_following: Callable[[Session], Claimed | None] | None = None,
+                 tensor_limits: TensorLimits | None = None) -> None:  # fmt: skip
         self.db, self.store, self._tmp_root = db, store, tmp_root
+        self.tensor_limits = tensor_limits  # the server's settings, read at its edge
         self.claim_following = claim_following
         self.following: Claimed | None = None
 
@@ -83,10 +86,10 @@ class RankTask:
         from parity.shared.compare.job import RankPair, compare_rank
         from parity.shared.compare.options import CompareOptions
         from parity.shared.dump.sidecar import read_dump
-
         engine_options = CompareOptions(
             fuzzy_match=bool(options.get("fuzzy_match", False)),
             stack_mode=bool(options.get("stack_mode", False)),
+            tensor_limits=self.tensor_limits,
             # no executor: the backend runs one task per worker slot, so each computes its metrics itself
         )
         # A slice's own folder name (s0 too), so a takeover below never removes a sibling slice's folder.
@@ -199,4 +202,5 @@ class RankTask:
         xlsx, advisor = out_dir / "report.xlsx", out_dir / "advisor.txt"
         # the replay of the rank's top suspects reads their tensor files: fetch those this slice lacks
         return finish_rank(pair, parts, xlsx_path=xlsx, advisor_path=advisor, replay_top=options.replay_top,
-                           stage_files=files.stage, progress=lease.progress)  # fmt: skip
+                           stage_files=files.stage, progress=lease.progress,
+                           tensor_limits=options.tensor_limits)  # fmt: skip

@@ -34,6 +34,7 @@ from parity.server.jobs.validation_task import ValidationTask
 from parity.server.models import Job, utcnow
 from parity.server.settings import Settings
 from parity.server.store import open_store
+from parity.shared.tensor_io import TensorLimits
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -64,8 +65,9 @@ class TaskRunner:
         self.db = Database.connect(settings.resolved_database_url)
         self.store = open_store(settings.resolved_store_url, settings.resolved_data_dir / "tmp")
         self.cache = worker_cache(settings, self.store)
+        limits = TensorLimits(settings.max_tensor_file_bytes, settings.max_tensor_elements)
         self.ranks = RankTask(self.db, self.store, tmp_root(self.store, settings),
-                              self._claim_following if pull_next else None)  # fmt: skip
+                              self._claim_following if pull_next else None, tensor_limits=limits)  # fmt: skip
         self.validations = ValidationTask(settings, self.db, self.store, self.cache, queue or NullQueue(),
                                           self.worker)  # fmt: skip
 

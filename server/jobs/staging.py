@@ -17,11 +17,9 @@ from parity.server.errors import ServiceError
 from parity.server.models import RunFile
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, FileStore, comparison_key, sidecar_key
-from parity.shared.dump.layout import DUMP_JSON
+from parity.shared.dump.layout import DUMP_JSON, TENSOR_DIR
 
 __all__ = ["JobError", "SliceFiles", "part_key", "split_tensor_files", "stage", "tmp_root"]
-
-TENSOR_DIR = "dump_tensor_data"
 
 
 class JobError(ServiceError):

@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import orjson
+from cachetools import LRUCache
 from parity.server.db import Database
 from parity.server.models import Comparison, ComparisonCall, ComparisonCounts, ComparisonRow
 from sqlalchemy import delete, insert, select
@@ -191,20 +191,17 @@ class CallService:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._cache: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache: LRUCache[tuple[Any, ...], Any] = LRUCache(maxsize=self.CACHE_ENTRIES)
+        self._lock = threading.Lock()  # cachetools' caches are not thread-safe
 
     def cached(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
         with self._lock:
             if key in self._cache:
-                self._cache.move_to_end(key)
                 return cast(T, self._cache[key])
-        value = build()
+        value = build()  # outside the lock: two threads may build one key, as before, and agree
         if value is not None:
             with self._lock:
                 self._cache[key] = value
-                while len(self._cache) > self.CACHE_ENTRIES:
-                    self._cache.popitem(last=False)
         return value
 
     def _ensure(self, comparison_id: str) -> dict[str, int] | None:

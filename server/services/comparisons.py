@@ -8,18 +8,19 @@ import logging
 import math
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from pathlib import PurePosixPath
 from typing import Any
 
 import anyio.to_thread
+from cachetools import LRUCache
 from parity.server.db import Database
 from parity.server.errors import BadRequest, Conflict, NotFound, Unprocessable
 from parity.server.job_repository import JobRepository
 from parity.server.jobs.base import JobQueue
-from parity.server.models import Comparison, ComparisonRow, Job, utcnow
+from parity.server.models import Comparison, ComparisonRow, Job, RunFile, utcnow
 from parity.server.repositories import (
     ComparisonRepository,
     RunRepository,
@@ -37,8 +38,11 @@ from parity.server.schemas import (
 )
 from parity.server.services.runs import resolve_run
 from parity.server.store import BlobStore, comparison_key
+from parity.shared.compare.job import ComparePlan, RankPlan, merge_summary, plan_rank_sets
 from parity.shared.compare.result import RowStatus
+from parity.shared.dump.layout import DUMP_JSON, rank_dir_name, step_dir_name
 from sqlalchemy import case, false, func, select, tuple_
+from sqlalchemy.orm import Session
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +63,7 @@ def comparison_public(c: Comparison, tasks: list[Job] | None = None) -> Comparis
         target_run=c.target_run_id, bench_run=c.bench_run_id, step=c.step, ranks=c.ranks,
         options=ComparisonOptions(**(c.options or {})), created_at=c.created_at, started_at=c.started_at,
         finished_at=c.finished_at,
-        summary=ComparisonSummary(**c.summary) if c.summary else None,
+        summary=summary_public(c.summary) if c.summary else None,
         tasks=[RankTaskPublic(
             rank=t.rank, slice=t.slice, slices=t.slices, status=t.status,  # type: ignore[arg-type]
             progress=t.progress, attempt=t.attempt,
@@ -67,6 +71,80 @@ def comparison_public(c: Comparison, tasks: list[Job] | None = None) -> Comparis
         ) for t in tasks],
         against_baseline=bool(c.against_baseline),
     )  # fmt: skip
+
+
+def summary_public(doc: dict[str, Any]) -> ComparisonSummary:
+    """The REST body's summary: the headline fields of the stored summary document (``merge_summary``'s,
+    served whole as ``summary.json``), its ``compared_ranks`` as ``ranks``."""
+    if "kind" not in doc:  # stored before the comparison kept the pipeline's document: the body itself
+        return ComparisonSummary(**doc)
+    return ComparisonSummary(**{**doc, "ranks": doc["compared_ranks"], "mode": doc["mode"] or "none"})
+
+
+def rank_dumps(session: Session, run_id: str, step: int) -> dict[int | None, bool]:
+    """The ranks of a run's step, each with whether its dump.json was uploaded: the rank planner's input."""
+    step_dir = step_dir_name(step)
+    ranks: dict[int | None, bool] = {}
+    for rank, path in session.execute(
+        select(RunFile.rank, RunFile.path).where(RunFile.run_id == run_id, RunFile.step == step,
+                                                 RunFile.rank.is_not(None))
+    ):  # fmt: skip
+        with_dump = path == f"{step_dir}/{rank_dir_name(rank)}/{DUMP_JSON}"
+        ranks[int(rank)] = ranks.get(int(rank), False) or with_dump
+    return ranks
+
+
+def plan_comparison(session: Session, target_id: str, bench_id: str, step: int,
+                    asked: Sequence[int] | None) -> RankPlan:  # fmt: skip
+    """The CLI's rank planner over the two runs' step (narrowed to the ``asked`` ranks when given): the same
+    answer when a comparison is queued and when its summary is merged, the runs being complete."""
+    target, bench = rank_dumps(session, target_id, step), rank_dumps(session, bench_id, step)
+    if asked is not None:
+        target = {r: has for r, has in target.items() if r in asked}
+        bench = {r: has for r, has in bench.items() if r in asked}
+    return plan_rank_sets(target, bench, npu_side=f"target run {target_id}",
+                          bench_side=f"bench run {bench_id}")  # fmt: skip
+
+
+def comparison_summary(session: Session, c: Comparison, rank_docs: Sequence[dict[str, Any]], *,
+                       skipped: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
+    """What the comparison stores and serves once its ranks are done: ``merge_summary`` over the ranks' own
+    documents and the rank plan, each side named ``{run id}/step{N}`` and each rank's files under it
+    (``{run id}/step{N}/rank{R}/dump.json``), never the worker's staging folder. ``skipped``: ranks a task
+    found without a dump.json after all."""
+    from parity.shared.report.summary import json_safe
+
+    step = c.step if c.step is not None else 0
+    plan = plan_comparison(session, c.target_run_id, c.bench_run_id, step, c.ranks)
+    npu_path, bench_path = (f"{run}/{step_dir_name(step)}" for run in (c.target_run_id, c.bench_run_id))
+    if skipped:
+        late = set(skipped)
+        plan = RankPlan([r for r in plan.compared if r not in late], plan.npu_only, plan.bench_only,
+                        sorted({*plan.skipped, *late}, key=lambda r: -1 if r is None else r))  # fmt: skip
+    docs = [_relabel(doc, npu_path, bench_path) for doc in rank_docs]
+    doc: dict[str, Any] = json_safe(merge_summary(ComparePlan.of_ranks(plan, npu_path, bench_path), docs))
+    return doc
+
+
+def _relabel(doc: dict[str, Any], npu_path: str, bench_path: str) -> dict[str, Any]:
+    """A rank's document with the worker's folders of its dumps replaced by the runs' names for them."""
+    rank = rank_dir_name(int(doc["rank"]))
+    renames = [(str(PurePosixPath(doc[key]).parent), f"{side}/{rank}")
+               for key, side in (("npu_path", npu_path), ("bench_path", bench_path)) if doc.get(key)]
+
+    def relabel(value: Any) -> Any:
+        if isinstance(value, str):
+            for old, new in renames:
+                value = value.replace(old, new)
+            return value
+        if isinstance(value, dict):
+            return {k: relabel(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [relabel(v) for v in value]
+        return value
+
+    relabelled: dict[str, Any] = relabel(doc)
+    return relabelled
 
 
 #: Every row status, as the ``status`` column and the ``Parity Status`` cell write it.
@@ -110,7 +188,7 @@ class _Finished:
         self.rank_counts: list[tuple[int, int]] | None = None  # (rank, rows) in rank order
         # Rows per (rank, status), counted at the first status filter: then every status count is a sum.
         self.status_counts: dict[tuple[int, str], int] | None = None
-        self.name_counts: OrderedDict[tuple[RowFilter, int | None], int] = OrderedDict()
+        self.name_counts: LRUCache[tuple[RowFilter, int | None], int] = LRUCache(maxsize=512)
 
     def count(self, rows: RowFilter, rank: int | None) -> int | None:
         """The rows matching ``rows`` and ``rank``, when known without asking the database."""
@@ -143,8 +221,8 @@ class ComparisonService:
         self.store = store
         self.queue = queue
         self.task_max_bytes = task_max_bytes  # PARITY_TASK_MAX_BYTES: past it, a rank is split in slices
-        self._finished: OrderedDict[str, _Finished] = OrderedDict()
-        self._lock = threading.Lock()
+        self._finished: LRUCache[str, _Finished] = LRUCache(maxsize=256)
+        self._lock = threading.Lock()  # the caches (cachetools' are not thread-safe) and their states' counts
         self._count_lock = threading.Lock()
 
     def create(self, body: ComparisonCreate) -> ComparisonPublic:
@@ -189,13 +267,14 @@ class ComparisonService:
                     f"(it has {sorted(target[step])})"
                 )
         target_id, bench_id = run_ids["target_run"], run_ids["bench_run"]
-        wanted = set(body.ranks) if body.ranks is not None else target[step]
-        ranks = sorted(wanted & bench[step])
+        with self.db.read() as session:
+            plan = plan_comparison(session, target_id, bench_id, step, body.ranks)
+        ranks = [r for r in plan.compared if r is not None]  # a run stores an unnumbered rank as rank 0
         if not ranks:
-            raise Unprocessable(
-                f"step {step}: no rank is present in both runs (target has {sorted(wanted)}, "
-                f"bench has {sorted(bench[step])})"
-            )
+            wanted = sorted(set(body.ranks) if body.ranks is not None else target[step])
+            why = (f"no rank has a dump.json in both runs (skipped: {plan.skipped})" if plan.skipped
+                   else "no rank is present in both runs")  # fmt: skip
+            raise Unprocessable(f"step {step}: {why} (target has {wanted}, bench has {sorted(bench[step])})")
         asked_ranks = sorted(set(body.ranks)) if body.ranks is not None else None
         options = body.options.model_dump()
         slices = self._slices(target_id, bench_id, step, ranks)
@@ -322,7 +401,6 @@ class ComparisonService:
         with self._lock:
             state = self._finished.get(comparison_id)
             if state is not None:
-                self._finished.move_to_end(comparison_id)
                 return state
         with self.db.read() as session:
             c = self._require(session, comparison_id)
@@ -331,8 +409,6 @@ class ComparisonService:
             state = _Finished(dict(c.headers or {}))
         with self._lock:
             self._finished[comparison_id] = state
-            while len(self._finished) > 256:
-                self._finished.popitem(last=False)
         return state
 
     async def rows_json_async(
@@ -413,8 +489,6 @@ class ComparisonService:
                         total = int(conn.execute(select(func.count()).where(*where)).scalar_one())
                         with self._lock:
                             state.name_counts[key] = total
-                            while len(state.name_counts) > 512:
-                                state.name_counts.popitem(last=False)
             order = (t.rank, t.index) if sort != "score" else (t.score.desc().nulls_last(), t.rank, t.index)
             stmt = select(*columns).where(*where).order_by(*order).limit(limit)
             if rows.statuses is None and not rows.name and sort != "score":
@@ -467,21 +541,20 @@ class ComparisonService:
 
     # -- reports ----------------------------------------------------------------------------------------
     def summary_file(self, comparison_id: str) -> tuple[str, Iterator[bytes]]:
-        """(download name, bytes) of the comparison's summary JSON: the document ``parity compare`` writes
-        for a step directory, merged from what each rank's task stored (every rank's status counts, verdict,
-        suspects and files)."""
-        from parity.shared.report.summary import json_safe, multi_rank_summary
-
+        """(download name, bytes) of the comparison's summary JSON: the document it stored when its last rank
+        finished, ``merge_summary``'s, as ``parity compare`` writes it for two step directories."""
         with self.db.read() as session:
             c = self._require(session, comparison_id)
             if c.status != "succeeded":
                 raise Conflict(f"comparison {comparison_id} is {c.status}; a summary exists once it succeeds")
-            tasks = JobRepository(session).for_comparison(comparison_id)
-        # a sliced rank's result is on the slice that joined the others; the other slices hold no summary
-        docs = [t.summary for t in tasks if t.status == "succeeded" and t.summary is not None]
-        skipped = sorted({t.rank for t in tasks if t.status == "skipped"})
-        doc = multi_rank_summary(docs, skipped_ranks=skipped)
-        text = json.dumps(json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
+            doc = dict(c.summary or {})
+            if "kind" not in doc:  # stored before the comparison kept the pipeline's document
+                tasks = JobRepository(session).for_comparison(comparison_id)
+                # a sliced rank's result is on the slice that joined the others; the others hold no summary
+                docs = [t.summary for t in tasks if t.status == "succeeded" and t.summary is not None]
+                skipped = sorted({t.rank for t in tasks if t.status == "skipped"})
+                doc = comparison_summary(session, c, docs, skipped=skipped)
+        text = json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n"
         return f"compare_summary_{comparison_id[:8]}.json", iter([text.encode()])
 
     def delete(self, comparison_id: str) -> None:

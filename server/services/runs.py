@@ -30,6 +30,7 @@ from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic,
 from parity.server.services.paths import check_sha256, check_upload_path
 from parity.server.store import BlobStore, run_key, upload_key
 from parity.shared.contract import split_tag
+from parity.shared.dump.layout import DUMP_JSON
 from sqlalchemy.exc import IntegrityError
 
 logger = logging.getLogger(__name__)
@@ -149,11 +150,6 @@ class RunService:
         self, repo: RunRepository, run_id: str, *, for_update: bool = False, shared: bool = False
     ) -> Run:
         return resolve_run(repo, run_id, for_update=for_update, shared=shared)
-
-    def resolve_id(self, ref: str) -> str:
-        """The id of the run ``ref`` names (an id or a name; see :func:`resolve_run`)."""
-        with self.db.read() as session:
-            return resolve_run(RunRepository(session), ref).id
 
     def get(self, ref: str) -> RunPublic:
         with self.db.read() as session:
@@ -368,7 +364,7 @@ class RunService:
             run_id = run.id
             if run.status in ("complete", "validating"):
                 return run_public(run, repo.stats([run_id])[run_id])
-            if not any(f.path.rsplit("/", 1)[-1] == "dump.json" for f in repo.files(run_id)):
+            if not any(f.path.rsplit("/", 1)[-1] == DUMP_JSON for f in repo.files(run_id)):
                 raise Unprocessable(f"run {run_id}: no dump.json uploaded")
             run.status, run.error = "validating", None
             job_id = JobRepository(session).queue_validation(run_id, utcnow())

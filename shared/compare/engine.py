@@ -86,7 +86,7 @@ def compare_dumps(
     if options.replay_top > 0:  # imported here: a compare without the replay never imports torch for it
         from parity.shared.replay.compare import dump_replayer
 
-        replayer = dump_replayer(npu_dump_json, bench_dump_json)
+        replayer = dump_replayer(npu_dump_json, bench_dump_json, limits=options.tensor_limits)
     result = conclude([part], stacks_of(npu_dump_json, stack_path), replayer=replayer,
                       replay_top=options.replay_top)  # fmt: skip
     result.npu_path = str(npu_dump_json)
@@ -160,20 +160,6 @@ def stacks_of(npu_dump_json: Path, stack_path: Path | None) -> dict[str, list[st
 
 # --------------------------------------------------------------------------------------------------------
 # the table
-
-
-def compare_loaded(
-    npu: Dump,
-    bench: Dump,
-    mode: CompareMode,
-    options: CompareOptions,
-    *,
-    stacks: Mapping[str, list[str]] | None = None,
-    stack_mode: bool = False,
-    progress: Progress | None = None,
-) -> CompareResult:
-    """Compare two already-read dumps in ``mode`` (see ``compare_dumps``)."""
-    return conclude([_table_part(npu, bench, mode, options, stacks, stack_mode, progress, None)], stacks)
 
 
 def _table_part(
@@ -395,7 +381,8 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
         ]
         first = header.index("Cosine")
         total = len(jobs)
-        results = compare_tensor_files(jobs, executor=options.executor)
+        extra = {"limits": options.tensor_limits} if options.tensor_limits is not None else {}
+        results = compare_tensor_files(jobs, executor=options.executor, **extra)
         for done, (i, metrics) in enumerate(results, start=1):
             cells = table.rows[i].cells
             cells[first : first + 6] = [

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.options import REPLAY_TOP, CompareOptions
-from parity.shared.compare.result import CompareResult, Suspect
+from parity.shared.compare.result import CompareResult
 from parity.shared.compare.slices import CallSlice, TablePart
 from parity.shared.compare.spec import CompareSpec
 from parity.shared.dump.layout import find_rank_dirs
@@ -46,6 +46,7 @@ from parity.shared.report.xlsx import write_xlsx
 
 if TYPE_CHECKING:
     from parity.shared.dump.reader import Dump
+    from parity.shared.tensor_io import TensorLimits
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +71,23 @@ class RankPair:
     stack_path: Path | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RankPlan:
+    """Which ranks of two step directories a compare pairs (``plan_rank_sets``), in rank order."""
+
+    compared: list[int | None]
+    npu_only: list[int | None]
+    bench_only: list[int | None]
+    skipped: list[int | None]  # on both sides, but a dump.json is missing
+
+
 @dataclass(slots=True)
 class ComparePlan:
-    """What a compare will do: the rank pairs, and the ranks that cannot be compared (for the summary)."""
+    """What a compare will do: the rank pairs, and the ranks that cannot be compared (for the summary).
+
+    ``npu_path``/``bench_path`` name the two sides in the summary: the CLI's paths, or on the server each
+    run's id and step (``{run id}/step{N}``), never a worker's folder.
+    """
 
     multi_rank: bool
     pairs: list[RankPair]
@@ -81,6 +96,13 @@ class ComparePlan:
     npu_only_ranks: list[int | None] = field(default_factory=list)
     bench_only_ranks: list[int | None] = field(default_factory=list)
     skipped_ranks: list[int | None] = field(default_factory=list)  # on both sides, but a dump.json is missing
+
+    @classmethod
+    def of_ranks(cls, ranks: RankPlan, npu_path: str, bench_path: str, pairs: Sequence[RankPair] = ()
+                 ) -> ComparePlan:  # fmt: skip
+        """A step-directory plan from the rank planner's answer (the server's merge has no pairs to run)."""
+        return cls(True, list(pairs), npu_path, bench_path, npu_only_ranks=list(ranks.npu_only),
+                   bench_only_ranks=list(ranks.bench_only), skipped_ranks=list(ranks.skipped))  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -112,10 +134,6 @@ class CompareOutputs:
         """Every file written: the reports, then the advisor files, then the summary."""
         return [*self.xlsx, *self.advisors, *([self.summary] if self.summary else [])]
 
-    def top_suspects(self, limit: int = 5) -> list[tuple[int | None, Suspect]]:
-        """The first ``limit`` suspects of every rank, as ``(rank, suspect)``, ranks in order."""
-        return [(result.rank, suspect) for result in self.results for suspect in result.suspects[:limit]]
-
 
 def plan_compare(spec: CompareSpec) -> ComparePlan:
     """The rank pairs ``spec`` names: one for two dump.json files, one per common rank of step directories."""
@@ -131,25 +149,41 @@ def plan_ranks(npu_step_dir: Path, bench_step_dir: Path) -> ComparePlan:
     Ranks found on one side only are listed in the plan; a rank whose dump.json is missing on a side is
     skipped with a warning (as msprobe).
     """
-    npu_ranks = {r.rank: r for r in find_rank_dirs(npu_step_dir)}
-    bench_ranks = {r.rank: r for r in find_rank_dirs(bench_step_dir)}
-    plan = ComparePlan(
-        True, [], str(npu_step_dir), str(bench_step_dir),
-        npu_only_ranks=sorted((r for r in npu_ranks if r not in bench_ranks), key=_rank_order),
-        bench_only_ranks=sorted((r for r in bench_ranks if r not in npu_ranks), key=_rank_order),
-    )  # fmt: skip
-    for rank in plan.npu_only_ranks:
-        logger.warning("rank %s is in %s only", rank, npu_step_dir)
-    for rank in plan.bench_only_ranks:
-        logger.warning("rank %s is in %s only", rank, bench_step_dir)
-    for rank in sorted((r for r in npu_ranks if r in bench_ranks), key=_rank_order):
-        npu_dir, bench_dir = npu_ranks[rank], bench_ranks[rank]
-        missing = [d.dump_json for d in (npu_dir, bench_dir) if not d.dump_json.is_file()]
-        if missing:
-            logger.warning("skipping rank %s: %s not found", rank, ", ".join(map(str, missing)))
-            plan.skipped_ranks.append(rank)
-        else:
-            plan.pairs.append(RankPair(rank, npu_dir.dump_json, bench_dir.dump_json))
+    npu_dirs = {r.rank: r for r in find_rank_dirs(npu_step_dir)}
+    bench_dirs = {r.rank: r for r in find_rank_dirs(bench_step_dir)}
+    ranks = plan_rank_sets({rank: d.dump_json.is_file() for rank, d in npu_dirs.items()},
+                           {rank: d.dump_json.is_file() for rank, d in bench_dirs.items()},
+                           npu_side=str(npu_step_dir), bench_side=str(bench_step_dir))  # fmt: skip
+    pairs = [RankPair(rank, npu_dirs[rank].dump_json, bench_dirs[rank].dump_json) for rank in ranks.compared]
+    return ComparePlan.of_ranks(ranks, str(npu_step_dir), str(bench_step_dir), pairs)
+
+
+def plan_rank_sets(
+    npu: Mapping[int | None, bool],
+    bench: Mapping[int | None, bool],
+    *,
+    npu_side: str = "the NPU dump",
+    bench_side: str = "the bench dump",
+) -> RankPlan:
+    """The one rank planner of a step-directory compare, the CLI's and the server's: each side's ranks, each
+    with whether its dump.json is there, in; which ranks to compare, found on one side only, or skipped out.
+
+    Ranks pair by number. A rank on both sides but without a dump.json on one is skipped (as msprobe). The
+    sides' names are for the warnings only.
+    """
+    plan = RankPlan(
+        compared=sorted((r for r in npu if r in bench and npu[r] and bench[r]), key=_rank_order),
+        npu_only=sorted((r for r in npu if r not in bench), key=_rank_order),
+        bench_only=sorted((r for r in bench if r not in npu), key=_rank_order),
+        skipped=sorted((r for r in npu if r in bench and not (npu[r] and bench[r])), key=_rank_order),
+    )
+    for rank in plan.npu_only:
+        logger.warning("rank %s is in %s only", rank, npu_side)
+    for rank in plan.bench_only:
+        logger.warning("rank %s is in %s only", rank, bench_side)
+    for rank in plan.skipped:
+        missing = [side for side, ranks in ((npu_side, npu), (bench_side, bench)) if not ranks[rank]]
+        logger.warning("skipping rank %s: no dump.json in %s", rank, " and ".join(missing))
     return plan
 
 
@@ -172,7 +206,8 @@ def compare_rank(
     """
     part = compare_slice(pair, options, None, progress=progress, read_dump=read_dump)
     return finish_rank(pair, [part], xlsx_path=xlsx_path, advisor_path=advisor_path, highlight=highlight,
-                       log_rows=log_rows, replay_top=options.replay_top, progress=progress)  # fmt: skip
+                       log_rows=log_rows, replay_top=options.replay_top, progress=progress,
+                       tensor_limits=options.tensor_limits)  # fmt: skip
 
 
 def compare_slice(
@@ -225,6 +260,7 @@ def finish_rank(
     replay_top: int = REPLAY_TOP,
     stage_files: StageFiles | None = None,
     progress: ProgressCallback | None = None,
+    tensor_limits: TensorLimits | None = None,
 ) -> RankReport:
     """Join the parts of every slice of a rank (in call order) into its result; write its xlsx and advisor.
 
@@ -241,7 +277,8 @@ def finish_rank(
         if progress is not None:
             progress(0, 0)
 
-    replayer = dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files) if replay_top > 0 else None
+    replayer = (dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files, limits=tensor_limits)
+                if replay_top > 0 else None)  # fmt: skip
     result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path), replayer=replayer,
                              replay_top=replay_top)  # fmt: skip
     result.rank = pair.rank

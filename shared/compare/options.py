@@ -8,9 +8,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
+    from parity.shared.tensor_io import TensorLimits
+
 
 #: Tensor mode replays about this many top calls in float64 (``replay_judgement`` adds a few: see there).
 REPLAY_TOP = 10
+#: How many suspects are named: the top of a step-directory summary across its ranks (the server's summary
+#: too), each rank's on the terminal (``parity compare``), a comparison's in ``compare-runs``.
+TOP_SUSPECTS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,4 +33,5 @@ class CompareOptions:
     fuzzy_match: bool = False
     stack_mode: bool = False
     replay_top: int = REPLAY_TOP  # tensor mode: replay this many top calls (and a few more); 0: none
+    tensor_limits: TensorLimits | None = None  # the caps of every tensor load (None: the defaults)
     executor: Executor | None = field(default=None, compare=False, repr=False)

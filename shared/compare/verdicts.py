@@ -78,11 +78,6 @@ def tensor_status(accuracy: str) -> RowStatus:
     return RowStatus.UNCOMPARABLE  # "None" (no metric), "Unmatched" (shape)
 
 
-def statistics_result(warning: bool) -> str:
-    """v1 statistics Result: ``Warning`` or empty (``N/A`` for unmatched rows is set by the engine)."""
-    return "Warning" if warning else ""
-
-
 def escalate(status: RowStatus, to: RowStatus) -> RowStatus:
     """Raise a matched row's status (PASS < WARNING < UNCOMPARABLE < FAIL); unmatched/bench-only stay."""
     order = _ORDER

@@ -10,6 +10,7 @@ modes, tests).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import sub
@@ -127,9 +128,19 @@ class DumpColumns:
 
     def to_wire(self) -> tuple[Any, ...]:
         """The columns as plain values ``marshal`` can carry (see ``from_wire``)."""
-        return (self.entry_names, self.names, self.apis, self.entry_of.tobytes(), self.states, self.dtypes,
-                self.shapes, self.requires_grads, self.stats.tobytes(), bytes(self.plain), self.odd,
-                self.md5s, self.data_names, bytes(self.is_tensor), self.p2p)  # fmt: skip
+        return tuple(self.iter_wire())
+
+    def iter_wire(self) -> Iterator[Any]:
+        """``to_wire()``'s values one at a time, each made as it is asked for: a writer that sends them one by
+        one never holds the copies of the buffers (``stats`` is 8 bytes a row) all at once."""
+        yield from (self.entry_names, self.names, self.apis)
+        yield self.entry_of.tobytes()
+        yield from (self.states, self.dtypes, self.shapes, self.requires_grads)
+        yield self.stats.tobytes()
+        yield bytes(self.plain)
+        yield from (self.odd, self.md5s, self.data_names)
+        yield bytes(self.is_tensor)
+        yield self.p2p
 
     @classmethod
     def from_wire(cls, wire: tuple[Any, ...]) -> DumpColumns:
@@ -151,11 +162,11 @@ class ColumnsBuilder:
     """
 
     __slots__ = ("entry_names", "entry_starts", "names", "states", "dtypes", "shapes", "requires_grads",
-                 "md5s", "data_names", "is_tensor", "stats", "plain", "odd", "p2p")  # fmt: skip
+                 "md5s", "data_names", "is_tensor", "stats", "packed", "plain", "odd", "p2p")  # fmt: skip
 
     def __init__(self) -> None:
         self.entry_names: list[str] = []
-        self.entry_starts: list[int] = []
+        self.entry_starts = array("q")  # 8 bytes an entry, not an int object and its pointer (36)
         self.names: list[str] = []
         self.states: list[str] = []
         self.dtypes: list[str | None] = []
@@ -165,6 +176,7 @@ class ColumnsBuilder:
         self.data_names: list[str | None] = []
         self.is_tensor = bytearray()
         self.stats: list[float] = []  # a list extends 5x cheaper than an array does; one copy at the end
+        self.packed = array("d")  # the statistics ``pack_stats`` moved out of ``stats`` (8 bytes, not 32)
         self.plain = bytearray()
         self.odd: dict[int, tuple[Any, Any, Any, Any]] = {}
         self.p2p: dict[int, dict[str, Any]] = {}
@@ -203,6 +215,12 @@ class ColumnsBuilder:
         self.data_names.append(data_name)
         self.is_tensor.append(is_tensor)
 
+    def pack_stats(self) -> None:
+        """Move the statistics gathered so far into a packed buffer, where each takes 8 bytes instead of a
+        float object and its pointer (32): a reader that keeps its memory small calls it now and then."""
+        self.packed.extend(self.stats)
+        self.stats.clear()
+
     def build(self) -> DumpColumns:
         """The columns; each row's entry (``entry_of``, ``apis``) spread from where each entry started, in C
         (``repeat`` runs and one bytes copy) rather than a Python step per entry."""
@@ -216,6 +234,11 @@ class ColumnsBuilder:
             entry_names=self.entry_names, names=self.names,
             apis=list(chain.from_iterable(map(repeat, self.entry_names, counts))), entry_of=entry_of,
             states=self.states, dtypes=self.dtypes, shapes=self.shapes, requires_grads=self.requires_grads,
-            stats=array("d", self.stats), plain=self.plain, odd=self.odd, md5s=self.md5s,
+            stats=array("d", self.stats) if not self.packed else self._packed_stats(), plain=self.plain,
+            odd=self.odd, md5s=self.md5s,
             data_names=self.data_names, is_tensor=self.is_tensor, p2p=self.p2p,
         )  # fmt: skip
+
+    def _packed_stats(self) -> array:  # type: ignore[type-arg]
+        self.pack_stats()
+        return self.packed

@@ -57,14 +57,6 @@ class RankDir:
         return self.path / DUMP_JSON
 
     @property
-    def stack_json(self) -> Path:
-        return self.path / STACK_JSON
-
-    @property
-    def construct_json(self) -> Path:
-        return self.path / CONSTRUCT_JSON
-
-    @property
     def tensor_dir(self) -> Path:
         return self.path / TENSOR_DIR
 

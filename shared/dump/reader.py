@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.shared.dump.columns import DumpColumns, DumpEntry
+from parity.shared.dump.layout import CONSTRUCT_JSON, DUMP_JSON, STACK_JSON, TENSOR_DIR
 from parity.shared.dump.walker import LeafWalker
 from parity.shared.errors import DumpError
 
@@ -52,11 +53,7 @@ class Dump:
     @property
     def tensor_dir(self) -> Path:
         """Where compare looks for tensors: ``dump_tensor_data`` next to dump.json (not dump_data_dir)."""
-        return self.path.parent / "dump_tensor_data"
-
-    def leaf_count(self) -> int:
-        """How many rows this dump yields."""
-        return len(self.columns)
+        return self.path.parent / TENSOR_DIR
 
 
 def read_json(path: str | Path, what: str = "JSON file") -> Any:
@@ -121,7 +118,7 @@ def load_dump(path: str | Path) -> Dump:
     Raises ``DumpError`` naming the file (and line/column, or entry/field) for a missing or malformed file.
     """
     path = Path(path)
-    raw = read_file(path, "dump.json")
+    raw = read_file(path, DUMP_JSON)
     typed = walk_typed(path, raw) if walk_typed is not None else None
     if typed is not None:
         header, walker = typed
@@ -165,7 +162,7 @@ def load_stack(path: str | Path) -> dict[str, list[str]]:
     by the key ``"0"``) and the old ``{entry name: [frames]}`` form.
     """
     path = Path(path)
-    doc = read_json(path, "stack.json")
+    doc = read_json(path, STACK_JSON)
     if not isinstance(doc, dict):
         raise DumpError(path, f"top level must be an object, not {type(doc).__name__}")
     stacks: dict[str, list[str]] = {}
@@ -188,7 +185,7 @@ def load_stack(path: str | Path) -> dict[str, list[str]]:
 def load_construct(path: str | Path) -> dict[str, str | None]:
     """Read construct.json into ``{node: parent or None}`` (``""``, Megatron's ``[parent, n]`` normalised)."""
     path = Path(path)
-    doc = read_json(path, "construct.json")
+    doc = read_json(path, CONSTRUCT_JSON)
     if not isinstance(doc, dict):
         raise DumpError(path, f"top level must be an object, not {type(doc).__name__}")
     out: dict[str, str | None] = {}

@@ -1,16 +1,22 @@
 """A parsed dump.json kept beside it (the *sidecar*), so a dump is parsed once and read many times.
 
 The server parses every dump.json once, when its run is completed, and stores the columns next to it; the
-compare tasks read those instead of parsing the file again. The sidecar is ``marshal`` of the header and
-``DumpColumns.to_wire()``: the fastest round trip the standard library has, and exact (NaN bits, big
-integers, p2p dicts). ``marshal`` is not safe against crafted input, so a sidecar is only ever read from the
-server's own store, under a key derived from the blob it was made from, never from an upload.
+compare tasks read those instead of parsing the file again. The sidecar is ``marshal`` of the header, then of
+each column of ``DumpColumns.to_wire()`` in turn: the fastest round trip the standard library has, and exact
+(NaN bits, big integers, p2p dicts). One column at a time, so writing it never holds more than the largest
+column's bytes beside the columns (one blob of everything held twice that: +140 MB for a 150 MB dump.json, in
+the validation's child). Version 1, one blob of ``(header, wire)``, is still read.
+
+``marshal`` is not safe against crafted input, so a sidecar is only ever read from the server's own store,
+under a key derived from the blob it was made from, never from an upload.
 """
 
 from __future__ import annotations
 
+import io
 import marshal
 from pathlib import Path
+from typing import BinaryIO
 
 from parity.shared.dump.columns import DumpColumns
 from parity.shared.dump.reader import Dump, load_dump
@@ -19,23 +25,45 @@ from parity.shared.errors import DumpError
 #: The file name of a dump.json's sidecar in a rank folder.
 SIDECAR_NAME = "dump.columns"
 _MAGIC = "parity-dump-columns"
-_VERSION = 1
+_VERSION = 2
+_WIRE_FIELDS = 15  # the items of DumpColumns.to_wire()
+
+
+def dump_sidecar(dump: Dump, out: BinaryIO) -> None:
+    """Write ``dump``'s sidecar to ``out``: its header, then its columns one by one."""
+    header = (_MAGIC, _VERSION, dump.task, dump.level, dump.framework, dump.dump_data_dir, dump.has_md5)
+    marshal.dump(header, out)
+    for column in dump.columns.iter_wire():
+        marshal.dump(column, out)
+
+
+def write_sidecar(dump: Dump, path: Path) -> None:
+    """``dump``'s sidecar as the file ``path``."""
+    with open(path, "wb") as out:
+        dump_sidecar(dump, out)
 
 
 def encode_sidecar(dump: Dump) -> bytes:
-    header = (_MAGIC, _VERSION, dump.task, dump.level, dump.framework, dump.dump_data_dir, dump.has_md5)
-    return marshal.dumps((header, dump.columns.to_wire()))
+    """``dump``'s sidecar as bytes."""
+    out = io.BytesIO()
+    dump_sidecar(dump, out)
+    return out.getvalue()
 
 
 def decode_sidecar(raw: bytes, dump_json: Path) -> Dump:
     """The ``Dump`` a sidecar holds, as ``load_dump(dump_json)`` would give it; ``DumpError`` if it is not
-    a sidecar of this version."""
+    a sidecar of this format."""
     try:
-        header, wire = marshal.loads(raw)
+        stream = io.BytesIO(raw)
+        first = marshal.load(stream)
+        if len(first) == 2:  # version 1: (header, wire) in one blob
+            header, wire = first
+        else:
+            header, wire = first, tuple(marshal.load(stream) for _ in range(_WIRE_FIELDS))
         magic, version, task, level, framework, dump_data_dir, has_md5 = header
     except (EOFError, ValueError, TypeError) as exc:
         raise DumpError(dump_json, f"unreadable {SIDECAR_NAME}: {exc}") from None
-    if magic != _MAGIC or version != _VERSION:
+    if magic != _MAGIC or version not in (1, _VERSION) or (version == 1) != (len(first) == 2):
         raise DumpError(dump_json, f"{SIDECAR_NAME} of another format ({magic!r} {version!r})")
     return Dump(path=dump_json, task=task, level=level, framework=framework, dump_data_dir=dump_data_dir,
                 columns=DumpColumns.from_wire(wire), has_md5=has_md5)  # fmt: skip

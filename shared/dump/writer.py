@@ -15,11 +15,11 @@ from json.encoder import encode_basestring_ascii as _encode_str
 from pathlib import Path
 from typing import Any
 
+from parity.shared.dump.layout import CONSTRUCT_JSON, DUMP_JSON, STACK_JSON, TENSOR_DIR
 from parity.shared.errors import DumpError
 
-__all__ = ["TENSOR_DIR", "RankDirWriter", "dump_document", "dumps_indent1", "fsync_dir", "stack_document"]
+__all__ = ["RankDirWriter", "dump_document", "dumps_indent1", "fsync_dir", "stack_document"]
 
-TENSOR_DIR = "dump_tensor_data"
 
 
 def dump_document(task: str, level: str, data: Mapping[str, Any], tensor_dir: Path | None) -> dict[str, Any]:
@@ -183,14 +183,14 @@ class RankDirWriter:
     ) -> Path:
         """Write dump.json, and stack.json / construct.json when given (None = ``extra_info`` off)."""
         self.prepare(tensors=tensors)
-        dump_json = self.rank_dir / "dump.json"
+        dump_json = self.rank_dir / DUMP_JSON
         _write_json(
             dump_json, dump_document(task, level, data, self.tensor_dir.resolve() if tensors else None)
         )
         if stacks is not None:
-            _write_json(self.rank_dir / "stack.json", stack_document(stacks))
+            _write_json(self.rank_dir / STACK_JSON, stack_document(stacks))
         if construct is not None:
-            _write_json(self.rank_dir / "construct.json", dict(construct))
+            _write_json(self.rank_dir / CONSTRUCT_JSON, dict(construct))
         for directory in (self.tensor_dir, self.rank_dir) if tensors else (self.rank_dir,):
             fsync_dir(directory)  # the renames themselves survive a crash of the machine
         return dump_json

@@ -35,7 +35,7 @@ from parity.shared.metrics.tensor import (
     missing_file_message,
     native_kernel,
 )
-from parity.shared.tensor_io import RawTensor, open_tensor
+from parity.shared.tensor_io import DEFAULT_LIMITS, RawTensor, TensorLimits, open_tensor
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
@@ -61,9 +61,9 @@ class TensorPairJob:
     bench_file: Path | None
 
 
-def _open_side(path: Path, max_bytes: int | None) -> RawTensor | TensorMetrics:
+def _open_side(path: Path, limits: TensorLimits) -> RawTensor | TensorMetrics:
     try:
-        return open_tensor(path, max_bytes=max_bytes)
+        return open_tensor(path, limits=limits)
     except UnsafeFileError:
         raise
     except TensorTooLargeError as exc:
@@ -79,7 +79,7 @@ def compare_pair_files(
     npu_file: Path | None,
     bench_file: Path | None,
     *,
-    max_bytes: int | None = None,
+    limits: TensorLimits = DEFAULT_LIMITS,
     compiled: bool | None = None,
 ) -> TensorMetrics:
     """Metrics of one pair of tensor files, with §4.2's file cases (no data file, missing or unreadable file).
@@ -91,10 +91,10 @@ def compare_pair_files(
         return TensorMetrics.all_cells(UNSUPPORTED, MSG_NO_NPU_FILE)
     if bench_file is None:
         return TensorMetrics.all_cells(UNSUPPORTED, MSG_NO_BENCH_FILE)
-    npu = _open_side(Path(npu_file), max_bytes)
+    npu = _open_side(Path(npu_file), limits)
     if isinstance(npu, TensorMetrics):
         return npu
-    bench = _open_side(Path(bench_file), max_bytes)
+    bench = _open_side(Path(bench_file), limits)
     if isinstance(bench, TensorMetrics):
         return bench
     return compare_raw(npu, bench, compiled=compiled)
@@ -116,9 +116,9 @@ def _job_bytes(job: TensorPairJob) -> int:
 _Outcome = tuple[int, TensorMetrics | None, tuple[str | None, str, str | None] | None]
 
 
-def _run_job(job: TensorPairJob, max_bytes: int | None, compiled: bool | None = None) -> _Outcome:
+def _run_job(job: TensorPairJob, limits: TensorLimits, compiled: bool | None = None) -> _Outcome:
     try:
-        metrics = compare_pair_files(job.npu_file, job.bench_file, max_bytes=max_bytes, compiled=compiled)
+        metrics = compare_pair_files(job.npu_file, job.bench_file, limits=limits, compiled=compiled)
         return job.index, metrics, None
     except UnsafeFileError as exc:
         return job.index, None, (exc.file, exc.problem, exc.where)
@@ -129,7 +129,7 @@ def compare_tensor_files(
     *,
     executor: Executor | None = None,
     progress: Callable[[int], None] | None = None,
-    max_bytes: int | None = None,
+    limits: TensorLimits = DEFAULT_LIMITS,
 ) -> Iterator[tuple[int, TensorMetrics]]:
     """Compare every pair and yield ``(job.index, metrics)`` as each finishes (in no particular order).
 
@@ -147,7 +147,7 @@ def compare_tensor_files(
     compiled = native_kernel() or total >= COMPILED_FROM_BYTES
     if executor is None or len(jobs) == 1 or total < SERIAL_BYTES:
         for job in jobs:
-            yield _deliver(_run_job(job, max_bytes, compiled), progress)
+            yield _deliver(_run_job(job, limits, compiled), progress)
         return
     from concurrent.futures import FIRST_COMPLETED, wait  # the serial path above never needs them
 
@@ -161,7 +161,7 @@ def compare_tensor_files(
         next_job = 0
         while next_job < len(order) or pending:
             while next_job < len(order) and len(pending) < queued:
-                pending.add(executor.submit(_run_job, jobs[order[next_job]], max_bytes, compiled))
+                pending.add(executor.submit(_run_job, jobs[order[next_job]], limits, compiled))
                 next_job += 1
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from parity.shared.errors import DumpError
 from parity.shared.replay.apis import ReplayRefusal
-from parity.shared.tensor_io import load_torch_tensor
+from parity.shared.tensor_io import DEFAULT_LIMITS, TensorLimits, load_torch_tensor
 
 __all__ = ["RecordedCall", "is_tensor_leaf", "tensor_file_names"]
 
@@ -73,8 +73,10 @@ class RecordedCall:
     otherwise tensors keep their recorded dtype (the recorded outputs, judged as they are).
     """
 
-    def __init__(self, tensor_dir: Path, where: str, *, max_elements: int) -> None:
+    def __init__(self, tensor_dir: Path, where: str, *, max_elements: int,
+                 limits: TensorLimits = DEFAULT_LIMITS) -> None:  # fmt: skip
         self.tensor_dir = tensor_dir
+        self.limits = limits
         self.where = where  # "target" / "bench": named in refusals
         self.max_elements = max_elements
         self.loaded_elements = 0
@@ -91,7 +93,7 @@ class RecordedCall:
         if not path.is_file():
             raise ReplayRefusal(f"{self.where} {what}: missing tensor file {name}")
         try:
-            t: torch.Tensor = load_torch_tensor(path)
+            t: torch.Tensor = load_torch_tensor(path, limits=self.limits)
         except DumpError as exc:
             raise ReplayRefusal(f"{self.where} {what}: {exc.problem} ({name})") from None
         self.loaded_elements += int(t.numel())

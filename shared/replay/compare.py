@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from parity.shared.dump.layout import TENSOR_DIR
 from parity.shared.replay.verdicts import ReplayVerdict
+
+if TYPE_CHECKING:
+    from parity.shared.tensor_io import TensorLimits
 
 __all__ = ["StageFiles", "dump_replayer"]
 
@@ -26,22 +31,24 @@ def _lacking(dump_json: str | Path, entries: Sequence[str]) -> list[str]:
     """The tensor files a replay of ``entries`` reads that are not in the dump's folder yet."""
     from parity.shared.replay.engine import replay_files
 
-    folder = Path(dump_json).parent / "dump_tensor_data"
+    folder = Path(dump_json).parent / TENSOR_DIR
     return [name for name in replay_files(dump_json, entries) if not (folder / name).exists()]
 
 
 Replay = Callable[[Sequence[str]], list[ReplayVerdict]]
 
 
-def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageFiles | None = None) -> Replay:
+def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageFiles | None = None,
+                  limits: TensorLimits | None = None) -> Replay:  # fmt: skip
     """A replayer of entries of ``npu_dump`` (the target) against ``bench_dump``; ``stage`` fetches the
-    tensor files they need first. Raises ``ParityError`` when a dump.json cannot be read."""
+    tensor files they need first; ``limits`` caps each tensor load (None: the defaults). Raises
+    ``ParityError`` when a dump.json cannot be read."""
 
     def replay(entries: Sequence[str]) -> list[ReplayVerdict]:
         from parity.shared.replay.engine import replay_calls
 
         if stage is not None:
             stage(_lacking(npu_dump, entries), _lacking(bench_dump, entries))
-        return replay_calls(npu_dump, bench_dump, entries)
+        return replay_calls(npu_dump, bench_dump, entries, **({"limits": limits} if limits else {}))
 
     return replay

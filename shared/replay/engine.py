@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from parity.shared.dump.layout import DUMP_JSON, TENSOR_DIR
 from parity.shared.dump.naming import parse_entry
 from parity.shared.dump.reader import read_json
 from parity.shared.errors import DumpError
@@ -37,6 +38,7 @@ from parity.shared.replay.arguments import RecordedCall, is_tensor_leaf, tensor_
 from parity.shared.replay.precision import held_format
 from parity.shared.replay.rounding import reduction_length, rounding_allowance
 from parity.shared.replay.verdicts import ReplayVerdict, SideReplay, Verdict, verdict_of
+from parity.shared.tensor_io import DEFAULT_LIMITS, TensorLimits
 
 __all__ = [
     "Allowance",
@@ -62,15 +64,16 @@ _BOUNDED_WITHOUT_META = frozenset(("__getitem__",))  # data-dependent shapes, ne
 class DumpSide:
     """One side's dump.json (read once, on first use) and its ``dump_tensor_data`` directory."""
 
-    def __init__(self, name: str, dump_json: Path) -> None:
+    def __init__(self, name: str, dump_json: Path, limits: TensorLimits = DEFAULT_LIMITS) -> None:
         self.name = name
         self.dump_json = Path(dump_json)
-        self.tensor_dir = self.dump_json.parent / "dump_tensor_data"
+        self.limits = limits  # of each tensor load
+        self.tensor_dir = self.dump_json.parent / TENSOR_DIR
         self._data: dict[str, Any] | None = None
 
     def data(self) -> dict[str, Any]:
         if self._data is None:
-            doc = read_json(self.dump_json, "dump.json")
+            doc = read_json(self.dump_json, DUMP_JSON)
             data = doc.get("data") if isinstance(doc, dict) else None
             if not isinstance(data, dict):
                 raise DumpError(self.dump_json, "has no 'data' object")
@@ -245,7 +248,7 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
         if why is not None:
             raise ReplayRefusal(f"randomness: {why}; no replay reproduces its output")
     func = resolve(prefix, api)
-    calls = RecordedCall(side.tensor_dir, side.name, max_elements=max_elements)
+    calls = RecordedCall(side.tensor_dir, side.name, max_elements=max_elements, limits=side.limits)
     backward = direction == "backward"
     bwd = side.entry(entry) if backward else None
     args, kwargs = calls.arguments(fwd, float64=True, grad=backward)
@@ -306,14 +309,16 @@ def replay_calls(
     *,
     allowance: Allowance = rounding_allowance,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
+    limits: TensorLimits = DEFAULT_LIMITS,
 ) -> list[ReplayVerdict]:
     """Replay each entry (``Functional.linear.0.forward``, ``Tensor.__add__.3.backward``) on both sides.
 
     ``npu_dump`` is the target's dump.json, ``bench_dump`` the bench's; each dump.json is read once.
     ``allowance(dtype, K)`` is the rounding a correct kernel may add. Raises ``DumpError`` when a dump.json
-    cannot be read; everything about a single call is its verdict's refusal instead.
+    cannot be read; everything about a single call is its verdict's refusal instead. ``limits`` caps each
+    tensor file read.
     """
-    target, bench = DumpSide("target", Path(npu_dump)), DumpSide("bench", Path(bench_dump))
+    target, bench = DumpSide("target", Path(npu_dump), limits), DumpSide("bench", Path(bench_dump), limits)
     target.data(), bench.data()  # a broken dump.json is an error of the request, not of one call
     verdicts = []
     for entry in entries:

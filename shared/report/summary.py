@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from parity.shared.compare.localization import first_diverged_rank
-from parity.shared.compare.result import CompareResult, RowStatus, Suspect, non_finite_text
+from parity.shared.compare.options import TOP_SUSPECTS
+from parity.shared.compare.result import FAILING_STATUSES, CompareResult, RowStatus, Suspect, non_finite_text
 from parity.shared.report import write_text_atomically
 
 #: Bumped when a key changes meaning or disappears; new keys may appear without a bump.
@@ -54,8 +55,11 @@ def multi_rank_summary(
     """The summary document of a compare of two step directories, from each paired rank's ``rank_summary``.
 
     It needs the ranks' documents only (plain JSON values), not their results, so the server's merge step
-    builds it from what each rank's task stored. ``first_diverged``: the rank that lost precision first,
-    judged around the collectives (``localization.first_diverged_rank``), or None.
+    builds it from what each rank's task stored: the server stores and serves this very document.
+    ``first_diverged``: the rank that lost precision first, judged around the collectives
+    (``localization.first_diverged_rank``), or None. The headline figures over every rank (``rows``,
+    ``failing_rows``, ``failing_apis``, ``top_suspects``, ``first_divergence``, ``replay``, ``replay_notes``;
+    each suspect and verdict with its ``compare_rank``) are read from the ranks' documents here, once.
     """
     totals: dict[str, int] = {status.value: 0 for status in RowStatus}
     for rank in ranks:
@@ -64,6 +68,7 @@ def multi_rank_summary(
     missing = [rank["missing_tensor_files"] for rank in ranks if "missing_tensor_files" in rank]
     firsts = [m["first"] for m in missing if m["first"] is not None]
     missing_total = {"count": sum(m["count"] for m in missing), "first": firsts[0] if firsts else None}
+    first_diverged = _first_diverged(ranks)
     return {
         "format_version": SUMMARY_FORMAT_VERSION,
         "kind": "multi-rank",
@@ -75,10 +80,45 @@ def multi_rank_summary(
         "bench_only_ranks": list(bench_only_ranks),
         "skipped_ranks": list(skipped_ranks),
         "status_counts": totals,
-        "first_diverged": _first_diverged(ranks),
+        "first_diverged": first_diverged,
         "missing_tensor_files": missing_total,
+        **_headline(ranks, totals, first_diverged),
         "ranks": [dict(rank) for rank in ranks],
     }
+
+
+def _headline(ranks: Sequence[Mapping[str, Any]], totals: Mapping[str, int],
+              first_diverged: Mapping[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """The figures over every rank that the REST body and the pages show, from the ranks' documents."""
+    failing_apis: dict[str, None] = {}
+    suspects: list[dict[str, Any]] = []
+    verdicts: list[dict[str, Any]] = []
+    notes: dict[str, None] = {}
+    for rank in ranks:
+        for api in rank["failing_apis"]:
+            failing_apis.setdefault(api)
+        suspects += [{**s, "compare_rank": rank["rank"]} for s in rank["suspects"]]
+        replay = rank.get("replay") or {}
+        verdicts += [{**v, "compare_rank": rank["rank"]} for v in replay.get("verdicts") or []]
+        if replay.get("note"):
+            notes.setdefault(str(replay["note"]))
+    # Ranked by score across ranks; the first divergence is the one of the rank that diverged first.
+    suspects.sort(key=lambda s: (-s.get("score", 0.0), _rank_key(s["compare_rank"]), s["rank"]))
+    first = None
+    if first_diverged is not None:
+        for rank in ranks:
+            if rank["rank"] == first_diverged["rank"] and rank.get("first_divergence"):
+                first = {**rank["first_divergence"], "compare_rank": rank["rank"]}
+    failing = frozenset(status.value for status in FAILING_STATUSES)
+    return {
+        "rows": sum(totals.values()), "failing_rows": sum(n for s, n in totals.items() if s in failing),
+        "failing_apis": list(failing_apis), "top_suspects": suspects[:TOP_SUSPECTS],
+        "first_divergence": first, "replay": verdicts, "replay_notes": list(notes),
+    }  # fmt: skip
+
+
+def _rank_key(rank: int | None) -> int:
+    return -1 if rank is None else rank
 
 
 def json_safe(value: Any) -> Any:

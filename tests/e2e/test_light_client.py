@@ -160,4 +160,4 @@ def test_the_cli_advice_table_matches_pyproject() -> None:
 
 def test_the_base_install_is_light() -> None:
     base = {_requirement_name(r) for r in _pyproject()["project"]["dependencies"]}
-    assert base == {"torch", "numpy", "pydantic", "httpx"}
+    assert base == {"torch", "numpy", "pydantic", "httpx", "tenacity"}  # tenacity: pure Python, no dependency

@@ -189,12 +189,13 @@ def test_a_rank_without_a_dump_json_on_one_side_is_skipped(server: Server, tmp_p
     gpu = build_dump(tmp_path / "gpu", ranks=RANKS)
     (gpu / "step0" / "rank2" / "dump.json").unlink()  # its tensors are there, its dump.json is not
     cid = _create(server, server.upload(npu, "npu"), server.upload(gpu, "gpu"))
-    _run_all(server, cid, list(RANKS))
+    # planned as the CLI plans it (plan_rank_sets): skipped when queued, so it gets no task
+    assert [t.rank for t in server.comparisons.get(cid).tasks] == [0, 1]
+    _run_all(server, cid, [0, 1])
     done = server.comparisons.get(cid)
     assert done.status == "succeeded" and done.summary is not None
     assert done.summary.ranks == [0, 1] and done.summary.skipped_ranks == [2]
-    assert [(t.rank, t.status) for t in done.tasks] == [(0, "succeeded"), (1, "succeeded"), (2, "skipped")]
-    assert done.tasks[2].error == "no dump.json in the bench run"
+    assert [(t.rank, t.status) for t in done.tasks] == [(0, "succeeded"), (1, "succeeded")]
 
 
 def test_each_rank_stores_the_calls_its_rows_give(server: Server, pair: tuple[str, str, Path, Path]) -> None:

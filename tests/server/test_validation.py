@@ -28,15 +28,19 @@ from tests.server.conftest import ServerProcess, dump_files, new_run, put, wait_
 from tests.workers import validate_waiting
 
 
-def test_a_valid_dump_passes_and_a_broken_one_is_named_with_its_problem(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_process_bytes", [validation.IN_PROCESS_BYTES, 0], ids=["in-process", "child"])
+def test_a_valid_dump_passes_and_a_broken_one_is_named_with_its_problem(tmp_path: Path,
+                                                                        in_process_bytes: int) -> None:
     good = write_raw_dump(
         tmp_path / "good", {"Torch.add.0.forward": {"output": [stats_leaf(1.0, 0.0, 0.5, 1.0)]}}
     )
     bad = tmp_path / "bad" / "dump.json"
     bad.parent.mkdir()
     bad.write_text('{"task": "statistics", "data": {"Torch.add.0.forward": ')
-    assert validation.validate_dumps([("step0/rank0/dump.json", good)]) is None
-    problem = validation.validate_dumps([("step0/rank0/dump.json", good), ("step0/rank1/dump.json", bad)])
+    limit = {"in_process_bytes": in_process_bytes}
+    assert validation.validate_dumps([("step0/rank0/dump.json", good)], **limit) is None
+    problem = validation.validate_dumps([("step0/rank0/dump.json", good), ("step0/rank1/dump.json", bad)],
+                                        **limit)  # fmt: skip
     assert problem is not None and problem.startswith("step0/rank1/dump.json: ")
     assert "malformed JSON" in problem and str(tmp_path) not in problem  # no server-side path
 

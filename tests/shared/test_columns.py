@@ -203,3 +203,19 @@ def test_a_sidecar_gives_the_dump_load_dump_gives(tmp_path: Path) -> None:
     assert_same_columns(again.columns, parsed.columns)
     with pytest.raises(DumpError, match="unreadable dump.columns"):
         decode_sidecar(b"garbage", path)
+
+
+def test_a_version_1_sidecar_is_still_read(tmp_path: Path) -> None:
+    """Sidecars stored before the columns were written one by one (one blob of ``(header, wire)``)."""
+    import marshal
+
+    from parity.shared.dump.sidecar import decode_sidecar, write_sidecar
+
+    path = _odd_dump(tmp_path)
+    parsed = load_dump(path)
+    header = ("parity-dump-columns", 1, parsed.task, parsed.level, parsed.framework, parsed.dump_data_dir,
+              parsed.has_md5)  # fmt: skip
+    old = decode_sidecar(marshal.dumps((header, parsed.columns.to_wire())), path)
+    assert_same_columns(old.columns, parsed.columns)
+    write_sidecar(parsed, tmp_path / "new.columns")
+    assert_same_columns(decode_sidecar((tmp_path / "new.columns").read_bytes(), path).columns, parsed.columns)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from parity.shared.errors import DumpError, UnsafeFileError
-from parity.shared.tensor_io import load_tensor, open_tensor
+from parity.shared.tensor_io import TensorLimits, load_tensor, open_tensor
 
 
 class _Payload:
@@ -120,13 +120,25 @@ def test_one_element_tensor_squeezes_to_zero_d(tmp_path: Path) -> None:
     assert load_tensor(tmp_path / "one.pt").shape == () and open_tensor(tmp_path / "one.pt").array.shape == ()
 
 
-def test_size_cap_refuses_big_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_size_cap_refuses_big_files(tmp_path: Path) -> None:
     torch.save(torch.zeros(1000), tmp_path / "big.pt")
     with pytest.raises(UnsafeFileError, match="over the 100-byte cap"):
-        load_tensor(tmp_path / "big.pt", max_bytes=100)
-    monkeypatch.setenv("PARITY_MAX_TENSOR_FILE_BYTES", "200")
+        load_tensor(tmp_path / "big.pt", limits=TensorLimits(max_file_bytes=100))
     with pytest.raises(UnsafeFileError, match="big.pt"):
-        open_tensor(tmp_path / "big.pt")
+        open_tensor(tmp_path / "big.pt", limits=TensorLimits(max_file_bytes=200))
+    assert open_tensor(tmp_path / "big.pt").array.shape == (1000,)  # the default cap: 10 GiB
+
+
+def test_the_cli_reads_the_caps_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library never reads the environment (a library user passes TensorLimits); the entry points do."""
+    from parity.process_policy import tensor_limits
+
+    assert tensor_limits({}) == TensorLimits()
+    env = {"PARITY_MAX_TENSOR_FILE_BYTES": "200", "PARITY_MAX_TENSOR_ELEMENTS": "7"}
+    assert tensor_limits(env) == TensorLimits(max_file_bytes=200, max_elements=7)
+    assert tensor_limits({"PARITY_MAX_TENSOR_ELEMENTS": "0"}) == TensorLimits()  # ignored, with a warning
+    monkeypatch.setenv("PARITY_MAX_TENSOR_FILE_BYTES", "200")
+    assert tensor_limits().max_file_bytes == 200
 
 
 def test_missing_file_is_a_dump_error_naming_it(tmp_path: Path) -> None:
