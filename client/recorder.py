@@ -153,7 +153,12 @@ class Recorder:
         self.want_bwd_out = cfg.wants("backward", "output")
         self.mix = cfg.level == "mix"
         self.modules_on = cfg.level in ("L0", "mix")
-        self.filtered = bool(cfg.scope or cfg.api_list)
+        # A planned dump (``statistics_for_all``): ``list`` chooses which calls get tensor files, not which
+        # calls are recorded, so every call keeps its statistics entry and its name.
+        self._select_list = () if cfg.statistics_for_all else cfg.api_list
+        self._file_list = cfg.api_list if cfg.statistics_for_all else None
+        self._file_entry: tuple[str, bool] = ("", False)  # the last entry asked about, and the answer
+        self.filtered = bool(cfg.scope or self._select_list)
         self._extra_info = cfg.extra_info
         self._reset()
 
@@ -215,16 +220,24 @@ class Recorder:
                 self._in_scope, self._scope_done = False, True
             if not hit:
                 return False
-        if cfg.api_list:
-            return self._list_depth > 0 or any(item == name or item in name for item in cfg.api_list)
+        if self._select_list:
+            return self._list_depth > 0 or any(item == name or item in name for item in self._select_list)
         return True
+
+    def _wants_file(self, entry: str) -> bool:
+        """A planned dump: whether ``entry`` is listed (msprobe's rule: a full name or a substring)."""
+        last, answer = self._file_entry
+        if entry != last:
+            answer = any(item in entry for item in self._file_list or ())
+            self._file_entry = (entry, answer)
+        return answer
 
     # ----------------------------------------------------------------------------------------- encoding
     def tensor_leaf(
         self, t: Tensor, entry: str, category: str, path: tuple[int | str, ...]
     ) -> dict[str, Any]:
         data_name = None
-        if self.writer is not None:
+        if self.writer is not None and (self._file_list is None or self._wants_file(entry)):
             data_name = tensor_file(entry, category, path)
             self.writer.submit(self.dir_writer.tensor_dir / data_name, t)
         self._dirty = True
@@ -574,7 +587,7 @@ class Recorder:
                 entry = self._param_grads[prefix] = {}
                 self._data[entry_name] = entry
             data_name = None
-            if self.writer is not None:
+            if self.writer is not None and (self._file_list is None or self._wants_file(entry_name)):
                 data_name = param_grad_file(entry_name, pname)
                 self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
             entry[pname] = [self.stats.leaf(grad, data_name)]

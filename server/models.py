@@ -89,6 +89,9 @@ class Run(Base):
     validation_attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     validation_lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     validation_worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # Revision 0013: the comparison whose plan this run's dump followed (``parity plan``); no foreign key,
+    # so the provenance outlives a deleted comparison.
+    planned_by: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
 
     __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 

@@ -33,6 +33,7 @@ from parity.server.schemas import (
     ComparisonPublic,
     ComparisonsPublic,
     ComparisonSummary,
+    PlanPublic,
     RankTaskPublic,
     ReplayVerdictsPublic,
 )
@@ -457,11 +458,10 @@ class ComparisonService:
         return ReplayVerdictsPublic(data=data, count=len(data), notes=c.summary.replay_notes)
 
     # -- reports ----------------------------------------------------------------------------------------
-    def summary_file(self, comparison_id: str) -> tuple[str, Iterator[bytes]]:
-        """(download name, bytes) of the comparison's summary JSON: the document ``parity compare`` writes
-        for a step directory, merged from what each rank's task stored (every rank's status counts, verdict,
-        suspects and files)."""
-        from parity.shared.report.summary import json_safe, multi_rank_summary
+    def summary_document(self, comparison_id: str) -> dict[str, Any]:
+        """The comparison's summary document: what ``parity compare`` writes for a step directory, merged
+        from what each rank's task stored (every rank's status counts, verdict, suspects and files)."""
+        from parity.shared.report.summary import multi_rank_summary
 
         with self.db.read() as session:
             c = self._require(session, comparison_id)
@@ -471,9 +471,21 @@ class ComparisonService:
         # a sliced rank's result is on the slice that joined the others; the other slices hold no summary
         docs = [t.summary for t in tasks if t.status == "succeeded" and t.summary is not None]
         skipped = sorted({t.rank for t in tasks if t.status == "skipped"})
-        doc = multi_rank_summary(docs, skipped_ranks=skipped)
+        return multi_rank_summary(docs, skipped_ranks=skipped)
+
+    def summary_file(self, comparison_id: str) -> tuple[str, Iterator[bytes]]:
+        """(download name, bytes) of the comparison's summary JSON (:meth:`summary_document`)."""
+        from parity.shared.report.summary import json_safe
+
+        doc = self.summary_document(comparison_id)
         text = json.dumps(json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
         return f"compare_summary_{comparison_id[:8]}.json", iter([text.encode()])
+
+    def plan(self, comparison_id: str, *, top: int, neighbours: int) -> PlanPublic:
+        """The next dump's plan from a succeeded comparison (``parity.server.services.plans``)."""
+        from parity.server.services.plans import comparison_plan
+
+        return comparison_plan(self, comparison_id, top=top, neighbours=neighbours)
 
     def delete(self, comparison_id: str) -> None:
         """Delete a comparison, its rows and its reports (its runs stay). A job still running finds it gone
