@@ -28,7 +28,7 @@ from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
-from parity.shared.dump.naming import backward_of, param_grad_file, tensor_file
+from parity.shared.dump.naming import backward_of, param_grad_file, parse_entry, tensor_file
 from parity.shared.dump.writer import RankDirWriter
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
@@ -157,6 +157,9 @@ class Recorder:
         # calls are recorded, so every call keeps its statistics entry and its name.
         self._select_list = () if cfg.statistics_for_all else cfg.api_list
         self._file_list = cfg.api_list if cfg.statistics_for_all else None
+        # a full entry name (what ``parity plan`` writes) is looked up; anything else matches as a substring
+        self._file_names = frozenset(i for i in cfg.api_list if parse_entry(i) is not None)
+        self._file_parts = tuple(i for i in cfg.api_list if i not in self._file_names)
         self._file_entry: tuple[str, bool] = ("", False)  # the last entry asked about, and the answer
         self.filtered = bool(cfg.scope or self._select_list)
         self._extra_info = cfg.extra_info
@@ -225,10 +228,12 @@ class Recorder:
         return True
 
     def _wants_file(self, entry: str) -> bool:
-        """A planned dump: whether ``entry`` is listed (msprobe's rule: a full name or a substring)."""
+        """A planned dump: whether ``entry`` is listed, by its full name or, for an item that is no entry
+        name (``"gelu"``), as msprobe matches: a substring. A full name matches itself only, where msprobe
+        would also take ``Module.m.M.forward.10`` for ``...forward.1``."""
         last, answer = self._file_entry
         if entry != last:
-            answer = any(item in entry for item in self._file_list or ())
+            answer = entry in self._file_names or any(item in entry for item in self._file_parts)
             self._file_entry = (entry, answer)
         return answer
 
@@ -279,8 +284,15 @@ class Recorder:
             return {"type": "torch.memory_format", "format": str(value).rsplit(".", 1)[-1]}
         return _encode_special(value)
 
+    def _leaf_for(self, entry: str) -> Callable[[Tensor], dict[str, Any]] | None:
+        """The statistics-only leaf maker where ``entry`` writes no tensor file (None: ``encode`` names one);
+        a planned dump's unlisted calls take it, at a statistics dump's cost."""
+        if self._file_list is None:
+            return self._stats_leaf
+        return None if self._wants_file(entry) else self.stats.leaf
+
     def encode_inputs(self, entry: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        enc, leaf = self.encode, self._stats_leaf
+        enc, leaf = self.encode, self._leaf_for(entry)
         if leaf is None:
             return {
                 "input_args": [enc(v, entry, "input", (i,)) for i, v in enumerate(args)],
@@ -296,7 +308,7 @@ class Recorder:
 
     def encode_output(self, entry: str, out: Any) -> list[Any]:
         """``output`` is always a list: a lone tensor/None becomes a one-element list (§4.2)."""
-        leaf = self._stats_leaf
+        leaf = self._leaf_for(entry)
         if leaf is not None and isinstance(out, Tensor):
             return [leaf(out)]
         if isinstance(out, (list, tuple)) and getattr(out, "_fields", None) is None:
@@ -304,7 +316,7 @@ class Recorder:
         return [self.encode(out, entry, "output", (0,))]
 
     def encode_grads(self, entry: str, category: str, grads: Any) -> list[Any]:
-        enc, leaf = self.encode, self._stats_leaf
+        enc, leaf = self.encode, self._leaf_for(entry)
         if leaf is None:
             return [enc(g, entry, category, (i,)) for i, g in enumerate(grads)]
         return [leaf(g) if isinstance(g, Tensor) else enc(g, entry, category, (i,))
