@@ -322,6 +322,36 @@ def _one_step(case: Case, dump_dir: Path, level: str, task: str, config: dict[st
     return rank_dir
 
 
+def _alternating(case: Case, dump_dir: Path, level: str, plan: dict[str, Any], steps: int, warmup: int,
+                 clock: Callable[[], float]) -> tuple[float, float]:  # fmt: skip
+    """Median step times of a statistics-only dump and of the planned dump, taken in alternate steps of one
+    debugger (its config swapped between steps: the recorder is made from it at each step's start), so
+    both see the same load on a shared machine."""
+    from parity.client import PrecisionDebugger
+    from parity.client.config import load_config
+
+    PrecisionDebugger.reset()
+    dbg = PrecisionDebugger(dump_path=str(dump_dir), task="statistics", level=level)
+    plan_path = dump_dir.with_suffix(".plan.json")
+    plan_path.write_text(json.dumps(plan))
+    configs = [dbg.config, load_config(plan_path, dump_path=str(dump_dir), level=level)]
+    _plain, _opt, model, opt = case.copies()
+    times: list[list[float]] = [[], []]
+    for i in range(2 * steps):
+        dbg.config = configs[i % 2]
+        _sync(case.device)
+        t0 = clock()
+        dbg.start(model)
+        case.forward_backward(model, opt)
+        dbg.stop()
+        dbg.step()
+        _sync(case.device)
+        if i >= 2 * warmup:
+            times[i % 2].append(clock() - t0)
+    PrecisionDebugger.reset()
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 def plan_figures(args: argparse.Namespace, size: str, tmp: Path, clock: Callable[[], float]) -> None:
     """``--plan``: statistics first, then the suspects in tensor mode (``parity plan``), on the GPT step.
 
@@ -331,8 +361,8 @@ def plan_figures(args: argparse.Namespace, size: str, tmp: Path, clock: Callable
     10 blocks' GELUs (the top 10 full: the largest such plan of this model's MLPs). Printed for each: the
     planned dump's tensor bytes against a full tensor dump's (``dump_tensor_data`` of one step; the
     dump.json of either holds every call's statistics, as a statistics run's does), and its step time
-    against a statistics-only step's (medians of ``--rounds`` alternating runs, each interleaved with plain
-    steps as above; the plan's ``step`` widened to every step, so every measured step is dumped)."""
+    against a statistics-only step's (medians of ``--steps`` x ``--rounds`` steps of each, alternating step
+    by step; the plan's ``step`` widened to every step, so every measured step is dumped)."""
     from parity.shared.compare.engine import compare_dumps
     from parity.shared.compare.options import CompareOptions
     from parity.shared.plan import make_plan
@@ -358,13 +388,8 @@ def plan_figures(args: argparse.Namespace, size: str, tmp: Path, clock: Callable
         config = plan.config(str(tmp / "unused"))
         planned = _one_step(case, tmp / f"plan-{len(plan.calls)}", level, "tensor", config, gelu="tanh")
         planned_bytes = _folder_bytes(planned, "dump_tensor_data")
-        stats_s: list[float] = []
-        plan_s: list[float] = []
-        for _ in range(args.rounds):
-            stats_s.append(run(case, level, False, args.steps, args.warmup, tmp, clock=clock)[1])
-            plan_s.append(run(case, "L1+plan", False, args.steps, args.warmup, tmp, clock=clock,
-                              config={**config, "step": []})[1])  # fmt: skip
-        st, pl = statistics.median(stats_s), statistics.median(plan_s)
+        st, pl = _alternating(case, tmp / f"plan-time-{len(plan.calls)}", level, {**config, "step": []},
+                              args.warmup + args.steps * args.rounds, args.warmup, clock)  # fmt: skip
         suspects = len(plan.suspects)
         print(f"{label:<10}: {suspects} suspects + {len(plan.calls) - suspects} neighbours = "
               f"{len(config['tensor']['list'])} entries; tensor bytes {planned_bytes:,} = "
