@@ -50,7 +50,8 @@ def test_planned_dump_writes_files_for_listed_calls_and_statistics_for_all(tmp_p
     assert files == {n for names in data_names(planned).values() for n in names}
     # an unlisted call keeps its statistics, without a file
     leaf = planned["Functional.linear.0.forward"]["output"][0]
-    assert "data_name" not in leaf and leaf["Max"] == statistics["Functional.linear.0.forward"]["output"][0]["Max"]
+    assert "data_name" not in leaf
+    assert leaf["Max"] == statistics["Functional.linear.0.forward"]["output"][0]["Max"]
 
 
 def test_plain_msprobe_list_keeps_only_the_listed_entries(tmp_path: Path) -> None:
@@ -77,7 +78,8 @@ def test_a_fetched_plan_is_applied_over_the_users_config(tmp_path: Path) -> None
         apply_plan(user, {"task": "statistics"}, "cmp1")
 
 
-def test_a_plan_without_a_server_stops_at_construction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plan_without_a_server_stops_at_construction(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.delenv("PARITY_SERVER", raising=False)
     with pytest.raises(ConfigError, match="plan.*needs 'server'"):
         PrecisionDebugger(dump_path=str(tmp_path), plan="cmp1")
@@ -104,7 +106,8 @@ def test_compare_judges_a_planned_dumps_unlisted_calls_by_their_statistics(tmp_p
     header = full_header(result.mode, stack=False)
     message, cosine = header.index("Err_message"), header.index("Cosine")
     row = next(r for r in result.rows if r.cells[0] == "Functional.linear.0.forward.output.0")
-    assert row.status is RowStatus.PASS and "Statistics only" in row.cells[message] and row.cells[cosine] == "N/A"
+    assert row.status is RowStatus.PASS and "Statistics only" in row.cells[message]
+    assert row.cells[cosine] == "N/A"
     # the faulty gelu's output, saved on both sides, has its tensor metrics
     gelu_out = next(r for r in result.rows if r.cells[0] == f"{GELU}.output.0")
     assert isinstance(gelu_out.cells[cosine], float) and gelu_out.status is not RowStatus.PASS

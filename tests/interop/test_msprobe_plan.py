@@ -48,7 +48,8 @@ def _run(python: Path, plan: dict[str, object], out: Path) -> Path:
     return dump_json
 
 
-def test_msprobe_runs_the_plan_unchanged(msprobe_bin: Path, dump: Callable[..., Path], tmp_path: Path) -> None:
+def test_msprobe_runs_the_plan_unchanged(msprobe_bin: Path, dump: Callable[..., Path],
+                                         tmp_path: Path) -> None:  # fmt: skip
     plan = _plan(tmp_path, dump)
     section = plan["tensor"]
     assert plan["task"] == "tensor" and isinstance(section, dict) and section["parity_statistics_for_all"]

@@ -12,7 +12,7 @@ from tests.factories import stats_leaf
 
 
 def leaf(value: float, *, shape: tuple[int, ...] = (4,)) -> dict[str, Any]:
-    """A tensor leaf whose statistics say ``value`` (max) and ``value / 2`` (min): a fingerprint of its own."""
+    """A tensor leaf whose statistics (max ``value``, min ``value / 2``) are a fingerprint of its own."""
     return stats_leaf(value, value / 2, value * 0.75, value * 2, shape=shape)
 
 
@@ -46,8 +46,9 @@ def rank_doc(rank: int, *suspects: tuple[str, float], first: str | None = None,
 
 
 def test_call_entries_name_both_directions_of_a_call() -> None:
-    assert call_entries("Functional.gelu.3.backward") == ["Functional.gelu.3.backward", "Functional.gelu.3.forward"]
-    assert call_entries("Module.fc.Linear.forward.2") == ["Module.fc.Linear.forward.2", "Module.fc.Linear.backward.2"]
+    gelu, linear = "Functional.gelu.3", "Module.fc.Linear"
+    assert call_entries(f"{gelu}.backward") == [f"{gelu}.backward", f"{gelu}.forward"]
+    assert call_entries(f"{linear}.forward.2") == [f"{linear}.forward.2", f"{linear}.backward.2"]
     assert call_entries("Module.fc.Linear.parameters_grad") == ["Module.fc.Linear.parameters_grad"]
 
 
@@ -57,12 +58,13 @@ def test_data_flow_follows_statistics_and_skips_constants() -> None:
                                                                   "Tensor.add.0.forward"]  # fmt: skip
     assert flow.neighbours(["Functional.gelu.0.forward"], 2)[-1] == "Tensor.mul.0.forward"
     # backward entries chain through the gradients they pass on
-    assert flow.neighbours(["Functional.gelu.0.backward"], 1) == ["Tensor.add.0.backward",
-                                                                   "Functional.linear.0.backward"]  # fmt: skip
+    assert flow.neighbours(["Functional.gelu.0.backward"], 1) == [
+        "Tensor.add.0.backward", "Functional.linear.0.backward"]  # fmt: skip
     zeros = stats_leaf(0.0, 0.0, 0.0, 0.0)
     data = {"Torch.zeros.0.forward": {"input_args": [], "input_kwargs": {}, "output": [zeros]},
             "Torch.a.0.forward": {"input_args": [leaf(1.0)], "input_kwargs": {}, "output": [leaf(2.0)]},
-            "Torch.b.0.forward": {"input_args": [zeros, leaf(2.0)], "input_kwargs": {}, "output": [leaf(3.0)]}}
+            "Torch.b.0.forward": {"input_args": [zeros, leaf(2.0)], "input_kwargs": {},
+                                  "output": [leaf(3.0)]}}  # fmt: skip
     # a constant (zeros) names no producer; the real input does
     assert DataFlow(data).producers[2] == {1}
 
