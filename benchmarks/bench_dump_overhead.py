@@ -170,7 +170,8 @@ class _Dumper:
 
 
 class ParityDumper(_Dumper):
-    def __init__(self, dump_dir: Path, level: str, summary: str, async_dump: bool, task: str) -> None:
+    def __init__(self, dump_dir: Path, level: str, summary: str, async_dump: bool, task: str,
+                 config: dict[str, Any] | None = None) -> None:  # fmt: skip
         from parity.client import PrecisionDebugger
 
         self.dbg = PrecisionDebugger
@@ -179,7 +180,7 @@ class ParityDumper(_Dumper):
         body: dict[str, Any] = {"task": task, "async_dump": async_dump}
         if task == "statistics":
             body["statistics"] = {"summary_mode": summary}
-        cfg.write_text(json.dumps(body))
+        cfg.write_text(json.dumps(config or body))  # ``config``: a whole config.json (a plan's)
         self.dbg(str(cfg), dump_path=str(dump_dir), level=level)
 
     def close(self) -> None:
@@ -210,8 +211,8 @@ def entries_of_last_step(dump_dir: Path) -> int:
 
 # -------------------------------------------------------------------------------------------------- the run
 def run(case: Case, mode: str, async_dump: bool, steps: int, warmup: int, tmp: Path, dumper: str = "parity",
-        profile: bool = False, clock: Callable[[], float] = time.perf_counter
-        ) -> tuple[float, float, int, float]:  # fmt: skip
+        profile: bool = False, clock: Callable[[], float] = time.perf_counter,
+        config: dict[str, Any] | None = None) -> tuple[float, float, int, float]:  # fmt: skip
     """Median plain and instrumented step times (s), interleaved step by step, entries a step, and the median
     extra CPU time of the training thread per entry (s): the tool's host cost, unaffected by other jobs on
     the machine and without the background writer's share.
@@ -225,7 +226,8 @@ def run(case: Case, mode: str, async_dump: bool, steps: int, warmup: int, tmp: P
     label = f"{dumper}-{mode}-async" if async_dump else f"{dumper}-{mode}"
     dump_dir = tmp / label.replace("+", "_")
     cls = MsprobeDumper if dumper == "msprobe" else ParityDumper
-    dmp = cls(dump_dir, level, summary or "statistics", async_dump, task)
+    dmp = (ParityDumper(dump_dir, level, "statistics", async_dump, "tensor", config) if config is not None
+           else cls(dump_dir, level, summary or "statistics", async_dump, task))  # fmt: skip
     plain_model, plain_opt, model, opt = case.copies()
     plain: list[float] = []
     inst: list[float] = []
@@ -298,6 +300,103 @@ MODES = [("L0", False, 1.3, 1.2), ("L1", False, 2.0, 1.5), ("mix", False, 2.5, 1
          ("L1+md5", False, None, 3.0), ("L1", True, 2.0, 1.5), ("mix", True, 2.5, 1.7)]  # fmt: skip
 
 
+# ------------------------------------------------------------------------------------- planned tensor dump
+def _folder_bytes(root: Path, sub: str = "") -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and (not sub or sub in p.parts))
+
+
+def _one_step(case: Case, dump_dir: Path, level: str, task: str, config: dict[str, Any] | None = None,
+              gelu: str = "none") -> Path:  # fmt: skip
+    """One dumped training step of a fresh copy of ``case``'s model (its GELUs with ``gelu`` approximation);
+    returns the rank folder."""
+    _plain, _opt, model, opt = case.copies()
+    for module in model.modules():
+        if isinstance(module, nn.GELU):
+            module.approximate = gelu
+    dmp = ParityDumper(dump_dir, level, "statistics", False, task, config)
+    dmp.start(model)
+    case.forward_backward(model, opt)
+    dmp.end_step()
+    dmp.close()
+    (rank_dir,) = dump_dir.glob("step0/rank*")
+    return rank_dir
+
+
+def _alternating(case: Case, dump_dir: Path, level: str, plan: dict[str, Any], steps: int, warmup: int,
+                 clock: Callable[[], float]) -> tuple[float, float]:  # fmt: skip
+    """Median step times of a statistics-only dump and of the planned dump, taken in alternate steps of one
+    debugger (its config swapped between steps: the recorder is made from it at each step's start), so
+    both see the same load on a shared machine."""
+    from parity.client import PrecisionDebugger
+    from parity.client.config import load_config
+
+    PrecisionDebugger.reset()
+    dbg = PrecisionDebugger(dump_path=str(dump_dir), task="statistics", level=level)
+    plan_path = dump_dir.with_suffix(".plan.json")
+    plan_path.write_text(json.dumps(plan))
+    configs = [dbg.config, load_config(plan_path, dump_path=str(dump_dir), level=level)]
+    _plain, _opt, model, opt = case.copies()
+    times: list[list[float]] = [[], []]
+    for i in range(2 * steps):
+        dbg.config = configs[i % 2]
+        _sync(case.device)
+        t0 = clock()
+        dbg.start(model)
+        case.forward_backward(model, opt)
+        dbg.stop()
+        dbg.step()
+        _sync(case.device)
+        if i >= 2 * warmup:
+            times[i % 2].append(clock() - t0)
+    PrecisionDebugger.reset()
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def plan_figures(args: argparse.Namespace, size: str, tmp: Path, clock: Callable[[], float]) -> None:
+    """``--plan``: statistics first, then the suspects in tensor mode (``parity plan``), on the GPT step.
+
+    Two plans of top 10 suspects and neighbours 1 (``parity plan --top 10 --neighbours 1``): the plan of a
+    statistics comparison, the target running every GELU in its tanh approximation (another device's
+    kernel) against the exact one, whatever its suspects are; and the plan whose 10 suspects are the first
+    10 blocks' GELUs (the top 10 full: the largest such plan of this model's MLPs). Printed for each: the
+    planned dump's tensor bytes against a full tensor dump's (``dump_tensor_data`` of one step; the
+    dump.json of either holds every call's statistics, as a statistics run's does), and its step time
+    against a statistics-only step's (medians of ``--steps`` x ``--rounds`` steps of each, alternating step
+    by step; the plan's ``step`` widened to every step, so every measured step is dumped)."""
+    from parity.shared.compare.engine import compare_dumps
+    from parity.shared.compare.options import CompareOptions
+    from parity.shared.plan import make_plan
+    from parity.shared.report.summary import rank_summary, single_rank_summary
+
+    case = Case("gpt", size, args.device)
+    level = "L1"
+    bench = _one_step(case, tmp / "plan-stats-bench", level, "statistics")
+    target = _one_step(case, tmp / "plan-stats-target", level, "statistics", gelu="tanh")
+    result = compare_dumps(target / "dump.json", bench / "dump.json", CompareOptions())
+    compared = single_rank_summary(rank_summary(result, {}))
+    gelus = [n for n in json.loads((target / "dump.json").read_text())["data"]
+             if n.startswith("Functional.gelu.") and n.endswith(".forward")][:10]  # fmt: skip
+    every_gelu = {**compared, "suspects": [{"api": g, "score": 1.0} for g in gelus], "first_divergence": None}
+    full = _one_step(case, tmp / "plan-full", level, "tensor", gelu="tanh")
+    full_bytes = _folder_bytes(full, "dump_tensor_data")
+    entries = len(json.loads((full / "dump.json").read_text())["data"])
+    print(f"\nplanned tensor dump, gpt {size} {level} (top 10, neighbours 1): full tensor dump "
+          f"{full_bytes:,} tensor bytes, {entries} entries")
+    for label, summary in (("comparison", compared), ("10 GELUs", every_gelu)):
+        plan = make_plan(summary, top=10, neighbours=1,
+                         load_dump=lambda _r, p: json.loads(Path(p or "").read_text()))  # fmt: skip
+        config = plan.config(str(tmp / "unused"))
+        planned = _one_step(case, tmp / f"plan-{len(plan.calls)}", level, "tensor", config, gelu="tanh")
+        planned_bytes = _folder_bytes(planned, "dump_tensor_data")
+        st, pl = _alternating(case, tmp / f"plan-time-{len(plan.calls)}", level, {**config, "step": []},
+                              args.warmup + args.steps * args.rounds, args.warmup, clock)  # fmt: skip
+        suspects = len(plan.suspects)
+        print(f"{label:<10}: {suspects} suspects + {len(plan.calls) - suspects} neighbours = "
+              f"{len(config['tensor']['list'])} entries; tensor bytes {planned_bytes:,} = "
+              f"{planned_bytes / full_bytes:.1%} of full (target <= 5%); step ms statistics {st * 1e3:.1f} "
+              f"planned {pl * 1e3:.1f} = {pl / st:.2f}x (target <= 1.2)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
@@ -313,6 +412,9 @@ def main() -> None:
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall: step time (perf_counter); cpu: the process's CPU time")  # fmt: skip
     ap.add_argument("--no-msprobe", action="store_true", help="skip msprobe's run even if its venv exists")
+    ap.add_argument("--rounds", type=int, default=3, help="with --plan: alternating runs whose medians count")
+    ap.add_argument("--plan", action="store_true",
+                    help="only the planned tensor dump's figures (parity plan, top 10, neighbours 1) on gpt")
     ap.add_argument("--dumper", choices=("parity", "msprobe"), default="parity", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -330,6 +432,9 @@ def main() -> None:
             plain, inst, entries, host = run(case, mode, async_dump, args.steps, args.warmup, tmp,
                                              args.dumper, clock=clock)  # fmt: skip
             print(json.dumps({"plain": plain, "inst": inst, "entries": entries, "host": host}))
+            return
+        if args.plan:
+            plan_figures(args, size, tmp, clock)
             return
         if args.profile:
             case = Case(args.model or "gpt", size, args.device)

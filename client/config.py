@@ -16,13 +16,13 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from parity.client.errors import ConfigError
 
-__all__ = ["DebuggerConfig", "load_config", "parse_index_list"]
+__all__ = ["DebuggerConfig", "apply_plan", "load_config", "parse_index_list"]
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,12 @@ SUMMARY_MODES = ("statistics", "md5")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 COMMON_FIELDS = (
     "task", "dump_path", "rank", "step", "level", "async_dump", "extra_info", "host_buffer_mb",
-    "server", "run_name", "project", "tags", *TASKS,
+    "server", "run_name", "project", "tags", "plan", "planned_by", *TASKS,
 )  # fmt: skip
-TASK_FIELDS = ("scope", "list", "data_mode", "summary_mode")
+#: Parity's own task field (``parity plan`` writes it; msprobe ignores it): with ``list``, every call keeps
+#: its statistics entry and only the listed calls get tensor files.
+STATISTICS_FOR_ALL = "parity_statistics_for_all"
+TASK_FIELDS = ("scope", "list", "data_mode", "summary_mode", STATISTICS_FOR_ALL)
 #: msprobe's fields (8.3.3's shipped config.json and docs, 26.x's docs) that Parity accepts and does not act
 #: on; a task section of msprobe's other tasks is accepted whole.
 MSPROBE_FIELDS = (
@@ -70,6 +73,12 @@ class DebuggerConfig:
     project: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     token: str | None = None
+    #: ``list`` names the calls that get tensor files; every call keeps its statistics entry (a planned dump)
+    statistics_for_all: bool = False
+    #: the comparison whose plan the debugger fetches from ``server`` at construction
+    plan: str | None = None
+    #: the comparison that planned this dump (the run's provenance on the server)
+    planned_by: str | None = None
 
     def wants(self, direction: str, io: str) -> bool:
         """Whether ``data_mode`` keeps this direction (forward/backward) and side (input/output)."""
@@ -238,6 +247,10 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
     if ignored:
         log.warning("parity: %s: msprobe fields that Parity accepts and does not act on: %s",
                     src or "config", ", ".join(ignored))  # fmt: skip
+    statistics_for_all = section.get(STATISTICS_FOR_ALL, False)
+    if not isinstance(statistics_for_all, bool):
+        raise ConfigError(f"{task}.{STATISTICS_FOR_ALL}",
+                          f"must be true or false, got {statistics_for_all!r}", source=src)  # fmt: skip
     return DebuggerConfig(
         task=task,
         dump_path=Path(dump_path),
@@ -256,4 +269,24 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
         project=_opt_str(raw, "project", src),
         tags={str(k): str(v) for k, v in tags.items()},
         token=token or os.environ.get("PARITY_TOKEN") or None,
+        statistics_for_all=statistics_for_all,
+        plan=_opt_str(raw, "plan", src) or None,
+        planned_by=_opt_str(raw, "planned_by", src) or None,
     )
+
+
+def apply_plan(cfg: DebuggerConfig, plan: Mapping[str, Any], comparison: str) -> DebuggerConfig:
+    """``cfg`` with a fetched plan's config.json applied: task ``tensor``, its level, steps, ranks and
+    ``list``, statistics for every call, and ``planned_by`` set; where to dump, the server and the run's
+    name stay the user's."""
+    src = f"plan of comparison {comparison}"
+    section = plan.get("tensor")
+    if plan.get("task") != "tensor" or not isinstance(section, dict):
+        raise ConfigError("plan", "the server's plan is not a tensor-task config", source=src)
+    level = _choice(plan, "level", LEVELS, cfg.level, "level", src)
+    return replace(
+        cfg, task="tensor", level=level, steps=parse_index_list(plan.get("step"), "step", src),
+        ranks=parse_index_list(plan.get("rank"), "rank", src), scope=(),
+        api_list=_str_list(section.get("list"), "tensor.list", src), statistics_for_all=True,
+        plan=comparison, planned_by=comparison,
+    )  # fmt: skip

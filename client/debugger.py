@@ -25,6 +25,7 @@ from parity.client.config import DebuggerConfig, load_config
 from parity.client.distributed import DistributedPatch
 from parity.client.errors import CaptureError
 from parity.client.modules import ModuleHooks
+from parity.client.plan import fetch_plan
 from parity.client.recorder import Recorder
 from parity.client.tensor_writer import BackgroundWriter
 from torch import nn
@@ -105,13 +106,16 @@ class PrecisionDebugger:
         project: str | None = None,
         tags: Any = None,
         token: str | None = None,
+        plan: str | None = None,
     ) -> None:
         if self._initialised:  # msprobe: a second construction is a no-op
             return
         self.config: DebuggerConfig = load_config(
             config_path, task=task, dump_path=str(dump_path) if dump_path is not None else None, level=level,
-            step=step, server=server, run_name=run_name, project=project, tags=tags, token=token,
+            step=step, server=server, run_name=run_name, project=project, tags=tags, token=token, plan=plan,
         )  # fmt: skip
+        if self.config.plan is not None:  # before anything is hooked: a plan that cannot be had stops here
+            self.config = fetch_plan(self.config)
         self._initialised = True
         self.current_step = 0
         self.recorder: Recorder | None = None
@@ -266,6 +270,7 @@ class PrecisionDebugger:
 
                 self._uploader = BackgroundUploader(cfg.server, run_name=cfg.run_name, project=cfg.project,
                                                     tags=dict(cfg.tags), token=cfg.token,
+                                                    planned_by=cfg.planned_by,
                                                     close_at_exit=False)  # closed in _at_exit  # fmt: skip
             self._uploader.submit_rank_dir(step, rank, rank_dir)
         except Exception as exc:  # the upload is best effort: never break the training loop over it

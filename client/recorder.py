@@ -28,7 +28,7 @@ from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
-from parity.shared.dump.naming import backward_of, param_grad_file, tensor_file
+from parity.shared.dump.naming import backward_of, param_grad_file, parse_entry, tensor_file
 from parity.shared.dump.writer import RankDirWriter
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
@@ -153,7 +153,15 @@ class Recorder:
         self.want_bwd_out = cfg.wants("backward", "output")
         self.mix = cfg.level == "mix"
         self.modules_on = cfg.level in ("L0", "mix")
-        self.filtered = bool(cfg.scope or cfg.api_list)
+        # A planned dump (``statistics_for_all``): ``list`` chooses which calls get tensor files, not which
+        # calls are recorded, so every call keeps its statistics entry and its name.
+        self._select_list = () if cfg.statistics_for_all else cfg.api_list
+        self._file_list = cfg.api_list if cfg.statistics_for_all else None
+        # a full entry name (what ``parity plan`` writes) is looked up; anything else matches as a substring
+        self._file_names = frozenset(i for i in cfg.api_list if parse_entry(i) is not None)
+        self._file_parts = tuple(i for i in cfg.api_list if i not in self._file_names)
+        self._file_entry: tuple[str, bool] = ("", False)  # the last entry asked about, and the answer
+        self.filtered = bool(cfg.scope or self._select_list)
         self._extra_info = cfg.extra_info
         self._reset()
 
@@ -210,16 +218,26 @@ class Recorder:
                 self._in_scope, self._scope_done = False, True
             if not hit:
                 return False
-        if cfg.api_list:
-            return self._list_depth > 0 or any(item == name or item in name for item in cfg.api_list)
+        if self._select_list:
+            return self._list_depth > 0 or any(item == name or item in name for item in self._select_list)
         return True
+
+    def _wants_file(self, entry: str) -> bool:
+        """A planned dump: whether ``entry`` is listed, by its full name or, for an item that is no entry
+        name (``"gelu"``), as msprobe matches: a substring. A full name matches itself only, where msprobe
+        would also take ``Module.m.M.forward.10`` for ``...forward.1``."""
+        last, answer = self._file_entry
+        if entry != last:
+            answer = entry in self._file_names or any(item in entry for item in self._file_parts)
+            self._file_entry = (entry, answer)
+        return answer
 
     # ----------------------------------------------------------------------------------------- encoding
     def tensor_leaf(
         self, t: Tensor, entry: str, category: str, path: tuple[int | str, ...]
     ) -> dict[str, Any]:
         data_name = None
-        if self.writer is not None:
+        if self.writer is not None and (self._file_list is None or self._wants_file(entry)):
             data_name = tensor_file(entry, category, path)
             self.writer.submit(self.dir_writer.tensor_dir / data_name, t)
         self._dirty = True
@@ -261,8 +279,15 @@ class Recorder:
             return {"type": "torch.memory_format", "format": str(value).rsplit(".", 1)[-1]}
         return _encode_special(value)
 
+    def _leaf_for(self, entry: str) -> Callable[[Tensor], dict[str, Any]] | None:
+        """The statistics-only leaf maker where ``entry`` writes no tensor file (None: ``encode`` names one);
+        a planned dump's unlisted calls take it, at a statistics dump's cost."""
+        if self._file_list is None:
+            return self._stats_leaf
+        return None if self._wants_file(entry) else self.stats.leaf
+
     def encode_inputs(self, entry: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        enc, leaf = self.encode, self._stats_leaf
+        enc, leaf = self.encode, self._leaf_for(entry)
         if leaf is None:
             return {
                 "input_args": [enc(v, entry, "input", (i,)) for i, v in enumerate(args)],
@@ -278,7 +303,7 @@ class Recorder:
 
     def encode_output(self, entry: str, out: Any) -> list[Any]:
         """``output`` is always a list: a lone tensor/None becomes a one-element list (§4.2)."""
-        leaf = self._stats_leaf
+        leaf = self._leaf_for(entry)
         if leaf is not None and isinstance(out, Tensor):
             return [leaf(out)]
         if isinstance(out, (list, tuple)) and getattr(out, "_fields", None) is None:
@@ -286,7 +311,7 @@ class Recorder:
         return [self.encode(out, entry, "output", (0,))]
 
     def encode_grads(self, entry: str, category: str, grads: Any) -> list[Any]:
-        enc, leaf = self.encode, self._stats_leaf
+        enc, leaf = self.encode, self._leaf_for(entry)
         if leaf is None:
             return [enc(g, entry, category, (i,)) for i, g in enumerate(grads)]
         return [leaf(g) if isinstance(g, Tensor) else enc(g, entry, category, (i,))
@@ -569,7 +594,7 @@ class Recorder:
                 entry = self._param_grads[prefix] = {}
                 self._data[entry_name] = entry
             data_name = None
-            if self.writer is not None:
+            if self.writer is not None and (self._file_list is None or self._wants_file(entry_name)):
                 data_name = param_grad_file(entry_name, pname)
                 self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
             entry[pname] = [self.stats.leaf(grad, data_name)]

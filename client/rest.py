@@ -44,6 +44,7 @@ from parity.shared.contract import (
     FilePublic,
     FilesPublic,
     Health,
+    PlanPublic,
     RowsPublic,
     RunCreate,
     RunPublic,
@@ -249,11 +250,13 @@ class ParityClient:
         device: str = "other",
         tags: Mapping[str, str] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        planned_by: str | None = None,
     ) -> RunPublic:
-        """``POST /runs``: a new run in status ``uploading``."""
+        """``POST /runs``: a new run in status ``uploading``; ``planned_by``: the comparison whose plan its
+        dump followed."""
         body = _request(
             RunCreate, name=name, project=project, device=device, tags=dict(tags or {}),
-            metadata=dict(metadata or {}),
+            metadata=dict(metadata or {}), planned_by=planned_by,
         )  # fmt: skip
         return self._call(RunPublic, "POST", "/runs", body=body, ok=(200, 201))
 
@@ -370,6 +373,13 @@ class ParityClient:
     def get_comparison(self, comparison_id: str) -> ComparisonPublic:
         """``GET /comparisons/{id}``: status, progress and, once succeeded, the summary."""
         return self._call(ComparisonPublic, "GET", f"/comparisons/{quote(comparison_id, safe='')}")
+
+    def get_plan(self, comparison_id: str, *, top: int | None = None, neighbours: int | None = None
+                 ) -> PlanPublic:  # fmt: skip
+        """``GET /comparisons/{id}/plan``: the next dump's msprobe config.json (None: no suspects)."""
+        params = [(k, v) for k, v in (("top", top), ("neighbours", neighbours)) if v is not None]
+        path = f"/comparisons/{quote(comparison_id, safe='')}/plan"
+        return self._call(PlanPublic, "GET", path, params=params)
 
     def list_comparisons(
         self,

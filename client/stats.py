@@ -174,7 +174,8 @@ class StatsBuffer:
         shape and requires_grad checked; a leaf naming a tensor file is never shared)."""
         hit = self._cache.get(id(t))
         if (hit is not None and data_name is None and hit[0] is t and hit[1] == t._version
-                and hit[4] == t.shape and hit[2][0]["requires_grad"] is t.requires_grad):  # fmt: skip
+                and hit[4] == t.shape and hit[2][0]["requires_grad"] is t.requires_grad
+                and "data_name" not in hit[2][0]):  # fmt: skip  (a planned dump: a file for one call only)
             return hit[2][0]
         dtype = t.dtype
         dstr = _DTYPE_STR.get(dtype)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 from parity.client import devices
+from parity.shared.dump.writer import fsync_dir
 
 __all__ = ["BackgroundWriter", "TensorWriter"]
 
@@ -57,6 +59,7 @@ class BackgroundWriter:
         self._thread.start()
         self.errors = 0
         self.written = 0
+        self._unsynced: list[Path] = []  # tensor files written and not yet synced (writer thread only)
 
     def _usable(self) -> bool:
         return os.getpid() == self._pid and self._thread.is_alive()
@@ -72,9 +75,27 @@ class BackgroundWriter:
             staged = tensor.device.type != "cpu"
         if not staged:
             copy = tensor.detach().clone(memory_format=torch.contiguous_format)
-            self._queue.put(lambda: _save(copy, path))
+            self._queue.put(lambda: self._save(copy, path))
             return
-        self.submit_host(tensor, lambda host: _save(host, path))
+        self.submit_host(tensor, lambda host: self._save(host, path))
+
+    def _save(self, tensor: torch.Tensor, path: Path) -> None:
+        """Writer thread: write one tensor file; it is made durable with the others before the next document
+        (:meth:`_sync_files`)."""
+        _save(tensor, path, sync=False)
+        self._unsynced.append(path)
+
+    def _sync_files(self) -> None:
+        """Writer thread: make the tensor files written since the last document durable, before a document
+        (a dump.json naming them) is written: one file-system sync (``syncfs``) rather than an fsync a file,
+        which cost ~5 ms each here (200 files: 1 s against 5-70 ms), where the platform has it."""
+        paths, self._unsynced = self._unsynced, []
+        if paths:
+            try:
+                sync_files(paths)
+            except OSError as exc:  # the files are written; a failed flush must not hold back the document
+                log.warning("parity: could not sync %d tensor files (%s): %s", len(paths), paths[0].parent,
+                            exc)  # fmt: skip
 
     def submit_host(self, tensor: torch.Tensor, consume: Callable[[torch.Tensor], object]) -> None:
         """Queue ``consume(a host copy of tensor)`` on the writer thread: the copy is made as for a device
@@ -151,6 +172,7 @@ class BackgroundWriter:
 
         def run_and_release() -> object:
             try:
+                self._sync_files()
                 return job()
             finally:
                 self._documents.release()
@@ -184,22 +206,66 @@ class BackgroundWriter:
     def close(self) -> None:
         """Run what is queued, then stop the thread."""
         if self._usable():
+            self._queue.put(self._sync_files)  # files no document followed (an interrupted step)
             self._queue.put(None)
             self._thread.join()
 
 
-def _save(tensor: torch.Tensor, path: Path) -> None:
-    """Write one ``.pt`` file atomically: a temporary name, fsynced, then renamed (no half file, ever)."""
+def _save(tensor: torch.Tensor, path: Path, *, sync: bool = True) -> None:
+    """Write one ``.pt`` file atomically: a temporary name, fsynced (or, ``sync`` False, left for
+    :func:`sync_files`), then renamed (no half file, ever)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as fh:
             torch.save(tensor.cpu(), fh)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except Exception as exc:  # name the file: torch's own message often does not
         tmp.unlink(missing_ok=True)
         raise OSError(f"cannot write {path}: {exc}") from exc
+
+
+def _syncfs() -> Callable[[int], int] | None:
+    """Linux's ``syncfs(fd)`` (flush one file system), or None where libc has none."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syncfs  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_SYNCFS = _syncfs() if sys.platform.startswith("linux") else None
+
+
+def sync_files(paths: list[Path]) -> None:
+    """Make ``paths`` (written, renamed into place) durable: one ``syncfs`` per file system they are on, or
+    an fsync of each file and its folder where ``syncfs`` is missing or fails."""
+    folders = {p.parent for p in paths}
+    if _SYNCFS is not None:
+        devices_done: set[int] = set()
+        failed = False
+        for folder in folders:
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                if os.fstat(fd).st_dev not in devices_done:
+                    failed |= _SYNCFS(fd) != 0
+                    devices_done.add(os.fstat(fd).st_dev)
+            finally:
+                os.close(fd)
+        if not failed:
+            return
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for folder in folders:
+        fsync_dir(folder)
 
 
 #: The former name: the writer started out saving tensor files only.

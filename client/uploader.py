@@ -82,6 +82,7 @@ class BackgroundUploader:
         token: str | None = None,
         device: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        planned_by: str | None = None,
         queue_size: int = 64,
         enqueue_timeout_s: float = 1.0,
         retry_budget_s: float = 30.0,
@@ -97,6 +98,7 @@ class BackgroundUploader:
         self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
         self.device = device
         self.extra_metadata = dict(metadata or {})
+        self.planned_by = planned_by  # the comparison whose plan the dump followed (run provenance)
         self.enqueue_timeout_s = enqueue_timeout_s
         self.retry_budget_s = retry_budget_s
         self.initial_backoff_s = initial_backoff_s
@@ -251,9 +253,8 @@ class BackgroundUploader:
         api = self._api
 
         def create() -> RunPublic:
-            return api.create_run(
-                name, project=self.project, device=device, tags=self.tags, metadata=metadata
-            )
+            return api.create_run(name, project=self.project, device=device, tags=self.tags,
+                                  metadata=metadata, planned_by=self.planned_by)  # fmt: skip
 
         self.run = self._call("create run", create)
         self.run_name = name

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("db", "database maintenance: 'parity db upgrade' runs the migrations"),
     "upload": ("upload", "upload an existing dump directory to a server"),
     "compare-runs": ("compare_runs", "compare two uploaded runs on a server and download the reports"),
+    "plan": ("plan", "write the next dump's config.json: tensor files for a comparison's suspects only"),
     "runs": ("runs", "list or delete runs on a server"),
     "gc": ("gc", "server maintenance: remove orphaned blobs, stale temp files and expired runs"),
 }

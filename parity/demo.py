@@ -7,7 +7,10 @@
    autocast (the target, as a lower-precision device would run it);
 3. compare the two runs over REST, wait, download the xlsx report and the advisor into ``./demo-output``,
    print the top suspects and the report's path;
-4. stop the server.
+4. statistics first, then only the suspects in tensor mode (``parity.demo_plan``): a statistics run pair
+   with a faulty GELU, their comparison, its plan, a tensor re-dump with it, the tensor comparison whose
+   top suspect and float64 replay name the GELU;
+5. stop the server.
 
 ``python -m parity.demo --data-dir ./parity-data`` keeps the server's data; ``--keep-server`` leaves it up.
 :class:`ServerProcess` is reused by the end-to-end tests and the server benchmark.
@@ -231,7 +234,11 @@ def run_demo(out_dir: Path, data_dir: Path | None, *, keep_server: bool = False)
             if info.status != "succeeded":
                 raise RuntimeError(f"comparison {info.id} failed: {info.error}")
             paths = download_reports(api, info, out_dir)
+            from parity.demo_plan import plan_demo
+
+            plan_lines = plan_demo(api, url, tmp, out_dir, stamp)
         sys.stdout.writelines(f"{line}\n" for line in summary_lines(info))
+        sys.stdout.writelines(f"{line}\n" for line in plan_lines)
         report = next(p for p in paths if p.suffix == ".xlsx")
         for path in paths:
             sys.stdout.write(f"wrote {path}\n")

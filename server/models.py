@@ -85,6 +85,9 @@ class Run(Base):
     # Never deleted by the retention sweep (revision 0006).
     keep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # The validation that ``complete`` queues is a job (``jobs``, kind ``validate``, subject the run id).
+    # Revision 0013: the comparison whose plan this run's dump followed (``parity plan``); no foreign key,
+    # so the provenance outlives a deleted comparison.
+    planned_by: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
 
     __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 

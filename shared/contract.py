@@ -49,6 +49,8 @@ __all__ = [
     "JobStatus",
     "MAX_INDEX",
     "MAX_METADATA_DEPTH",
+    "PlanCallPublic",
+    "PlanPublic",
     "RankTaskPublic",
     "ReplaySidePublic",
     "ReplayVerdictPublic",
@@ -138,6 +140,10 @@ class RunCreate(_Request):
         default_factory=dict, description=f"free JSON, nested at most {MAX_METADATA_DEPTH} levels"
     )
     keep: bool = Field(default=False, description="never deleted by the retention sweep")
+    planned_by: str | None = Field(
+        default=None, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+        description="the comparison whose plan this run's dump followed (parity plan)",
+    )
 
     @field_validator("metadata")
     @classmethod
@@ -188,6 +194,7 @@ class RunPublic(_Response):
     ranks: list[int]
     baseline: bool = False
     auto_compare: bool = True
+    planned_by: str | None = None  # the comparison whose plan this run followed (revision 0013)
 
 
 class RunsPublic(_Response):
@@ -279,6 +286,25 @@ class ReplayVerdictsPublic(_Response):
 
     data: list[ReplayVerdictPublic]
     count: int
+    notes: list[str] = Field(default_factory=list)
+
+
+class PlanCallPublic(_Response):
+    """One call of a comparison's plan: a suspect, the first divergence or a neighbour of one."""
+
+    api: str
+    rank: int | None
+    role: str
+    score: float | None = None
+
+
+class PlanPublic(_Response):
+    """``GET /comparisons/{id}/plan``: the next dump's msprobe config.json (task ``tensor``, ``list`` of the
+    planned calls' entries), or ``config`` null when the comparison has no suspects (``notes`` say so)."""
+
+    comparison_id: str
+    calls: list[PlanCallPublic]
+    config: dict[str, Any] | None
     notes: list[str] = Field(default_factory=list)
 
 

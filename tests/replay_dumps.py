@@ -80,11 +80,12 @@ def wrong_backward_gelu() -> Callable[..., torch.Tensor]:
 
 
 def dump_model(root: Path, *, gelu: Callable[..., torch.Tensor] | None = None,
-               input_noise: float = 0.0) -> Path:  # fmt: skip
+               input_noise: float = 0.0, **debugger: Any) -> Path:  # fmt: skip
     """One training step of :class:`ReplayNet` dumped at L1 in tensor mode; returns the rank's dump.json.
 
     ``gelu`` replaces ``F.gelu`` for this dump (a faulty kernel); ``input_noise`` perturbs the input (another
-    device's upstream rounding: every call's inputs differ, no kernel is wrong)."""
+    device's upstream rounding: every call's inputs differ, no kernel is wrong). ``debugger``: the
+    ``PrecisionDebugger`` arguments instead of task tensor at L1 (``dump_path`` is always ``root``)."""
     torch.manual_seed(0)
     model = ReplayNet()
     x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
@@ -98,7 +99,7 @@ def dump_model(root: Path, *, gelu: Callable[..., torch.Tensor] | None = None,
         F.gelu = gelu
     PrecisionDebugger.reset()
     try:
-        PrecisionDebugger(dump_path=str(root), task="tensor", level="L1")
+        PrecisionDebugger(dump_path=str(root), **(debugger or {"task": "tensor", "level": "L1"}))
         PrecisionDebugger.start()
         torch.manual_seed(3)  # the same dropout mask on every side
         model(x).pow(2).mean().backward()

@@ -540,9 +540,9 @@ class ComparisonService:
         return ReplayVerdictsPublic(data=data, count=len(data), notes=c.summary.replay_notes)
 
     # -- reports ----------------------------------------------------------------------------------------
-    def summary_file(self, comparison_id: str) -> tuple[str, Iterator[bytes]]:
-        """(download name, bytes) of the comparison's summary JSON: the document it stored when its last rank
-        finished, ``merge_summary``'s, as ``parity compare`` writes it for two step directories."""
+    def summary_document(self, comparison_id: str) -> dict[str, Any]:
+        """The comparison's summary document: the one it stored when its last rank finished,
+        ``merge_summary``'s, as ``parity compare`` writes it for two step directories."""
         with self.db.read() as session:
             c = self._require(session, comparison_id)
             if c.status != "succeeded":
@@ -554,6 +554,11 @@ class ComparisonService:
                 docs = [t.summary for t in tasks if t.status == "succeeded" and t.summary is not None]
                 skipped = sorted({t.rank for t in tasks if t.status == "skipped"})
                 doc = comparison_summary(session, c, docs, skipped=skipped)
+        return doc
+
+    def summary_file(self, comparison_id: str) -> tuple[str, Iterator[bytes]]:
+        """(download name, bytes) of the comparison's summary JSON (:meth:`summary_document`)."""
+        doc = self.summary_document(comparison_id)
         text = json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n"
         return f"compare_summary_{comparison_id[:8]}.json", iter([text.encode()])
 

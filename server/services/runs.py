@@ -49,7 +49,7 @@ def run_public(run: Run, stats: RunStats) -> RunPublic:
         error=run.error, created_at=run.created_at, completed_at=run.completed_at, keep=bool(run.keep),
         file_count=stats.file_count, total_bytes=stats.total_bytes,
         steps=sorted(stats.steps), ranks=sorted(stats.ranks), baseline=bool(run.baseline),
-        auto_compare=bool(run.auto_compare),
+        auto_compare=bool(run.auto_compare), planned_by=run.planned_by,
     )  # fmt: skip
 
 
@@ -128,7 +128,7 @@ class RunService:
         run = Run(
             id=uuid.uuid4().hex, name=body.name, project=body.project, device=body.device, tags=body.tags,
             meta=body.metadata, status="uploading", created_at=utcnow(), keep=body.keep,
-            auto_compare=body.auto_compare, baseline=False,
+            auto_compare=body.auto_compare, baseline=False, planned_by=body.planned_by,
         )  # fmt: skip
         with self.db.write() as session:
             serialize_on(session, f"run-name\0{body.project}\0{body.name}")

@@ -33,6 +33,7 @@ from parity.server.schemas import (
 )
 from parity.server.security.sessions import SessionStore
 from parity.server.services.comparisons import RowFilter
+from parity.server.services.plans import plan_chain
 from parity.server.web.auth import (
     SESSION_COOKIE,
     WebUser,
@@ -187,7 +188,7 @@ def run_page(
     return render(request, "run.html", {
         "user": user, "run": run, "files": files.data[:200], "file_count": files.count,
         "comparisons": related.data, "comparison_count": related.count, "names": names,
-        "baseline": baseline,
+        "baseline": baseline, "chain": plan_chain(comparisons, runs, run_id=run.id),
     })  # fmt: skip
 
 
@@ -275,6 +276,7 @@ def comparison_page(
         "url": lambda **kw: query_url(f"/comparisons/{comparison_id}", params, **kw),
         "target": _run_or_none(runs, c.target_run), "bench": _run_or_none(runs, c.bench_run),
         "rank_progress": _rank_progress(c), "replays": {},
+        "chain": plan_chain(comparisons, runs, comparison_id=comparison_id),
     }  # fmt: skip
     _one_of("status", status, ROW_STATUSES)
     context["environment"] = baselines.environment(comparison_id)

@@ -29,6 +29,7 @@ from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.slices import CallSlice, TablePart
 from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import suspects_of
+from parity.shared.dump.columns import Leaf
 from parity.shared.dump.layout import sibling_stack_json
 from parity.shared.dump.reader import Dump, load_dump, load_stack
 from parity.shared.errors import CompareInputError
@@ -288,6 +289,7 @@ def _build_rows(
         facts = PairFacts(name, n, b_names[j] if j >= 0 else None, b, fuzzy)
         msgs, status = facts.messages, facts.status
         if tensor:
+            metric_cells = _UNSUPPORTED6  # until the metrics are in
             if b is None:
                 accuracy = v.NONE  # msprobe 8.3.3's cell for an unmatched row (never Yes)
                 # msprobe's words, in its order: "No bench data matched." unless requires_grad disagreed
@@ -297,10 +299,13 @@ def _build_rows(
                 msgs.append(v.MSG_BENCH_UNMATCHED if n.data_name else no_npu_file)
             elif not facts.compatible:
                 accuracy = v.NO
+            elif not n.data_name and not b.data_name and n.is_tensor and b.is_tensor:
+                accuracy, status = _statistics_only(n, b, msgs, status)
+                metric_cells = _NA6
             else:
                 accuracy = v.NONE  # set once the metrics are in
                 jobs.append((i, n, b))
-            cells = [*facts.prefix, *_UNSUPPORTED6, *facts.stats, facts.rg_consistent, accuracy, None]
+            cells = [*facts.prefix, *metric_cells, *facts.stats, facts.rg_consistent, accuracy, None]
         else:
             md5_result = md5_mode.md5_result(n.md5, b.md5 if b is not None else None, matched=b is not None)
             if md5_result == md5_mode.DIFFERENT:
@@ -318,6 +323,20 @@ def _build_rows(
 
 
 _UNSUPPORTED6 = (v.UNSUPPORTED,) * 6
+_NA6 = (v.NA,) * 6
+
+
+def _statistics_only(n: Leaf, b: Leaf, msgs: list[str], status: RowStatus) -> tuple[str, RowStatus]:
+    """A tensor pair that neither dump saved as a file (a planned dump writes files for its listed calls
+    only): judged from its statistics, as a statistics compare would (msprobe v1's rule), not "missing".
+    Accuracy ``Warning`` (status fail) where a statistic moved by more than half, else ``Yes``."""
+    _cells, warning = stats_mode.statistics_cells((n.max, n.min, n.mean, n.norm),
+                                                  (b.max, b.min, b.mean, b.norm))  # fmt: skip
+    msgs.append(v.MSG_STATISTICS_ONLY)
+    if warning:
+        msgs.insert(0, stats_mode.NEED_DOUBLE_CHECK)
+        return stats_mode.WARNING, v.escalate(status, RowStatus.FAIL)
+    return v.YES, status
 
 
 def _build_bench_only(table: Table, mode: CompareMode, bench_rows: SideRows, bench_only: list[int],

@@ -25,6 +25,9 @@ MAX_ABS_ERR_MAX_THRESHOLD = 1.0
 #: Err_message fragments the engine adds itself (the tensor-metric ones come from parity.shared.metrics)
 MSG_BENCH_UNMATCHED = "Bench api/module unmatched."
 MSG_NPU_UNMATCHED = "NPU api/module unmatched: this row exists in the bench dump only."
+#: A tensor neither dump saved as a file (a planned dump: files for the listed calls only), judged from its
+#: statistics; ``call_errors`` reads the row's error from them on this message.
+MSG_STATISTICS_ONLY = "Statistics only: no tensor file on either side (planned dump)."
 # msprobe appends its fragments to one another as they are spelled, so the ones that end in a space keep it.
 MSG_DTYPE_MISMATCH = "Dtype of NPU and bench do not match. "
 MSG_FUZZY = " Fuzzy matching data, the comparison accuracy may be affected."

@@ -19,7 +19,7 @@ import torch
 from parity.client import PrecisionDebugger
 from parity.client.tensor_writer import BackgroundWriter
 
-from tests.client.conftest import load_data, model_and_input, train_step
+from tests.client.conftest import dump_once, load_data, model_and_input, train_step
 
 
 def _async(tmp: Path) -> str:
@@ -195,3 +195,26 @@ def test_a_failing_job_does_not_stop_the_writer(tmp_path: Path) -> None:
     assert writer.errors == 2 and done == [1]
     saved = torch.load(tmp_path / "t.pt", weights_only=True, map_location="cpu")
     assert torch.equal(saved, torch.arange(3.0))
+
+
+def test_tensor_files_are_synced_once_before_the_dump_json_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One sync of the step's tensor files (``syncfs`` where Linux has it), before its dump.json exists; the
+    fallback (an fsync a file and folder) syncs the same files."""
+    from parity.client import tensor_writer
+
+    calls: list[tuple[set[str], bool]] = []
+    real = tensor_writer.sync_files
+
+    def recording(paths: list[Path]) -> None:
+        dump_json = paths[0].parent.parent / "dump.json"
+        calls.append(({p.name for p in paths}, dump_json.exists()))
+        real(paths)
+
+    monkeypatch.setattr(tensor_writer, "sync_files", recording)
+    root = dump_once(tmp_path / "a", "mlp", "L1", config={"task": "tensor"})
+    files = {p.name for p in (root / "step0" / "rank0" / "dump_tensor_data").iterdir()}
+    assert calls == [(files, False)] and files
+    monkeypatch.setattr(tensor_writer, "_SYNCFS", None)
+    tensor_writer.sync_files(sorted((root / "step0" / "rank0" / "dump_tensor_data").iterdir()))

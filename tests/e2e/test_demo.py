@@ -44,3 +44,9 @@ def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
     rows = list(openpyxl.load_workbook(report, read_only=True).worksheets[0].iter_rows(values_only=True))
     assert len(rows) > 10 and any("Functional.gelu" in str(r[0]) for r in rows[1:])
     assert len(list(out_dir.glob("advisor_*.txt"))) == 1
+    # statistics first, then only the suspects in tensor mode: the plan's re-dump names the faulty GELU, and
+    # its float64 replay blames the target's kernel
+    plan = json.loads((out_dir / "plan_config.json").read_text())
+    assert plan["task"] == "tensor" and "Functional.gelu.0.forward" in plan["tensor"]["list"]
+    gelu = "Functional.gelu.0.forward"
+    assert f"top suspect {gelu}; float64 replay: {gelu}: target" in done.stdout

@@ -2,7 +2,8 @@
 
 Run by the interoperability tests with msprobe's own interpreter (``TOOL=msprobe``) and with Parity's
 (``TOOL=parity``), so both tools dump the same model, the same calls, the same numbers. ``TASK`` is
-``statistics``, ``md5`` (statistics with CRC-32 checksums) or ``tensor``. ``perturb`` scales one activation
+``statistics``, ``md5`` (statistics with CRC-32 checksums), ``tensor``, or ``config``: ``OUT/config.json``
+exists already (a plan written by ``parity plan``) and is used as it is. ``perturb`` scales one activation
 on this side only, so a compare of two runs has rows that differ, one call (``Tensor.__mul__``) without a
 partner, and rows msprobe highlights.
 
@@ -53,7 +54,8 @@ def main(tool: str, task: str, out: Path, perturb: bool) -> None:
               "async_dump": False, dump_task: section}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.json"
-    config_path.write_text(json.dumps(config))
+    if task != "config":
+        config_path.write_text(json.dumps(config))
     seed_all(1234)
     debugger = PrecisionDebugger(config_path=str(config_path))
     model = Net(perturb)

@@ -14,10 +14,13 @@ from parity.server.schemas import (
     ComparisonPublic,
     ComparisonsPublic,
     JobStatus,
+    PlanPublic,
     ReplayVerdictsPublic,
     RowsPublic,
 )
 from parity.server.services.comparisons import RowFilter
+from parity.server.services.plans import comparison_plan
+from parity.shared.plan import DEFAULT_NEIGHBOURS, DEFAULT_TOP
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"])
 
@@ -132,6 +135,23 @@ def get_replay(
     entry: Annotated[str | None, Query(max_length=1000, description="one dump entry name")] = None,
 ) -> ReplayVerdictsPublic:
     return comparisons.replay(comparison_id, rank=rank, entry=entry)
+
+
+@router.get(
+    "/{comparison_id}/plan",
+    summary="The next dump's plan: an msprobe config.json that dumps the suspects' tensors (parity plan)",
+    responses={409: {"description": "The comparison has not succeeded"},
+               422: {"description": "The comparison's summary holds no plan, or a dump it needs is gone"}},
+)
+def get_plan(
+    comparison_id: str,
+    comparisons: ComparisonServiceDep,
+    top: Annotated[int, Query(ge=1, le=1000, description="how many suspects, by score")] = DEFAULT_TOP,
+    neighbours: Annotated[
+        int, Query(ge=0, le=16, description="also the calls this many data-flow steps from a suspect")
+    ] = DEFAULT_NEIGHBOURS,
+) -> PlanPublic:
+    return comparison_plan(comparisons, comparison_id, top=top, neighbours=neighbours)
 
 
 def _download(comparisons: ComparisonServiceDep, comparison_id: str, file_name: str, rank: int | None,

@@ -1,0 +1,113 @@
+"""A planned dump (``parity plan``'s config.json): tensor files for the listed calls only, statistics for all,
+and the names and call indices of the statistics run; a plain msprobe ``list`` keeps msprobe's meaning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from parity.client import PrecisionDebugger
+from parity.client.config import apply_plan, load_config
+from parity.client.errors import ConfigError
+
+from tests.client.conftest import dump_once, load_data
+
+LISTED = ["Functional.linear.1.forward", "Functional.linear.1.backward", "Functional.relu.0.forward"]
+
+
+def tensor_config(**section: Any) -> dict[str, Any]:
+    return {"task": "tensor", "tensor": {"scope": [], "list": LISTED, "data_mode": ["all"], **section}}
+
+
+def data_names(data: dict[str, Any]) -> dict[str, list[str]]:
+    """Each entry's tensor file names, read from its leaves."""
+    out: dict[str, list[str]] = {}
+
+    def walk(entry: str, value: Any) -> None:
+        if isinstance(value, dict):
+            if value.get("data_name"):
+                out.setdefault(entry, []).append(value["data_name"])
+            for v in value.values():
+                walk(entry, v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(entry, v)
+
+    for name, entry in data.items():
+        walk(name, entry)
+    return out
+
+
+def test_planned_dump_writes_files_for_listed_calls_and_statistics_for_all(tmp_path: Path) -> None:
+    statistics = load_data(dump_once(tmp_path / "stats", "mlp", "L1"))
+    root = dump_once(tmp_path / "plan", "mlp", "L1", config=tensor_config(parity_statistics_for_all=True))
+    planned = load_data(root)
+    assert list(planned) == list(statistics)  # every call, named and numbered as the statistics run
+    assert set(data_names(planned)) == set(LISTED)
+    files = {p.name for p in (root / "step0" / "rank0" / "dump_tensor_data").iterdir()}
+    assert files == {n for names in data_names(planned).values() for n in names}
+    # an unlisted call keeps its statistics, without a file
+    leaf = planned["Functional.linear.0.forward"]["output"][0]
+    assert "data_name" not in leaf
+    assert leaf["Max"] == statistics["Functional.linear.0.forward"]["output"][0]["Max"]
+
+
+def test_plain_msprobe_list_keeps_only_the_listed_entries(tmp_path: Path) -> None:
+    planned = load_data(dump_once(tmp_path, "mlp", "L1", config=tensor_config()))
+    assert set(planned) == set(LISTED) | {"Functional.relu.0.backward"}  # a recorded forward's backward
+
+
+def test_statistics_for_all_must_be_a_boolean(tmp_path: Path) -> None:
+    config = tmp_path / "c.json"
+    config.write_text('{"task": "tensor", "tensor": {"list": [], "parity_statistics_for_all": "yes"}}')
+    with pytest.raises(ConfigError, match="tensor.parity_statistics_for_all.*true or false"):
+        load_config(config)
+
+
+def test_a_fetched_plan_is_applied_over_the_users_config(tmp_path: Path) -> None:
+    user = load_config(None, task="statistics", level="L0", dump_path=str(tmp_path), step=[5], run_name="r")
+    plan = {"task": "tensor", "level": "L1", "step": [2], "rank": [], "dump_path": "./elsewhere",
+            "tensor": {"list": LISTED, "parity_statistics_for_all": True}}  # fmt: skip
+    cfg = apply_plan(user, plan, "cmp1")
+    assert (cfg.task, cfg.level, cfg.steps, cfg.ranks) == ("tensor", "L1", frozenset({2}), None)
+    assert cfg.api_list == tuple(LISTED) and cfg.statistics_for_all and cfg.planned_by == "cmp1"
+    assert cfg.dump_path == tmp_path and cfg.run_name == "r"  # where to dump and the name stay the user's
+    with pytest.raises(ConfigError, match="not a tensor-task config"):
+        apply_plan(user, {"task": "statistics"}, "cmp1")
+
+
+def test_a_plan_without_a_server_stops_at_construction(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.delenv("PARITY_SERVER", raising=False)
+    with pytest.raises(ConfigError, match="plan.*needs 'server'"):
+        PrecisionDebugger(dump_path=str(tmp_path), plan="cmp1")
+
+
+def test_compare_judges_a_planned_dumps_unlisted_calls_by_their_statistics(tmp_path: Path) -> None:
+    from parity.shared.compare.engine import compare_dumps
+    from parity.shared.compare.headers import full_header
+    from parity.shared.compare.options import CompareOptions
+    from parity.shared.compare.result import RowStatus
+
+    from tests.replay_dumps import GELU, dump_model, wrong_forward_gelu
+
+    config = tmp_path / "plan.json"
+    config.write_text(json.dumps({"task": "tensor", "level": "L1", "tensor": {
+        "list": [GELU, "Functional.gelu.0.backward", "Functional.layer_norm.0.forward"],
+        "parity_statistics_for_all": True}}))  # fmt: skip
+    bench = dump_model(tmp_path / "bench", config_path=str(config))
+    target = dump_model(tmp_path / "target", gelu=wrong_forward_gelu(), config_path=str(config))
+    result = compare_dumps(target, bench, CompareOptions())
+    assert result.mode.value == "tensor" and result.suspects[0].api == GELU
+    assert result.replay is not None and result.replay["verdicts"][0]["verdict"] == "target"
+    assert result.missing_tensor_files == []
+    header = full_header(result.mode, stack=False)
+    message, cosine = header.index("Err_message"), header.index("Cosine")
+    row = next(r for r in result.rows if r.cells[0] == "Functional.linear.0.forward.output.0")
+    assert row.status is RowStatus.PASS and "Statistics only" in row.cells[message]
+    assert row.cells[cosine] == "N/A"
+    # the faulty gelu's output, saved on both sides, has its tensor metrics
+    gelu_out = next(r for r in result.rows if r.cells[0] == f"{GELU}.output.0")
+    assert isinstance(gelu_out.cells[cosine], float) and gelu_out.status is not RowStatus.PASS
