@@ -89,6 +89,8 @@ class Run(Base):
     validation_attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     validation_lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     validation_worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # Revision 0014: why completing the run queued no comparison against the baseline (its page says so).
+    auto_compare_note: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 
@@ -267,6 +269,8 @@ class ApiAcceptance(Base):
     # Revision 0011: the free-text author the request named, shown as such, never as who accepted.
     author: Mapped[str | None] = mapped_column(String(255), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Revision 0014: the API's error when it was accepted; beyond WORSE_FACTOR times it, it is ``worse``.
+    level: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class WebSession(Base):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "API_PREFIX",
@@ -235,9 +235,11 @@ class ComparisonCreate(_Request):
 
 
 class SuspectPublic(_Response):
-    """An API where precision is first lost, as the advisor ranks it."""
+    """An API where precision is first lost, as the advisor ranks it: ``position`` in that list (1 = first),
+    ``compare_rank`` the process rank it ran on. Summaries stored before ``position`` was named so call it
+    ``rank``, which is read as ``position``."""
 
-    rank: int
+    position: int = Field(validation_alias=AliasChoices("position", "rank"))
     api: str
     direction: str
     row_index: int

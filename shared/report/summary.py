@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.shared.compare.localization import first_diverged_rank
-from parity.shared.compare.result import CompareResult, RowStatus, Suspect, non_finite_text
+from parity.shared.compare.result import CompareResult, RowStatus, non_finite_text, suspect_from_dict
 from parity.shared.report import write_text_atomically
 
 #: Bumped when a key changes meaning or disappears; new keys may appear without a bump.
@@ -36,8 +36,8 @@ def single_rank_summary(rank: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _first_diverged(ranks: Sequence[Mapping[str, Any]]) -> dict[str, object] | None:
-    firsts = {doc.get("rank"): Suspect(**doc["first_divergence"]) if doc.get("first_divergence") else None
-              for doc in ranks}  # fmt: skip
+    firsts = {doc.get("rank"): suspect_from_dict(doc["first_divergence"]) if doc.get("first_divergence")
+              else None for doc in ranks}  # fmt: skip
     origin = first_diverged_rank(firsts)
     return origin.as_dict() if origin is not None else None
 

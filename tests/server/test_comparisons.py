@@ -54,7 +54,7 @@ def test_comparison_of_two_runs(api: httpx.Client, tmp_path: Path) -> None:
     assert summary["failing_rows"] > 0 and "Torch.relu.0.forward" in summary["failing_apis"]
     assert "Functional.linear.0.forward" not in summary["failing_apis"]
     top = summary["top_suspects"][0]
-    assert top["api"].startswith("Torch.relu.0") and top["rank"] == 1 and top["compare_rank"] in (0, 1)
+    assert top["api"].startswith("Torch.relu.0") and top["position"] == 1 and top["compare_rank"] in (0, 1)
     # Localization (issue 10): scores, the Excel row, the first divergence; rows sortable by score.
     assert top["score"] > 1 and top["excel_row"] == top["row_index"] + 2
     scores = [t["score"] for t in summary["top_suspects"]]

@@ -59,9 +59,12 @@ def test_statistics_mode_has_no_cosine() -> None:
 
 
 def test_first_divergence_prefers_the_localization() -> None:
-    suspects = [{"api": "B", "rank": 0, "compare_rank": 1}, {"api": "A", "rank": 1, "compare_rank": 0}]
+    suspects = [{"api": "B", "position": 1, "compare_rank": 1}, {"api": "A", "position": 2, "compare_rank": 0}]
     assert first_divergence({"top_suspects": suspects}, 0) == "A"
-    assert first_divergence({"top_suspects": suspects, "first_divergence": {"api": "Z", "rank": 0}}, 0) == "Z"
+    first = {"api": "Z", "position": 1, "compare_rank": 0}
+    assert first_divergence({"top_suspects": suspects, "first_divergence": first}, 0) == "Z"
+    # ``position`` is the suspect's place, never a process rank: rank 1's first divergence is not rank 0's.
+    assert first_divergence({"top_suspects": suspects, "first_divergence": first}, 1) == "B"
     assert first_divergence(None, 0) is None
 
 
