@@ -30,6 +30,7 @@ __all__ = [
     "ApiHistoryPoint",
     "ApiHistoryPublic",
     "ApiVerdict",
+    "Verdict",
     "CallPublic",
     "CallsPublic",
     "EnvironmentChange",
@@ -188,6 +189,8 @@ class RunPublic(_Response):
     ranks: list[int]
     baseline: bool = False
     auto_compare: bool = True
+    # Why completing it queued no comparison against the project's baseline (None: one was, or none was due).
+    auto_compare_note: str | None = None
 
 
 class RunsPublic(_Response):
@@ -366,26 +369,44 @@ class RowsPublic(_Response):
 # -- baselines and regressions ------------------------------------------------------------------------------
 
 
+#: A failing API against a baseline: ``new`` (passing in the previous comparison against the same baseline,
+#: or there was none), ``worse`` (failing before or accepted, and its error grew beyond the stated factor),
+#: ``known`` (failing before or accepted, not grown beyond it), ``fixed`` (failing before, passing now).
+Verdict = Literal["new", "worse", "known", "fixed"]
+
+
 class ApiVerdict(_Response):
-    """A failing API of a comparison against a baseline: ``new``, or ``known`` (it failed in the project's
-    previous comparison against the same baseline too, or someone accepted it with a note)."""
+    """One API of a comparison against a baseline, judged against the project's previous comparison against
+    the same baseline and the notes that accepted it. ``before`` and ``after`` are its error (the largest
+    max relative error of its calls over the ranks) then and now; ``growth`` is ``after`` over what it is
+    judged against (the error before, or the level accepted); ``reason`` says it in words."""
 
     api: str
-    verdict: Literal["new", "known"]
+    verdict: Verdict
     failed_before: bool
+    before: float | None = None
+    after: float | None = None
+    growth: float | None = None
+    accepted_level: float | None = None  # the error it had when it was accepted
+    reason: str = ""
     note: str | None = None
     accepted_by: str | None = None  # the signed-in identity (token name or fingerprint)
     author: str | None = None  # free text the acceptance named, not checked
 
 
 class RegressionsPublic(_Response):
-    """``GET /comparisons/{id}/regressions``."""
+    """``GET /comparisons/{id}/regressions``: ``new`` and ``worse`` first (the largest growth first), then
+    ``known``, then ``fixed``. ``worse_factor`` is the growth past which a failing API is ``worse``."""
 
     against_baseline: bool
     previous_comparison: str | None
     data: list[ApiVerdict]
     new: int
     known: int
+    worse: int = 0
+    fixed: int = 0
+    worse_factor: float = 0.0
+    metric: str = "max relative error"
 
 
 class AcceptanceCreate(_Request):
@@ -404,6 +425,7 @@ class AcceptancePublic(_Response):
     accepted_by: str  # the signed-in identity: a token's name or fingerprint, or "anonymous"
     author: str | None = None  # free text the request named, shown as such
     created_at: datetime
+    level: float | None = None  # the API's error when accepted; WORSE_FACTOR times it makes it ``worse``
 
 
 class AcceptancesPublic(_Response):
@@ -412,10 +434,12 @@ class AcceptancesPublic(_Response):
 
 
 class ApiHistoryPoint(_Response):
-    """One API's error in one comparison (one rank of it)."""
+    """One API's error in one comparison (one rank of it), at the comparison's step and in its mode."""
 
     comparison_id: str
     created_at: datetime
+    step: int | None = None
+    mode: str | None = None  # tensor, statistics, md5: errors of different modes are different measures
     target_run: str
     target_name: str
     bench_run: str
@@ -426,11 +450,15 @@ class ApiHistoryPoint(_Response):
 
 
 class ApiHistoryPublic(_Response):
-    """``GET /projects/{project}/api-history?api=``, oldest first."""
+    """``GET /projects/{project}/api-history?api=[&step=][&mode=][&rank=]``, oldest first. One series per
+    (step, mode) in ``series``: a line never joins two steps or two modes."""
 
     project: str
     api: str
     data: list[ApiHistoryPoint]
+    series: list[str] = Field(default_factory=list)  # "step 0, statistics", in order of first appearance
+    steps: list[int] = Field(default_factory=list)  # every step and mode the API has, to filter by
+    modes: list[str] = Field(default_factory=list)
 
 
 class CallPublic(_Response):

@@ -624,7 +624,7 @@ def comparison_summary(rank_docs: Sequence[dict[str, Any]], *, skipped: Sequence
             failing_apis.setdefault(api)
         suspects += [{**s, "compare_rank": rank["rank"]} for s in rank["suspects"]]
     # Ranked by score across ranks; the first divergence is the one of the rank that diverged first.
-    suspects.sort(key=lambda s: (-s.get("score", 0.0), s["compare_rank"], s.get("position", s.get("rank", 0))))
+    suspects.sort(key=lambda s: (-s.get("score", 0.0), s["compare_rank"], s.get("position", 0)))
     origin = doc.get("first_diverged")
     first = None
     if origin is not None:

@@ -159,7 +159,7 @@ def first_divergence(summary: dict[str, Any] | None, rank: int) -> str | None:
     has one (``first_divergence``), else the first of the advisor's suspects on that rank."""
     summary = summary or {}
     first = summary.get("first_divergence")
-    # ``compare_rank`` is the process rank; a suspect's ``position`` (``rank`` in older summaries) is its place.
+    # ``compare_rank`` is the process rank; ``position`` (``rank`` in older summaries) is the suspect's place.
     if isinstance(first, dict) and first.get("api") and first.get("compare_rank", rank) == rank:
         return str(first["api"])
     if isinstance(first, str) and first:

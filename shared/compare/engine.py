@@ -32,6 +32,7 @@ from parity.shared.compare.suspects import suspects_of
 from parity.shared.dump.layout import sibling_stack_json
 from parity.shared.dump.reader import Dump, load_dump, load_stack
 from parity.shared.errors import CompareInputError
+from parity.shared.numbers import prose_number
 
 logger = logging.getLogger(__name__)
 
@@ -455,14 +456,15 @@ def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[boo
 
 
 def _reason(row: CompareRow, pos: Mapping[str, int], mode: CompareMode) -> str:
-    """One line saying why a failing row fails, for the suspects list."""
+    """One line saying why a failing row fails, for the suspects list (numbers to 3 significant digits)."""
     cells = row.cells
+    n = prose_number
     if mode is CompareMode.TENSOR:
-        facts = (f"Cosine {cells[pos['Cosine']]}, MaxAbsErr {cells[pos['MaxAbsErr']]}, "
-                 f"One Thousandth Err Ratio {cells[pos['One Thousandth Err Ratio']]}")  # fmt: skip
+        facts = (f"Cosine {n(cells[pos['Cosine']])}, MaxAbsErr {n(cells[pos['MaxAbsErr']])}, "
+                 f"One Thousandth Err Ratio {n(cells[pos['One Thousandth Err Ratio']])}")  # fmt: skip
     elif mode is CompareMode.STATISTICS:
-        facts = (f"MaxRelativeErr {cells[pos['MaxRelativeErr']]}, "
-                 f"NormRelativeErr {cells[pos['NormRelativeErr']]}")  # fmt: skip
+        facts = (f"MaxRelativeErr {n(cells[pos['MaxRelativeErr']])}, "
+                 f"NormRelativeErr {n(cells[pos['NormRelativeErr']])}")  # fmt: skip
     else:
         facts = f"MD5 {cells[pos['NPU MD5']]} vs {cells[pos['BENCH MD5']]}"
     reason = f"{cells[0]}: {facts}"

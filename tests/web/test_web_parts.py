@@ -59,7 +59,8 @@ def test_statistics_mode_has_no_cosine() -> None:
 
 
 def test_first_divergence_prefers_the_localization() -> None:
-    suspects = [{"api": "B", "position": 1, "compare_rank": 1}, {"api": "A", "position": 2, "compare_rank": 0}]
+    suspects = [{"api": "B", "position": 1, "compare_rank": 1},
+                {"api": "A", "position": 2, "compare_rank": 0}]  # fmt: skip
     assert first_divergence({"top_suspects": suspects}, 0) == "A"
     first = {"api": "Z", "position": 1, "compare_rank": 0}
     assert first_divergence({"top_suspects": suspects, "first_divergence": first}, 0) == "Z"
