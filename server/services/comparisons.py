@@ -469,9 +469,13 @@ class ComparisonService:
                 raise Conflict(f"comparison {comparison_id} is {c.status}; a summary exists once it succeeds")
             tasks = TaskRepository(session).for_comparison(comparison_id)
         # a sliced rank's result is on the slice that joined the others; the other slices hold no summary
-        docs = [t.summary for t in tasks if t.status == "succeeded" and t.summary is not None]
+            where = (c.target_run_id, c.bench_run_id, c.step)
+        docs = [served_rank_summary(t.summary, comparison_id, *where)
+                for t in tasks if t.status == "succeeded" and t.summary is not None]  # fmt: skip
         skipped = sorted({t.rank for t in tasks if t.status == "skipped"})
-        doc = multi_rank_summary(docs, skipped_ranks=skipped)
+        target_id, bench_id, step = where
+        doc = multi_rank_summary(docs, skipped_ranks=skipped, npu_path=f"target run {target_id}: step{step}",
+                                 bench_path=f"bench run {bench_id}: step{step}")  # fmt: skip
         text = json.dumps(json_safe(doc), indent=2, allow_nan=False, default=str) + "\n"
         return f"compare_summary_{comparison_id[:8]}.json", iter([text.encode()])
 
@@ -504,5 +508,23 @@ class ComparisonService:
         key = comparison_key(comparison_id, f"rank{rank}/{file_name}")
         if not self.store.exists(key):
             raise NotFound(f"comparison {comparison_id}: rank {rank} has no {file_name}")
-        stem, ext = file_name.rsplit(".", 1)
-        return f"{stem}_{comparison_id[:8]}_rank{rank}.{ext}", self.store.iter_bytes(key)
+        return report_name(comparison_id, file_name, rank), self.store.iter_bytes(key)
+
+
+def report_name(comparison_id: str, file_name: str, rank: int) -> str:
+    """The name a rank's report is downloaded under (``report_1a2b3c4d_rank0.xlsx``)."""
+    stem, ext = file_name.rsplit(".", 1)
+    return f"{stem}_{comparison_id[:8]}_rank{rank}.{ext}"
+
+
+def served_rank_summary(doc: dict[str, Any], comparison_id: str, target_id: str, bench_id: str,
+                        step: int | None) -> dict[str, Any]:  # fmt: skip
+    """A rank's stored summary as the server hands it out: its dumps named by run and path in the run (not
+    the worker's staging folder) and its ``files`` by the names the server serves them under."""
+    rank = int(doc.get("rank") or 0)
+    inside = f"step{step}/rank{rank}/dump.json"
+    stored = doc.get("files") or {}
+    files = {kind: report_name(comparison_id, served, rank) if stored.get(kind) else None
+             for kind, served in (("xlsx", "report.xlsx"), ("advisor", "advisor.txt"))}  # fmt: skip
+    return {**doc, "npu_path": f"target run {target_id}: {inside}",
+            "bench_path": f"bench run {bench_id}: {inside}", "files": files}  # fmt: skip

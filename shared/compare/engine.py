@@ -44,7 +44,14 @@ _STATUS_TEXT = {status: status.value for status in RowStatus}
 
 
 def detect_mode(npu: Dump, bench: Dump) -> CompareMode:
-    """§1.4: equal tasks; ``tensor`` → tensor mode; ``statistics`` → md5 mode if checksums were dumped."""
+    """§1.4: equal tasks; ``tensor`` → tensor mode; ``statistics`` → md5 mode if checksums were dumped.
+
+    A tensor dump against a statistics dump is compared in statistics mode: a tensor dump records each
+    tensor's statistics too (a nightly dumped with tensors against a statistics baseline still compares)."""
+    if {npu.task, bench.task} == {"tensor", "statistics"}:
+        logger.info("%s is a %s dump and %s a %s dump: compared in statistics mode", npu.path, npu.task,
+                    bench.path, bench.task)  # fmt: skip
+        return CompareMode.STATISTICS
     if npu.task != bench.task:
         raise CompareInputError(
             f"{npu.path} has task {npu.task!r} but {bench.path} has task {bench.task!r}: "

@@ -56,7 +56,8 @@ def get_calls(
 
 
 @router.get("/comparisons/{comparison_id}/regressions",
-            summary="Failing APIs judged new, worse, known or fixed: new and worse first, errors before and after")
+            summary="Failing APIs judged new, worse, known or fixed (new and worse first), errors before and "
+                    "after")
 def get_regressions(comparison_id: str, baselines: BaselineServiceDep) -> RegressionsPublic:
     return baselines.regressions(comparison_id)
 
@@ -85,7 +86,8 @@ def accept_api(
 
 @router.delete("/projects/{project}/acceptances/{api:path}", status_code=status.HTTP_204_NO_CONTENT,
                summary="Revoke an API's acceptance: it is judged by its history again",
-               responses={404: {"description": "No run has this project, or the API is not accepted"}})  # fmt: skip
+               responses={404: {"description": "No run has this project, or it has not accepted the API"}},
+               )  # fmt: skip
 def revoke_acceptance(project: str, api: str, baselines: BaselineServiceDep) -> Response:
     baselines.revoke(project, api)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
