@@ -395,8 +395,8 @@ class ApiVerdict(_Response):
 
 
 class RegressionsPublic(_Response):
-    """``GET /comparisons/{id}/regressions``: ``new`` and ``worse`` first (the largest growth first), then
-    ``known``, then ``fixed``. ``worse_factor`` is the growth past which a failing API is ``worse``."""
+    """``GET /comparisons/{id}/regressions``: ``new`` and ``worse`` first, then ``known``, then ``fixed``,
+    each group in execution order. ``worse_factor`` is the growth past which a failing API is ``worse``."""
 
     against_baseline: bool
     previous_comparison: str | None

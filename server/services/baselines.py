@@ -18,7 +18,6 @@ of its calls over the compared ranks (the ``comparison_calls`` the chart reads).
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from parity.server.db import Database
@@ -165,7 +164,7 @@ class BaselineService:
     # -- new, worse, known, fixed -----------------------------------------------------------------------
     def regressions(self, comparison_id: str) -> RegressionsPublic:
         """Each failing API of the comparison judged new, worse or known, and the APIs it fixed; new and
-        worse first, the largest growth first (see the module's docstring)."""
+        worse first, in execution order (see the module's docstring)."""
         with self.db.read() as session:
             c = session.get(Comparison, comparison_id)
             if c is None:
@@ -357,7 +356,7 @@ def judge(api: str, after: float | None, before: float | None, failed_before: bo
                   if before is not None else f"failing ({_err(after)}); no earlier comparison had it failing")
     elif growth is not None and growth > WORSE_FACTOR:
         verdict = "worse"
-        reason = (f"error {_err(after)}, {prose_number(growth)}x the {against} "
+        reason = (f"{_err(after)}, {prose_number(growth)}x the {against} "
                   f"(worse beyond {prose_number(WORSE_FACTOR)}x)")  # fmt: skip
     else:
         verdict = "known"
@@ -374,11 +373,10 @@ def _err(value: float | None) -> str:
     return "error unknown" if value is None else f"max relative error {prose_number(value)}"
 
 
-def _listing_order(v: ApiVerdict) -> tuple[int, float, float]:
-    """New and worse first, the largest growth first (a new API with nothing to grow from first of all),
-    then by the error now."""
-    growth = v.growth if v.growth is not None else (math.inf if v.verdict == "new" else 0.0)
-    return _VERDICT_ORDER[v.verdict], -growth, -(v.after or 0.0)
+def _listing_order(v: ApiVerdict) -> int:
+    """New and worse first, then known, then fixed; within each, execution order (the first call that got
+    worse is where a regression starts, the calls after it carry it on)."""
+    return _VERDICT_ORDER[v.verdict]
 
 
 def _acceptance_public(row: ApiAcceptance) -> AcceptancePublic:
