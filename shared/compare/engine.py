@@ -43,12 +43,12 @@ _stat_cells = stats_mode.stat_cells
 _STATUS_TEXT = {status: status.value for status in RowStatus}
 
 
-def detect_mode(npu: Dump, bench: Dump) -> CompareMode:
+def detect_mode(npu: Dump, bench: Dump, *, mixed_tasks: bool = False) -> CompareMode:
     """§1.4: equal tasks; ``tensor`` → tensor mode; ``statistics`` → md5 mode if checksums were dumped.
 
-    A tensor dump against a statistics dump is compared in statistics mode: a tensor dump records each
-    tensor's statistics too (a nightly dumped with tensors against a statistics baseline still compares)."""
-    if {npu.task, bench.task} == {"tensor", "statistics"}:
+    With ``mixed_tasks`` a tensor dump against a statistics dump is compared in statistics mode: a tensor dump
+    records each tensor's statistics too (a nightly dumped with tensors against a statistics baseline)."""
+    if mixed_tasks and {npu.task, bench.task} == {"tensor", "statistics"}:
         logger.info("%s is a %s dump and %s a %s dump: compared in statistics mode", npu.path, npu.task,
                     bench.path, bench.task)  # fmt: skip
         return CompareMode.STATISTICS
@@ -119,7 +119,7 @@ def compare_part(
     parts of every slice of a rank gives the result ``compare_dumps`` gives for the rank.
     """
     npu, bench = read_dump(npu_dump_json), read_dump(bench_dump_json)
-    mode = detect_mode(npu, bench)
+    mode = detect_mode(npu, bench, mixed_tasks=options.mixed_tasks)
     stacks = stacks_of(npu_dump_json, stack_path)
     stack_mode = options.stack_mode if stack_path is not None else stacks is not None
     return _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part)
@@ -136,7 +136,7 @@ def part_tensor_files(
     """The tensor files (names under each side's ``dump_tensor_data``) the rows of ``part`` read: what a
     worker fetches for one slice of a rank. Empty outside tensor mode."""
     npu, bench = read_dump(npu_dump_json), read_dump(bench_dump_json)
-    if detect_mode(npu, bench) is not CompareMode.TENSOR:
+    if detect_mode(npu, bench, mixed_tasks=options.mixed_tasks) is not CompareMode.TENSOR:
         return [], []
     npu_rows = side_rows(npu, tensor_mode=True)
     bench_rows = side_rows(bench, tensor_mode=True)
