@@ -140,3 +140,19 @@ def test_decimation_keeps_spikes_order_and_the_divergence() -> None:
     assert len(kept) <= 401 + 1 and seqs == sorted(seqs)
     assert {4321, 777, 9999} <= set(seqs)
     assert decimate(calls[:10], 400) == calls[:10]
+
+
+def test_the_page_puts_the_columns_that_matter_first() -> None:
+    from parity.server.web.columns import page_order
+    from parity.shared.compare.headers import CompareMode, full_header
+
+    expected = {
+        CompareMode.TENSOR: ["NPU Name", "Parity Status", "Cosine", "MaxRelativeErr"],
+        CompareMode.STATISTICS: ["NPU Name", "Parity Status", "MaxRelativeErr", "NormRelativeErr"],
+        CompareMode.MD5: ["NPU Name", "Parity Status", "NPU MD5", "BENCH MD5"],
+    }
+    for mode, first in expected.items():
+        header = full_header(mode, stack=True)
+        order = page_order(header)
+        assert sorted(order) == list(range(len(header)))  # every column, once
+        assert [header[i] for i in order[:4]] == first
