@@ -13,6 +13,7 @@ from typing import Annotated, Any, get_args
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
+import parity.server.api.convertors  # noqa: F401 - registers {run_id:ref}
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 from parity.server.api.deps import (
@@ -179,7 +180,7 @@ def _int_or_none(field: str, value: str) -> int | None:
         raise BadRequest(f"{field}: {value!r} is not a number") from None
 
 
-@router.get("/runs/{run_id:path}")
+@router.get("/runs/{run_id:ref}")
 def run_page(
     request: Request, run_id: str, user: UserDep, runs: RunServiceDep, comparisons: ComparisonServiceDep,
     baselines: BaselineServiceDep,

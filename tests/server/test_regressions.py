@@ -194,3 +194,23 @@ def test_a_tensor_run_is_compared_with_a_statistics_baseline_in_statistics_mode(
     page = httpx.get(f"{server.url}/runs/{other['id']}")
     assert "no step in both" in page.text and 'id="baseline-unfit"' in page.text
     assert f'value="{base["id"]}"' not in page.text  # the compare form is not prefilled with it
+
+
+def test_a_legacy_name_holding_a_slash_is_addressed_escaped(tmp_path: Path) -> None:
+    """Names are checked at creation now; a run stored before under ``nightly 4 / x`` is still read,
+    patched and deleted by its name, escaped (``%2F``), on the routes that take a run."""
+    from fastapi.testclient import TestClient
+    from parity.server.main import create_app
+    from parity.server.models import Run
+    from parity.server.settings import Settings
+
+    with TestClient(create_app(Settings(data_dir=tmp_path / "data", workers=0))) as client:
+        with client.app.state.run_service.db.write() as session:  # type: ignore[attr-defined]
+            session.add(Run(id=uuid.uuid4().hex, name="nightly 4 / x", project="p", device="cpu", tags={},
+                            meta={}, status="complete"))  # fmt: skip
+        path = "/api/v1/runs/" + quote("nightly 4 / x", safe="")
+        assert client.get(path).json()["name"] == "nightly 4 / x"
+        assert client.patch(path, json={"baseline": True}).json()["baseline"] is True
+        assert client.get(f"/runs/{quote('nightly 4 / x', safe='')}").status_code == 200  # its page
+        assert client.delete(path).status_code == 204
+        assert client.get(path).status_code == 404

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import parity.server.api.convertors  # noqa: F401 - registers {run_id:ref}
 from fastapi import APIRouter, Query, Request, Response, status
 from parity.server.api.deps import (
     JSON_BODY_LIMIT,
@@ -33,7 +34,7 @@ from parity.server.services.calls import first_divergence
 router = APIRouter(tags=["baselines"])
 
 
-@router.patch("/runs/{run_id:path}", summary="Rename or retag a run (by id or name), or make it its "
+@router.patch("/runs/{run_id:ref}", summary="Rename or retag a run (by id or name), or make it its "
               "project's baseline", max_body_size=JSON_BODY_LIMIT)  # fmt: skip
 def update_run(run_id: str, body: RunUpdate, baselines: BaselineServiceDep) -> RunPublic:
     return baselines.update_run(run_id, body)
@@ -84,7 +85,7 @@ def accept_api(
     return baselines.accept(project, body, identity(request))
 
 
-@router.delete("/projects/{project}/acceptances/{api:path}", status_code=status.HTTP_204_NO_CONTENT,
+@router.delete("/projects/{project}/acceptances/{api:ref}", status_code=status.HTTP_204_NO_CONTENT,
                summary="Revoke an API's acceptance: it is judged by its history again",
                responses={404: {"description": "No run has this project, or it has not accepted the API"}},
                )  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
+import parity.server.api.convertors  # noqa: F401 - registers {run_id:ref}
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from parity.server.api.deps import (
@@ -110,15 +111,15 @@ def complete_run(run_id: str, runs: RunServiceDep, response: Response) -> RunPub
     return run
 
 
-# Read and delete take ``{run_id:path}``: a name holding an escaped "/" (``%2F``, from before names were
+# Read and delete take ``{run_id:ref}``: a name holding an escaped "/" (``%2F``, from before names were
 # checked) reaches them too. Declared after the routes below ``/{run_id}/``, which match first.
-@router.get("/{run_id:path}", summary="Read a run (by id or name)")
+@router.get("/{run_id:ref}", summary="Read a run (by id or name)")
 def get_run(run_id: str, runs: RunServiceDep) -> RunPublic:
     return runs.get(run_id)
 
 
 @router.delete(
-    "/{run_id:path}",
+    "/{run_id:ref}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Delete a run and its files (and its comparisons, when asked)",
 )
