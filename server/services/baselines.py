@@ -8,7 +8,7 @@ succeeded comparison against the same baseline and the notes that accepted it (`
 
 * **new**: it passed before (or there was no comparison before) and was not accepted;
 * **worse**: it failed before or was accepted, and its error grew beyond :data:`WORSE_FACTOR` times the
-  error before, or times the level it had when accepted: a regression hiding behind a known failure;
+  level it had when accepted, or (not accepted) the error before: a regression hiding behind a known failure;
 * **known**: it failed before or was accepted, and its error did not grow beyond that;
 
 and an API that failed before and passes now is **fixed**. An API's error is the largest max relative error
@@ -339,13 +339,13 @@ def judge(api: str, after: float | None, before: float | None, failed_before: bo
           note: ApiAcceptance | None, *, fixed: bool = False) -> ApiVerdict:  # fmt: skip
     """One API's verdict (see the module's docstring), with the reason in words."""
     level = note.level if note is not None else None
-    growth, against = None, None
-    for reference, what in ((before if failed_before else None, "the previous comparison"),
-                            (level, "the level accepted")):  # fmt: skip
-        if after is not None and reference is not None and reference > 0:
-            ratio = after / reference
-            if growth is None or ratio > growth:
-                growth, against = ratio, f"{prose_number(reference)} in {what}"
+    # An acceptance accepts a level: judged against it (the error may have grown since the previous
+    # comparison, which is what was accepted); otherwise against the previous comparison.
+    reference, what = (level, "the level accepted") if level is not None else \
+        (before if failed_before else None, "the previous comparison")  # fmt: skip
+    growth, against = None, ""
+    if after is not None and reference is not None and reference > 0:
+        growth, against = after / reference, f"{prose_number(reference)} of {what}"
     if fixed:
         verdict = "fixed"
         reason = f"passing now ({_err(after)}), failing in the previous comparison ({_err(before)})"
@@ -360,8 +360,12 @@ def judge(api: str, after: float | None, before: float | None, failed_before: bo
                   f"(worse beyond {prose_number(WORSE_FACTOR)}x)")  # fmt: skip
     else:
         verdict = "known"
-        why = "failing in the previous comparison too" if failed_before else "accepted with a note"
-        reason = f"{why} ({_err(before if failed_before else level)} then, {_err(after)} now)"
+        if level is not None:
+            reason = f"accepted with a note at {_err(level)}; {_err(after)} now"
+        elif failed_before:
+            reason = f"failing in the previous comparison too ({_err(before)} then, {_err(after)} now)"
+        else:
+            reason = f"accepted with a note; {_err(after)} now"
     return ApiVerdict(
         api=api, verdict=verdict, failed_before=failed_before, before=before, after=after, growth=growth,  # type: ignore[arg-type]
         accepted_level=level, reason=reason, note=note.note if note else None,

@@ -61,7 +61,7 @@ def test_a_regression_behind_a_known_failure_is_worse_and_listed_first(
     assert (first["api"], first["verdict"]) == (GELU, "worse"), r3["data"]
     assert first["before"] == drift[GELU] and first["after"] > 0.04
     assert first["growth"] == first["after"] / first["before"] > WORSE_FACTOR
-    assert re.search(r"error [0-9.e-]+, [0-9.]+x the [0-9.e-]+ in the previous comparison", first["reason"])
+    assert re.search(r"error [0-9.e-]+, [0-9.]+x the [0-9.e-]+ of the previous comparison", first["reason"])
     assert all(len(n.strip("0.").replace(".", "")) <= 3 for n in re.findall(r"\d[\d.]*", first["reason"])
                if "." in n), first["reason"]  # fmt: skip
     assert [v["verdict"] for v in r3["data"]][:2] == ["worse", "worse"]
@@ -100,6 +100,11 @@ def test_judged_against_the_level_accepted() -> None:
     assert (worse.verdict, worse.growth, worse.accepted_level) == ("worse", 50.0, 0.001)
     assert "the level accepted" in worse.reason
     assert judge("a", 0.002, None, False, note).verdict == "known"
+    # Accepted at the level it grew to: known, however far it grew from the comparison before.
+    note.level = 0.05
+    assert judge("a", 0.05, 0.001, True, note).verdict == "known"
+    note.level = None  # accepted before levels were recorded: judged against the comparison before
+    assert judge("a", 0.05, 0.001, True, note).verdict == "worse"
     assert judge("a", 0.002, 0.0001, False, None).verdict == "new"
     assert judge("a", 0.0, 0.01, True, None, fixed=True).verdict == "fixed"
 

@@ -2,7 +2,7 @@
 bfloat16 nightlies compared with it on their own, the third with a regression on one GELU call. Its
 comparison page opens with what changed since the previous comparison, above the fold, the ``worse`` GELU
 first with its error before and after; the chart marks it; the statistics-mode rows are coloured and their
-columns that matter come first."""
+columns that matter come first; accepting it and revoking the acceptance works from the page."""
 
 from __future__ import annotations
 
@@ -86,6 +86,18 @@ def test_a_worse_regression_is_the_first_thing_on_the_page(
     failing = p.locator("#rows tbody tr.rs-fail")
     assert failing.count() >= 5
     assert failing.first.locator("td").nth(1).evaluate("td => getComputedStyle(td).backgroundColor") == RED
+
+    # Accepted with a note at its level, then revoked: known, then worse again.
+    gelu = p.locator("#regressions tr", has_text=GELU)
+    gelu.locator("input[name=note]").fill("bf16 GELU, checked by hand")
+    gelu.locator("button", has_text="Accept").click()
+    p.wait_for_load_state("networkidle")
+    gelu = p.locator("#regressions tr", has_text=GELU)
+    assert gelu.locator(".badge").inner_text() == "known"
+    assert "bf16 GELU, checked by hand" in gelu.inner_text()
+    gelu.locator("button", has_text="Revoke").click()
+    p.wait_for_load_state("networkidle")
+    assert p.locator("#regressions tr", has_text=GELU).locator(".badge").inner_text() == "worse"
 
     # From the GELU to its history: one line per step and mode, against time.
     p.locator("#regressions a", has_text=GELU).first.click()
