@@ -239,14 +239,14 @@ class BaselineService:
         logger.info("acceptance of %s in project %s revoked", api, project)
 
     def _latest_error(self, session: Any, project: str, api: str) -> float | None:
-        """``api``'s error in the newest succeeded comparison of ``project`` that has it: the level an
+        """``api``'s error in the newest comparison of ``project`` that has it among its calls: the level an
         acceptance accepts. An API no comparison of the project ever had is a 422 (a typo accepted would
         hide nothing and mislead the reader)."""
         newest = session.execute(
             select(ComparisonCall.comparison_id)
             .join(Comparison, Comparison.id == ComparisonCall.comparison_id)
             .join(Run, Run.id == Comparison.target_run_id)
-            .where(Run.project == project, ComparisonCall.api == api, Comparison.status == "succeeded")
+            .where(Run.project == project, ComparisonCall.api == api)
             .order_by(Comparison.created_at.desc()).limit(1)
         ).scalar()  # fmt: skip
         if newest is None:
