@@ -88,6 +88,8 @@ class Run(Base):
     # Revision 0013: the comparison whose plan this run's dump followed (``parity plan``); no foreign key,
     # so the provenance outlives a deleted comparison.
     planned_by: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    # Revision 0014: why completing the run queued no comparison against the baseline (its page says so).
+    auto_compare_note: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 
@@ -276,6 +278,8 @@ class ApiAcceptance(Base):
     # Revision 0011: the free-text author the request named, shown as such, never as who accepted.
     author: Mapped[str | None] = mapped_column(String(255), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Revision 0014: the API's error when it was accepted; beyond WORSE_FACTOR times it, it is ``worse``.
+    level: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class WebSession(Base):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "API_PREFIX",
@@ -30,6 +30,7 @@ __all__ = [
     "ApiHistoryPoint",
     "ApiHistoryPublic",
     "ApiVerdict",
+    "Verdict",
     "CallPublic",
     "CallsPublic",
     "EnvironmentChange",
@@ -195,6 +196,8 @@ class RunPublic(_Response):
     baseline: bool = False
     auto_compare: bool = True
     planned_by: str | None = None  # the comparison whose plan this run followed (revision 0013)
+    # Why completing it queued no comparison against the project's baseline (None: one was, or none was due).
+    auto_compare_note: str | None = None
 
 
 class RunsPublic(_Response):
@@ -242,9 +245,11 @@ class ComparisonCreate(_Request):
 
 
 class SuspectPublic(_Response):
-    """An API where precision is first lost, as the advisor ranks it."""
+    """An API where precision is first lost, as the advisor ranks it: ``position`` in that list (1 = first),
+    ``compare_rank`` the process rank it ran on. Summaries stored before ``position`` was named so call it
+    ``rank``, which is read as ``position``."""
 
-    rank: int
+    position: int = Field(validation_alias=AliasChoices("position", "rank"))
     api: str
     direction: str
     row_index: int
@@ -392,26 +397,44 @@ class RowsPublic(_Response):
 # -- baselines and regressions ------------------------------------------------------------------------------
 
 
+#: A failing API against a baseline: ``new`` (passing in the previous comparison against the same baseline,
+#: or there was none), ``worse`` (failing before or accepted, and its error grew beyond the stated factor),
+#: ``known`` (failing before or accepted, not grown beyond it), ``fixed`` (failing before, passing now).
+Verdict = Literal["new", "worse", "known", "fixed"]
+
+
 class ApiVerdict(_Response):
-    """A failing API of a comparison against a baseline: ``new``, or ``known`` (it failed in the project's
-    previous comparison against the same baseline too, or someone accepted it with a note)."""
+    """One API of a comparison against a baseline, judged against the project's previous comparison against
+    the same baseline and the notes that accepted it. ``before`` and ``after`` are its error (the largest
+    max relative error of its calls over the ranks) then and now; ``growth`` is ``after`` over what it is
+    judged against (the error before, or the level accepted); ``reason`` says it in words."""
 
     api: str
-    verdict: Literal["new", "known"]
+    verdict: Verdict
     failed_before: bool
+    before: float | None = None
+    after: float | None = None
+    growth: float | None = None
+    accepted_level: float | None = None  # the error it had when it was accepted
+    reason: str = ""
     note: str | None = None
     accepted_by: str | None = None  # the signed-in identity (token name or fingerprint)
     author: str | None = None  # free text the acceptance named, not checked
 
 
 class RegressionsPublic(_Response):
-    """``GET /comparisons/{id}/regressions``."""
+    """``GET /comparisons/{id}/regressions``: ``new`` and ``worse`` first, then ``known``, then ``fixed``,
+    each group in execution order. ``worse_factor`` is the growth past which a failing API is ``worse``."""
 
     against_baseline: bool
     previous_comparison: str | None
     data: list[ApiVerdict]
     new: int
     known: int
+    worse: int = 0
+    fixed: int = 0
+    worse_factor: float = 0.0
+    metric: str = "max relative error"
 
 
 class AcceptanceCreate(_Request):
@@ -430,6 +453,7 @@ class AcceptancePublic(_Response):
     accepted_by: str  # the signed-in identity: a token's name or fingerprint, or "anonymous"
     author: str | None = None  # free text the request named, shown as such
     created_at: datetime
+    level: float | None = None  # the API's error when accepted; WORSE_FACTOR times it makes it ``worse``
 
 
 class AcceptancesPublic(_Response):
@@ -438,10 +462,12 @@ class AcceptancesPublic(_Response):
 
 
 class ApiHistoryPoint(_Response):
-    """One API's error in one comparison (one rank of it)."""
+    """One API's error in one comparison (one rank of it), at the comparison's step and in its mode."""
 
     comparison_id: str
     created_at: datetime
+    step: int | None = None
+    mode: str | None = None  # tensor, statistics, md5: errors of different modes are different measures
     target_run: str
     target_name: str
     bench_run: str
@@ -452,11 +478,15 @@ class ApiHistoryPoint(_Response):
 
 
 class ApiHistoryPublic(_Response):
-    """``GET /projects/{project}/api-history?api=``, oldest first."""
+    """``GET /projects/{project}/api-history?api=[&step=][&mode=][&rank=]``, oldest first. One series per
+    (step, mode) in ``series``: a line never joins two steps or two modes."""
 
     project: str
     api: str
     data: list[ApiHistoryPoint]
+    series: list[str] = Field(default_factory=list)  # "step 0, statistics", in order of first appearance
+    steps: list[int] = Field(default_factory=list)  # every step and mode the API has, to filter by
+    modes: list[str] = Field(default_factory=list)
 
 
 class CallPublic(_Response):

@@ -90,6 +90,7 @@ class RankTask:
             fuzzy_match=bool(options.get("fuzzy_match", False)),
             stack_mode=bool(options.get("stack_mode", False)),
             tensor_limits=self.tensor_limits,
+            mixed_tasks=True,  # a tensor run against a statistics baseline: compared in statistics mode
             # no executor: the backend runs one task per worker slot, so each computes its metrics itself
         )
         # A slice's own folder name (s0 too), so a takeover below never removes a sibling slice's folder.

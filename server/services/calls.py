@@ -159,12 +159,13 @@ def first_divergence(summary: dict[str, Any] | None, rank: int) -> str | None:
     has one (``first_divergence``), else the first of the advisor's suspects on that rank."""
     summary = summary or {}
     first = summary.get("first_divergence")
-    if isinstance(first, dict) and first.get("api") and first.get("rank", rank) == rank:
+    # ``compare_rank`` is the process rank; ``position`` (``rank`` in older summaries) is the suspect's place.
+    if isinstance(first, dict) and first.get("api") and first.get("compare_rank", rank) == rank:
         return str(first["api"])
     if isinstance(first, str) and first:
         return first
     for suspect in summary.get("top_suspects", []):
-        if suspect.get("compare_rank", suspect.get("rank")) == rank:
+        if suspect.get("compare_rank") == rank:
             return str(suspect["api"])
     return None
 

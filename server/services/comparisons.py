@@ -109,19 +109,21 @@ def plan_comparison(session: Session, target_id: str, bench_id: str, step: int,
 def comparison_summary(session: Session, c: Comparison, rank_docs: Sequence[dict[str, Any]], *,
                        skipped: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
     """What the comparison stores and serves once its ranks are done: ``merge_summary`` over the ranks' own
-    documents and the rank plan, each side named ``{run id}/step{N}`` and each rank's files under it
-    (``{run id}/step{N}/rank{R}/dump.json``), never the worker's staging folder. ``skipped``: ranks a task
-    found without a dump.json after all."""
+    documents and the rank plan, each side named ``target run {id}: step{N}`` and each rank's dumps under it
+    (``target run {id}: step{N}/rank{R}/dump.json``), never the worker's staging folder, and each rank's
+    ``files`` by the names the server serves them under. ``skipped``: ranks a task found without a dump.json
+    after all."""
     from parity.shared.report.summary import json_safe
 
     step = c.step if c.step is not None else 0
     plan = plan_comparison(session, c.target_run_id, c.bench_run_id, step, c.ranks)
-    npu_path, bench_path = (f"{run}/{step_dir_name(step)}" for run in (c.target_run_id, c.bench_run_id))
+    npu_path = f"target run {c.target_run_id}: {step_dir_name(step)}"
+    bench_path = f"bench run {c.bench_run_id}: {step_dir_name(step)}"
     if skipped:
         late = set(skipped)
         plan = RankPlan([r for r in plan.compared if r not in late], plan.npu_only, plan.bench_only,
                         sorted({*plan.skipped, *late}, key=lambda r: -1 if r is None else r))  # fmt: skip
-    docs = [_relabel(doc, npu_path, bench_path) for doc in rank_docs]
+    docs = [_served_files(_relabel(doc, npu_path, bench_path), c.id) for doc in rank_docs]
     doc: dict[str, Any] = json_safe(merge_summary(ComparePlan.of_ranks(plan, npu_path, bench_path), docs))
     return doc
 
@@ -591,5 +593,20 @@ class ComparisonService:
         key = comparison_key(comparison_id, f"rank{rank}/{file_name}")
         if not self.store.exists(key):
             raise NotFound(f"comparison {comparison_id}: rank {rank} has no {file_name}")
-        stem, ext = file_name.rsplit(".", 1)
-        return f"{stem}_{comparison_id[:8]}_rank{rank}.{ext}", self.store.iter_bytes(key)
+        return report_name(comparison_id, file_name, rank), self.store.iter_bytes(key)
+
+
+def report_name(comparison_id: str, file_name: str, rank: int) -> str:
+    """The name a rank's report is downloaded under (``report_1a2b3c4d_rank0.xlsx``)."""
+    stem, ext = file_name.rsplit(".", 1)
+    return f"{stem}_{comparison_id[:8]}_rank{rank}.{ext}"
+
+
+def _served_files(doc: dict[str, Any], comparison_id: str) -> dict[str, Any]:
+    """A rank's document with its ``files`` named as the server serves them (``report_{id}_rank{R}.xlsx``),
+    not as the worker wrote them."""
+    rank = int(doc.get("rank") or 0)
+    stored = doc.get("files") or {}
+    files = {kind: report_name(comparison_id, served, rank) if stored.get(kind) else None
+             for kind, served in (("xlsx", "report.xlsx"), ("advisor", "advisor.txt"))}  # fmt: skip
+    return {**doc, "files": files}

@@ -49,7 +49,8 @@ def run_public(run: Run, stats: RunStats) -> RunPublic:
         error=run.error, created_at=run.created_at, completed_at=run.completed_at, keep=bool(run.keep),
         file_count=stats.file_count, total_bytes=stats.total_bytes,
         steps=sorted(stats.steps), ranks=sorted(stats.ranks), baseline=bool(run.baseline),
-        auto_compare=bool(run.auto_compare), planned_by=run.planned_by,
+        auto_compare=bool(run.auto_compare), auto_compare_note=run.auto_compare_note,
+        planned_by=run.planned_by,
     )  # fmt: skip
 
 

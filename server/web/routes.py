@@ -13,6 +13,7 @@ from typing import Annotated, Any, get_args
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
+import parity.server.api.convertors  # noqa: F401 - registers {run_id:ref}
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 from parity.server.api.deps import (
@@ -32,6 +33,7 @@ from parity.server.schemas import (
     RunUpdate,
 )
 from parity.server.security.sessions import SessionStore
+from parity.server.services.baselines import history_series
 from parity.server.services.comparisons import RowFilter
 from parity.server.services.plans import plan_chain
 from parity.server.web.auth import (
@@ -43,6 +45,7 @@ from parity.server.web.auth import (
     require_writer,
     start_session,
 )
+from parity.server.web.columns import page_order
 from parity.server.web.render import render
 from parity.shared.contract import split_tag
 from pydantic import ValidationError
@@ -57,6 +60,9 @@ ROWS_PER_PAGE = 100
 CHART_POINTS = 4000
 FORM_LIMIT = 64 * 1024
 ROW_STATUSES = ("pass", "warning", "fail", "unmatched", "bench-only", "uncomparable")
+#: The verdicts "what changed since the previous comparison" lists; new and worse are marked on the chart.
+CHANGED = ("new", "worse", "fixed")
+MARKED = ("new", "worse")
 
 
 async def read_form(request: Request) -> dict[str, str]:
@@ -175,7 +181,7 @@ def _int_or_none(field: str, value: str) -> int | None:
         raise BadRequest(f"{field}: {value!r} is not a number") from None
 
 
-@router.get("/runs/{run_id}")
+@router.get("/runs/{run_id:ref}")
 def run_page(
     request: Request, run_id: str, user: UserDep, runs: RunServiceDep, comparisons: ComparisonServiceDep,
     baselines: BaselineServiceDep,
@@ -188,8 +194,21 @@ def run_page(
     return render(request, "run.html", {
         "user": user, "run": run, "files": files.data[:200], "file_count": files.count,
         "comparisons": related.data, "comparison_count": related.count, "names": names,
-        "baseline": baseline, "chain": plan_chain(comparisons, runs, run_id=run.id),
+        "baseline": baseline, "baseline_unfit": _unfit_baseline(run, baseline),
+        "chain": plan_chain(comparisons, runs, run_id=run.id),
     })  # fmt: skip
+
+
+def _unfit_baseline(run: Any, baseline: Any) -> str | None:
+    """Why the project's baseline cannot be compared with ``run`` (the compare form is then left empty), or
+    None when it can: a baseline that is the run itself, not complete, or shares no step with it."""
+    if baseline is None or baseline.id == run.id:
+        return "it is the baseline itself" if baseline is not None else None
+    if baseline.status != "complete":
+        return f"baseline {baseline.name} is {baseline.status}"
+    if run.steps and baseline.steps and not set(run.steps) & set(baseline.steps):
+        return f"baseline {baseline.name} has steps {baseline.steps}, this run {run.steps}: none in both"
+    return None
 
 
 def _run_names(runs: Any, ids: set[str]) -> dict[str, str]:
@@ -272,6 +291,7 @@ def comparison_page(
     context: dict[str, Any] = {
         "user": user, "c": c, "params": params, "page": page, "pages": 1, "rows": [], "header": [],
         "row_count": 0, "counts": None, "heatmap": None, "regressions": None, "environment": None,
+        "changed": [],
         "statuses": ROW_STATUSES,
         "url": lambda **kw: query_url(f"/comparisons/{comparison_id}", params, **kw),
         "target": _run_or_none(runs, c.target_run), "bench": _run_or_none(runs, c.bench_run),
@@ -291,10 +311,16 @@ def comparison_page(
             comparison_id, row_filter, rank=rank, limit=ROWS_PER_PAGE, offset=(page - 1) * ROWS_PER_PAGE
         )
         rows = orjson.loads(body)
+        order = page_order(rows["header"])
+        for row in rows["data"]:
+            cells = row["cells"]
+            row["cells"] = [cells[i] if i < len(cells) else None for i in order]
+        regressions = baselines.regressions(comparison_id)
         context.update(
-            rows=rows["data"], header=rows["header"], row_count=rows["count"],
+            rows=rows["data"], header=[rows["header"][i] for i in order], row_count=rows["count"],
             pages=max(1, math.ceil(rows["count"] / ROWS_PER_PAGE)), counts=calls.counts(comparison_id),
-            heatmap=calls.heatmap(comparison_id), regressions=baselines.regressions(comparison_id),
+            heatmap=calls.heatmap(comparison_id), regressions=regressions,
+            changed=[v for v in regressions.data if v.verdict in CHANGED],
             chart_rank=rank if rank is not None else (ranks[0] if ranks else 0), ranks=ranks,
             replays={f"{v.compare_rank}:{v.entry}": v for v in c.summary.replay},
         )  # fmt: skip
@@ -328,31 +354,39 @@ def comparison_status(comparison_id: str, user: UserDep, comparisons: Comparison
 
 @router.get("/comparisons/{comparison_id}/calls.json")
 def comparison_calls(
-    comparison_id: str, user: UserDep, comparisons: ComparisonServiceDep, calls: CallServiceDep, rank: int = 0
-) -> Response:
+    comparison_id: str, user: UserDep, comparisons: ComparisonServiceDep, calls: CallServiceDep,
+    baselines: BaselineServiceDep, rank: int = 0,
+) -> Response:  # fmt: skip
     from parity.server.services.calls import first_divergence
 
     c = comparisons.get(comparison_id)
     first = first_divergence(c.summary.model_dump() if c.summary else None, rank)
     if c.status != "succeeded":
         return Response(b'{"total":0,"api":[]}', media_type="application/json")
-    key = ("chart", comparison_id, rank)
-    body = calls.cached(key, lambda: _chart_json(calls, comparison_id, rank, first))
+    # Not cached with the calls: an acceptance given or revoked since changes what is marked.
+    marks = {v.api: v.verdict for v in baselines.regressions(comparison_id).data if v.verdict in MARKED} \
+        if c.against_baseline else {}  # fmt: skip
+    key = ("chart", comparison_id, rank, tuple(sorted(marks.items())))
+    body = calls.cached(key, lambda: _chart_json(calls, comparison_id, rank, first, marks))
     return Response(body, media_type="application/json")
 
 
-def _chart_json(calls: Any, comparison_id: str, rank: int, first: str | None) -> bytes:
+def _chart_json(calls: Any, comparison_id: str, rank: int, first: str | None, marks: dict[str, str]) -> bytes:
     from parity.server.services.calls import decimate
 
     every = calls.calls(comparison_id, rank)
     data = decimate(every, CHART_POINTS, first)
+    if marks and len(data) < len(every):  # the marked calls are drawn, whatever the decimation dropped
+        kept = {d["seq"] for d in data}
+        data = sorted([*data, *(d for d in every if d["api"] in marks and d["seq"] not in kept)],
+                      key=lambda d: d["seq"])  # fmt: skip
     # Columns, not objects: smaller, and faster to parse.
     body = {
         "total": len(every), "seq": [d["seq"] for d in data],
         "api": [d["api"] for d in data], "backward": [d["backward"] for d in data],
         "status": [d["status"] for d in data], "rel": [d["max_rel_err"] for d in data],
         "cos": [d["one_minus_cos"] for d in data], "row": [d["first_row"] for d in data],
-        "first_divergence": first,
+        "first_divergence": first, "marks": marks,
     }  # fmt: skip
     return orjson.dumps(body)
 
@@ -396,10 +430,40 @@ async def accept_api(
     return back(f"/comparisons/{comparison_id}#regressions")
 
 
+@router.post("/comparisons/{comparison_id}/revoke")
+async def revoke_api(
+    request: Request, comparison_id: str, user: UserDep, comparisons: ComparisonServiceDep,
+    runs: RunServiceDep, baselines: BaselineServiceDep,
+) -> Response:  # fmt: skip
+    """Withdraw an API's acceptance from the comparison page (``DELETE .../acceptances/{api}`` over REST)."""
+    form = await read_form(request)
+    require_writer(user, "revoke an acceptance")
+    api = form.get("api", "")
+    if not api:
+        raise BadRequest("revoke: api: give the API whose acceptance to revoke")
+
+    def revoke() -> None:
+        baselines.revoke(runs.get(comparisons.get(comparison_id).target_run).project, api)
+
+    await run_in_threadpool(revoke)
+    return back(f"/comparisons/{comparison_id}#regressions")
+
+
 @router.get("/apis/history")
 def api_history_page(
     request: Request, user: UserDep, baselines: BaselineServiceDep,
     project: Annotated[str, Query(min_length=1)], api: Annotated[str, Query(min_length=1)],
+    step_text: Annotated[str, Query(alias="step")] = "", mode: str = "",
 ) -> Response:  # fmt: skip
-    history = baselines.api_history(project, api)
-    return render(request, "history.html", {"user": user, "history": history})
+    """One line per step and mode against time; ``step`` and ``mode`` keep one of them."""
+    step = _int_or_none("step", step_text)
+    history = baselines.api_history(project, api, step=step, mode=mode or None)
+    lines: dict[str, list[list[Any]]] = {}
+    for p in history.data:  # the chart's series: [time in ms, error] per point, one list per line
+        error = p.max_rel_err if p.max_rel_err is not None else p.one_minus_cos
+        lines.setdefault(history_series(p), []).append([int(p.created_at.timestamp() * 1000), error])
+    params = {"project": project, "api": api, "step": step, "mode": mode}
+    return render(request, "history.html", {
+        "user": user, "history": history, "params": params, "lines": lines,
+        "series_of": history_series, "url": lambda **kw: query_url("/apis/history", params, **kw),
+    })  # fmt: skip

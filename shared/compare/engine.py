@@ -33,6 +33,7 @@ from parity.shared.dump.columns import Leaf
 from parity.shared.dump.layout import sibling_stack_json
 from parity.shared.dump.reader import Dump, load_dump, load_stack
 from parity.shared.errors import CompareInputError
+from parity.shared.numbers import prose_number
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +44,15 @@ _stat_cells = stats_mode.stat_cells
 _STATUS_TEXT = {status: status.value for status in RowStatus}
 
 
-def detect_mode(npu: Dump, bench: Dump) -> CompareMode:
-    """§1.4: equal tasks; ``tensor`` → tensor mode; ``statistics`` → md5 mode if checksums were dumped."""
+def detect_mode(npu: Dump, bench: Dump, *, mixed_tasks: bool = False) -> CompareMode:
+    """§1.4: equal tasks; ``tensor`` → tensor mode; ``statistics`` → md5 mode if checksums were dumped.
+
+    With ``mixed_tasks`` a tensor dump against a statistics dump is compared in statistics mode: a tensor dump
+    records each tensor's statistics too (a nightly dumped with tensors against a statistics baseline)."""
+    if mixed_tasks and {npu.task, bench.task} == {"tensor", "statistics"}:
+        logger.info("%s is a %s dump and %s a %s dump: compared in statistics mode", npu.path, npu.task,
+                    bench.path, bench.task)  # fmt: skip
+        return CompareMode.STATISTICS
     if npu.task != bench.task:
         raise CompareInputError(
             f"{npu.path} has task {npu.task!r} but {bench.path} has task {bench.task!r}: "
@@ -112,7 +120,7 @@ def compare_part(
     parts of every slice of a rank gives the result ``compare_dumps`` gives for the rank.
     """
     npu, bench = read_dump(npu_dump_json), read_dump(bench_dump_json)
-    mode = detect_mode(npu, bench)
+    mode = detect_mode(npu, bench, mixed_tasks=options.mixed_tasks)
     stacks = stacks_of(npu_dump_json, stack_path)
     stack_mode = options.stack_mode if stack_path is not None else stacks is not None
     return _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part)
@@ -129,7 +137,7 @@ def part_tensor_files(
     """The tensor files (names under each side's ``dump_tensor_data``) the rows of ``part`` read: what a
     worker fetches for one slice of a rank. Empty outside tensor mode."""
     npu, bench = read_dump(npu_dump_json), read_dump(bench_dump_json)
-    if detect_mode(npu, bench) is not CompareMode.TENSOR:
+    if detect_mode(npu, bench, mixed_tasks=options.mixed_tasks) is not CompareMode.TENSOR:
         return [], []
     npu_rows = side_rows(npu, tensor_mode=True)
     bench_rows = side_rows(bench, tensor_mode=True)
@@ -472,14 +480,15 @@ def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[boo
 
 
 def _reason(row: CompareRow, pos: Mapping[str, int], mode: CompareMode) -> str:
-    """One line saying why a failing row fails, for the suspects list."""
+    """One line saying why a failing row fails, for the suspects list (numbers to 3 significant digits)."""
     cells = row.cells
+    n = prose_number
     if mode is CompareMode.TENSOR:
-        facts = (f"Cosine {cells[pos['Cosine']]}, MaxAbsErr {cells[pos['MaxAbsErr']]}, "
-                 f"One Thousandth Err Ratio {cells[pos['One Thousandth Err Ratio']]}")  # fmt: skip
+        facts = (f"Cosine {n(cells[pos['Cosine']])}, MaxAbsErr {n(cells[pos['MaxAbsErr']])}, "
+                 f"One Thousandth Err Ratio {n(cells[pos['One Thousandth Err Ratio']])}")  # fmt: skip
     elif mode is CompareMode.STATISTICS:
-        facts = (f"MaxRelativeErr {cells[pos['MaxRelativeErr']]}, "
-                 f"NormRelativeErr {cells[pos['NormRelativeErr']]}")  # fmt: skip
+        facts = (f"MaxRelativeErr {n(cells[pos['MaxRelativeErr']])}, "
+                 f"NormRelativeErr {n(cells[pos['NormRelativeErr']])}")  # fmt: skip
     else:
         facts = f"MD5 {cells[pos['NPU MD5']]} vs {cells[pos['BENCH MD5']]}"
     reason = f"{cells[0]}: {facts}"

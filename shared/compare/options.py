@@ -28,10 +28,13 @@ class CompareOptions:
     process builds it (``parity.process_policy.metric_executor``) and shuts it down; None runs them in the
     calling thread. The rows are the same either way. ``replay_top``: how many top calls the float64 replay
     judges (``replay_judgement``), part of the judgement of the suspects; it changes no row.
+    ``mixed_tasks``: a tensor dump against a statistics dump is compared in statistics mode (a tensor dump
+    records the statistics too) instead of refused as msprobe refuses it; the server's comparisons set it.
     """
 
     fuzzy_match: bool = False
     stack_mode: bool = False
     replay_top: int = REPLAY_TOP  # tensor mode: replay this many top calls (and a few more); 0: none
     tensor_limits: TensorLimits | None = None  # the caps of every tensor load (None: the defaults)
+    mixed_tasks: bool = False
     executor: Executor | None = field(default=None, compare=False, repr=False)

@@ -6,8 +6,10 @@ the CLI and the server (which stores the rows for its REST API). It holds plain 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import msgspec
 from parity.shared.compare.headers import CompareMode, full_header
@@ -79,6 +81,11 @@ class Suspect:
     score: float = 0.0  # decades above what the call's inputs and the run pair's noise explain
     excel_row: int | None = None  # the row as Excel numbers it (``row_index`` + 2: the header is row 1)
     collectives_before: int = 0  # collective calls the rank ran before this one (multi-rank: who went first)
+
+    @property
+    def position(self) -> int:
+        """Its place in the list (1 = the first suspect): the summary's ``position``, never a process rank."""
+        return self.rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +179,18 @@ class CompareResult:
 
 
 def suspect_dict(s: Suspect) -> dict[str, object]:
-    """A suspect as plain JSON values (the summary file and the server's summary)."""
+    """A suspect as plain JSON values (the summary file and the server's summary). Its place in the list is
+    ``position``: ``rank`` in a summary means a process rank (``ranks[].rank``, ``compare_rank``)."""
     return {
-        "rank": s.rank, "api": s.api, "direction": s.direction, "row_index": s.row_index,
+        "position": s.rank, "api": s.api, "direction": s.direction, "row_index": s.row_index,
         "excel_row": s.excel_row, "score": s.score, "reason": s.reason, "stack": s.stack,
         "collectives_before": s.collectives_before,
     }  # fmt: skip
+
+
+def suspect_from_dict(doc: Mapping[str, Any]) -> Suspect:
+    """A suspect from :func:`suspect_dict`'s document, or from one written before ``position`` was named so
+    (``rank``); keys it does not know (``compare_rank``) are ignored."""
+    known = {f for f in Suspect.__dataclass_fields__ if f != "rank"}
+    fields = {k: v for k, v in doc.items() if k in known}
+    return Suspect(rank=int(doc.get("position", doc.get("rank", 0))), **fields)

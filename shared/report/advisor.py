@@ -50,7 +50,7 @@ class RankedSuspect(Protocol):
     ``SuspectPublic`` both have it."""
 
     @property
-    def rank(self) -> int: ...
+    def position(self) -> int: ...
     @property
     def api(self) -> str: ...
     @property
@@ -102,7 +102,7 @@ def suspect_lines(
     lines.append("Top suspects, by how far they stand above the background (score: decades above):")
     for suspect in suspects:
         reason = one_line(suspect.reason)
-        lines.append(f"{suspect.rank}. [{suspect.direction}] {suspect.api} (score {suspect.score:.1f}, "
+        lines.append(f"{suspect.position}. [{suspect.direction}] {suspect.api} (score {suspect.score:.1f}, "
                      f"{where(suspect)}): {reason}")  # fmt: skip
         if suspect.stack:
             lines.append(f"   at {one_line(suspect.stack)}")

@@ -16,7 +16,13 @@ from typing import Any
 
 from parity.shared.compare.localization import first_diverged_rank
 from parity.shared.compare.options import TOP_SUSPECTS
-from parity.shared.compare.result import FAILING_STATUSES, CompareResult, RowStatus, Suspect, non_finite_text
+from parity.shared.compare.result import (
+    FAILING_STATUSES,
+    CompareResult,
+    RowStatus,
+    non_finite_text,
+    suspect_from_dict,
+)
 from parity.shared.report import write_text_atomically
 
 #: Bumped when a key changes meaning or disappears; new keys may appear without a bump.
@@ -37,8 +43,8 @@ def single_rank_summary(rank: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _first_diverged(ranks: Sequence[Mapping[str, Any]]) -> dict[str, object] | None:
-    firsts = {doc.get("rank"): Suspect(**doc["first_divergence"]) if doc.get("first_divergence") else None
-              for doc in ranks}  # fmt: skip
+    firsts = {doc.get("rank"): suspect_from_dict(doc["first_divergence"]) if doc.get("first_divergence")
+              else None for doc in ranks}  # fmt: skip
     origin = first_diverged_rank(firsts)
     return origin.as_dict() if origin is not None else None
 
@@ -103,7 +109,8 @@ def _headline(ranks: Sequence[Mapping[str, Any]], totals: Mapping[str, int],
         if replay.get("note"):
             notes.setdefault(str(replay["note"]))
     # Ranked by score across ranks; the first divergence is the one of the rank that diverged first.
-    suspects.sort(key=lambda s: (-s.get("score", 0.0), _rank_key(s["compare_rank"]), s["rank"]))
+    suspects.sort(key=lambda s: (-s.get("score", 0.0), _rank_key(s["compare_rank"]),
+                                 s.get("position", s.get("rank", 0))))  # fmt: skip
     first = None
     if first_diverged is not None:
         for rank in ranks:

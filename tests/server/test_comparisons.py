@@ -54,7 +54,7 @@ def test_comparison_of_two_runs(api: httpx.Client, tmp_path: Path) -> None:
     assert summary["failing_rows"] > 0 and "Torch.relu.0.forward" in summary["failing_apis"]
     assert "Functional.linear.0.forward" not in summary["failing_apis"]
     top = summary["top_suspects"][0]
-    assert top["api"].startswith("Torch.relu.0") and top["rank"] == 1 and top["compare_rank"] in (0, 1)
+    assert top["api"].startswith("Torch.relu.0") and top["position"] == 1 and top["compare_rank"] in (0, 1)
     # Localization (issue 10): scores, the Excel row, the first divergence; rows sortable by score.
     assert top["score"] > 1 and top["excel_row"] == top["row_index"] + 2
     scores = [t["score"] for t in summary["top_suspects"]]
@@ -217,16 +217,15 @@ def test_engine_refusal_names_runs_not_server_paths(api: httpx.Client, tmp_path:
 
     from tests.factories import DumpBuilder
 
-    target = upload_run(api, build_dump(tmp_path / "npu"))
-    stats_root = tmp_path / "stats"
-    DumpBuilder("statistics").api("Torch.relu.0.forward", inputs=[np.ones(3)], outputs=[np.ones(3)]).write(
-        stats_root / "step0" / "rank0"
-    )
-    bench = upload_run(api, stats_root)
+    roots = {"plain": tmp_path / "plain", "md5": tmp_path / "md5"}
+    for kind, root in roots.items():  # checksums on one side only cannot be compared
+        DumpBuilder("statistics", md5=kind == "md5").api(
+            "Torch.relu.0.forward", inputs=[np.ones(3)], outputs=[np.ones(3)]
+        ).write(root / "step0" / "rank0")
+    target, bench = upload_run(api, roots["plain"]), upload_run(api, roots["md5"])
     cid = api.post("/comparisons", json={"target_run": target["id"], "bench_run": bench["id"]}).json()["id"]
     done = wait_comparison(api, cid)
     assert done["status"] == "failed"
-    assert f"target run {target['id']}: step0/rank0/dump.json" in done["error"], done["error"]
-    assert f"bench run {bench['id']}: step0/rank0/dump.json" in done["error"]
-    assert "different tasks" in done["error"] and str(tmp_path) not in done["error"]
+    assert f"bench run {bench['id']}: step0/rank0/dump.json" in done["error"], done["error"]
+    assert "md5 checksums" in done["error"] and str(tmp_path) not in done["error"]
     assert "/.tmp/" not in done["error"] and "job-" not in done["error"]

@@ -49,8 +49,9 @@ def test_cli_and_server_summaries_of_one_pair_are_equal(server: ServerProcess, a
                           tmp_path / "out", CompareOptions(), timestamp="20261204000000")  # fmt: skip
     assert outputs.summary is not None
     cli_text = outputs.summary.read_text()
-    # the sides are named by their paths in the CLI, by run id and step on the server; the rest is equal
-    sides = ((npu / "step0", f"{target['id']}/step0"), (bench / "step0", f"{bench_run['id']}/step0"))
+    # the sides are named by their paths in the CLI, by run and step on the server; the rest is equal
+    sides = ((npu / "step0", f"target run {target['id']}: step0"),
+             (bench / "step0", f"bench run {bench_run['id']}: step0"))
     for path, name in sides:
         cli_text = cli_text.replace(str(path), name)
     cli = json.loads(cli_text)
@@ -62,7 +63,7 @@ def test_cli_and_server_summaries_of_one_pair_are_equal(server: ServerProcess, a
     _same(cli, served, "summary")
     assert served["npu_only_ranks"] == [2] and served["bench_only_ranks"] == [3]
     assert served["compared_ranks"] == [0, 1] and served["top_suspects"]
-    assert served["ranks"][1]["npu_path"] == f"{target['id']}/step0/rank1/dump.json"
+    assert served["ranks"][1]["npu_path"] == f"target run {target['id']}: step0/rank1/dump.json"
     # the REST body's summary is the same document's headline
     summary = done["summary"]
     assert summary["ranks"] == served["compared_ranks"] and summary["rows"] == served["rows"]

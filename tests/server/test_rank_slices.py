@@ -109,11 +109,14 @@ def test_slices_give_the_rows_xlsx_and_summary_of_one_task_per_rank(
     for rank in RANKS:
         assert server.xlsx(a.id, rank) == server.xlsx(b.id, rank)
     summaries = [json.loads(b"".join(service.summary_file(c)[1])) for c in (a.id, b.id)]
-    for doc in summaries:  # the rank documents name the dumps by run and stored path, never a staging folder
+    for doc, c in zip(summaries, (a, b), strict=True):  # the dumps by run and path, never a staging folder
         assert "/.tmp/" not in json.dumps(doc)
         for rank_doc in doc["ranks"]:
-            assert rank_doc["npu_path"] == f"{doc['npu_path']}/rank{rank_doc['rank']}/dump.json"
-            assert rank_doc["bench_path"] == f"{doc['bench_path']}/rank{rank_doc['rank']}/dump.json"
+            where = f"step0/rank{rank_doc['rank']}/dump.json"
+            assert rank_doc.pop("npu_path") == f"target run {c.target_run}: {where}"
+            assert rank_doc.pop("bench_path") == f"bench run {c.bench_run}: {where}"
+            files = rank_doc.pop("files")  # the names each comparison serves its reports under
+            assert files["xlsx"] == f"report_{c.id[:8]}_rank{rank_doc['rank']}.xlsx"
     assert summaries[0] == summaries[1]
     assert server.staging_left() == []
     stored = [key for key, _, _ in server.store.iter_blobs(comparison_key(b.id))]

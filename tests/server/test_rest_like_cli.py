@@ -222,6 +222,9 @@ def test_the_summary_json_downloads(api: httpx.Client, tmp_path: Path) -> None:
     assert doc["mode"] == done["summary"]["mode"] == "statistics"
     counts = {s: list(EXPECTED.values()).count(s) for s in ("pass", "warning", "fail", "unmatched")}
     assert {k: v for k, v in doc["status_counts"].items() if v} == counts
-    assert doc["ranks"][0]["rank"] == 0 and doc["ranks"][0]["files"] == {"xlsx": "report.xlsx",
-                                                                          "advisor": "advisor.txt"}
+    # The reports by the names they are downloaded under, the dumps by run and path: no server path.
+    assert doc["ranks"][0]["rank"] == 0 and doc["ranks"][0]["files"] == {
+        "xlsx": f"report_{cid[:8]}_rank0.xlsx", "advisor": f"advisor_{cid[:8]}_rank0.txt"}
+    assert doc["ranks"][0]["npu_path"] == f"target run {target['id']}: step0/rank0/dump.json"
+    assert ".tmp" not in resp.text and "task-" not in resp.text
     assert api.get(f"/comparisons/{uuid.uuid4().hex}/summary.json").status_code == 404

@@ -92,7 +92,25 @@ def test_md5_on_one_side_only_is_refused(tmp_path: Path) -> None:
 
 def test_tasks_must_match(tmp_path: Path) -> None:
     with pytest.raises(CompareInputError, match="different tasks"):
-        _compare(tmp_path, {}, {}, task="tensor")
+        _compare(tmp_path, {}, {}, task="structure")
+
+
+def test_a_tensor_dump_against_a_statistics_dump_is_compared_in_statistics_mode(tmp_path: Path) -> None:
+    """A tensor dump records each tensor's statistics: asked to, the engine compares them with a statistics
+    dump's."""
+    import numpy as np
+
+    from tests.factories import DumpBuilder
+
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    tensor = DumpBuilder("tensor").api("Torch.relu.0.forward", inputs=[x], outputs=[np.maximum(x, 0) * 1.6])
+    stats = DumpBuilder("statistics").api("Torch.relu.0.forward", inputs=[x], outputs=[np.maximum(x, 0)])
+    npu, bench = tensor.write(tmp_path / "npu"), stats.write(tmp_path / "bench")
+    with pytest.raises(CompareInputError, match="different tasks"):  # msprobe's rule, kept by parity compare
+        compare_dumps(npu, bench, CompareOptions())
+    result = compare_dumps(npu, bench, CompareOptions(mixed_tasks=True))  # the server's comparisons
+    assert result.mode.value == "statistics"
+    assert result.failing_apis() == ["Torch.relu.0.forward"]  # its Max is 60% off: the statistics say so
 
 
 def test_unknown_task_is_refused(tmp_path: Path) -> None:

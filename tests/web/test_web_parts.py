@@ -59,9 +59,13 @@ def test_statistics_mode_has_no_cosine() -> None:
 
 
 def test_first_divergence_prefers_the_localization() -> None:
-    suspects = [{"api": "B", "rank": 0, "compare_rank": 1}, {"api": "A", "rank": 1, "compare_rank": 0}]
+    suspects = [{"api": "B", "position": 1, "compare_rank": 1},
+                {"api": "A", "position": 2, "compare_rank": 0}]  # fmt: skip
     assert first_divergence({"top_suspects": suspects}, 0) == "A"
-    assert first_divergence({"top_suspects": suspects, "first_divergence": {"api": "Z", "rank": 0}}, 0) == "Z"
+    first = {"api": "Z", "position": 1, "compare_rank": 0}
+    assert first_divergence({"top_suspects": suspects, "first_divergence": first}, 0) == "Z"
+    # ``position`` is the suspect's place, never a process rank: rank 1's first divergence is not rank 0's.
+    assert first_divergence({"top_suspects": suspects, "first_divergence": first}, 1) == "B"
     assert first_divergence(None, 0) is None
 
 
@@ -136,3 +140,19 @@ def test_decimation_keeps_spikes_order_and_the_divergence() -> None:
     assert len(kept) <= 401 + 1 and seqs == sorted(seqs)
     assert {4321, 777, 9999} <= set(seqs)
     assert decimate(calls[:10], 400) == calls[:10]
+
+
+def test_the_page_puts_the_columns_that_matter_first() -> None:
+    from parity.server.web.columns import page_order
+    from parity.shared.compare.headers import CompareMode, full_header
+
+    expected = {
+        CompareMode.TENSOR: ["NPU Name", "Parity Status", "Cosine", "MaxRelativeErr"],
+        CompareMode.STATISTICS: ["NPU Name", "Parity Status", "MaxRelativeErr", "NormRelativeErr"],
+        CompareMode.MD5: ["NPU Name", "Parity Status", "NPU MD5", "BENCH MD5"],
+    }
+    for mode, first in expected.items():
+        header = full_header(mode, stack=True)
+        order = page_order(header)
+        assert sorted(order) == list(range(len(header)))  # every column, once
+        assert [header[i] for i in order[:4]] == first

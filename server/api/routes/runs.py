@@ -1,7 +1,7 @@
 """``/runs``: create, list, read, delete, upload files, complete.
 
-Wherever a path holds ``{run_id}``, a run name does too, as on the command line: a name that several runs
-have answers 409 with their ids.
+Wherever a path holds ``{run_id}``, a run name does too, as on the command line (URL-escaped: ``%20`` for a
+space); a name that several runs have answers 409 with their ids.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
+import parity.server.api.convertors  # noqa: F401 - registers {run_id:ref}
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from parity.server.api.deps import (
@@ -56,28 +57,6 @@ def list_runs(
 ) -> RunsPublic:
     return runs.search(project=project, name=name, name_contains=name_contains, device=device,
                        status=run_status, tags=tag, limit=limit, offset=offset)  # fmt: skip
-
-
-@router.get("/{run_id}", summary="Read a run")
-def get_run(run_id: str, runs: RunServiceDep) -> RunPublic:
-    return runs.get(run_id)
-
-
-@router.delete(
-    "/{run_id}",
-    status_code=status.HTTP_204_NO_CONTENT,
-    summary="Delete a run and its files (and its comparisons, when asked)",
-)
-def delete_run(
-    run_id: str,
-    runs: RunServiceDep,
-    comparisons: ComparisonServiceDep,
-    with_comparisons: Annotated[
-        bool, Query(description="also delete the comparisons that use the run, and their reports")
-    ] = False,
-) -> Response:
-    comparisons.forget(runs.delete(run_id, with_comparisons=with_comparisons))
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get("/{run_id}/files", summary="List a run's stored files (to resume an upload)")
@@ -130,3 +109,27 @@ def complete_run(run_id: str, runs: RunServiceDep, response: Response) -> RunPub
     if run.status == "complete":
         response.status_code = status.HTTP_200_OK
     return run
+
+
+# Read and delete take ``{run_id:ref}``: a name holding an escaped "/" (``%2F``, from before names were
+# checked) reaches them too. Declared after the routes below ``/{run_id}/``, which match first.
+@router.get("/{run_id:ref}", summary="Read a run (by id or name)")
+def get_run(run_id: str, runs: RunServiceDep) -> RunPublic:
+    return runs.get(run_id)
+
+
+@router.delete(
+    "/{run_id:ref}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Delete a run and its files (and its comparisons, when asked)",
+)
+def delete_run(
+    run_id: str,
+    runs: RunServiceDep,
+    comparisons: ComparisonServiceDep,
+    with_comparisons: Annotated[
+        bool, Query(description="also delete the comparisons that use the run, and their reports")
+    ] = False,
+) -> Response:
+    comparisons.forget(runs.delete(run_id, with_comparisons=with_comparisons))
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -58,14 +58,14 @@
     return [lo, hi];
   }
 
-  function axes(ctx, box, lo, hi, n) {
+  function axes(ctx, box, lo, hi, label) {
     ctx.strokeStyle = "#d9dee7"; ctx.fillStyle = "#667085"; ctx.font = "11px sans-serif"; ctx.lineWidth = 1;
     for (let e = Math.log10(lo); e <= Math.log10(hi) + 1e-9; e++) {
       const y = box.y(Math.pow(10, e));
       ctx.beginPath(); ctx.moveTo(box.left, y); ctx.lineTo(box.right, y); ctx.stroke();
       ctx.fillText("1e" + e, 4, y + 4);
     }
-    ctx.fillText("execution order (" + n + " calls) →", box.left, box.bottom + 16);
+    ctx.fillText(label, box.left, box.bottom + 16);
   }
 
   async function drawChart() {
@@ -88,7 +88,7 @@
       const t = (Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo));
       return box.bottom - t * (box.bottom - box.top);
     };
-    axes(ctx, box, lo, hi, total);
+    axes(ctx, box, lo, hi, "execution order (" + total + " calls) →");
     let drawn = 0;
     let divergence = -1;
     for (let i = 0; i < n; i++) {
@@ -114,6 +114,26 @@
       const label = "first divergence: " + d.first_divergence;
       ctx.fillText(label, Math.min(x + 4, box.right - ctx.measureText(label).width), box.top + 12);
     }
+    // The calls new or worse since the previous comparison against the baseline: a triangle and a line each.
+    const marks = d.marks || {};
+    const marked = [];
+    ctx.font = "11px sans-serif";
+    for (let i = 0; i < n; i++) {
+      const verdict = marks[d.api[i]];
+      if (!verdict) continue;
+      const x = box.x(i);
+      ctx.strokeStyle = "#7a1fa2"; ctx.fillStyle = "#7a1fa2"; ctx.lineWidth = 1; ctx.setLineDash([4, 3]);
+      ctx.beginPath(); ctx.moveTo(x, box.top); ctx.lineTo(x, box.bottom); ctx.stroke();
+      ctx.setLineDash([]);
+      ctx.beginPath(); ctx.moveTo(x - 6, box.top); ctx.lineTo(x + 6, box.top); ctx.lineTo(x, box.top + 9);
+      ctx.closePath(); ctx.fill();
+      if (marked.length < 3) {
+        const text = verdict + ": " + d.api[i];
+        ctx.fillText(text, Math.min(x + 8, box.right - ctx.measureText(text).width), box.top + 26 + 13 * marked.length);
+      }
+      marked.push(d.api[i]);
+    }
+    canvas.dataset.marked = JSON.stringify(marked);
     canvas.dataset.points = String(drawn);
     canvas.dataset.divergence = String(divergence);
     canvas.dataset.drawn = "1";
@@ -148,31 +168,46 @@
     canvas.chartX = function (i) { return box.x(i); };
   }
 
+  // One line per step and mode, against time: a step's error and another step's are different measures.
+  const SERIES_COLOURS = ["#2457c5", "#e07b00", "#1f8a4c", "#7a1fa2", "#b3141b", "#5b6b82"];
+
   function drawHistory() {
     const canvas = document.getElementById("history-chart");
     if (!canvas) return;
-    const values = JSON.parse(canvas.dataset.history || "[]");
-    const n = values.length;
+    const lines = JSON.parse(canvas.dataset.lines || "{}");
+    const names = Object.keys(lines);
+    const values = [];
+    let t0 = Infinity, t1 = -Infinity;
+    for (const name of names) {
+      for (const [t, v] of lines[name]) { values.push(v); t0 = Math.min(t0, t); t1 = Math.max(t1, t); }
+    }
     const { ctx, width, height } = setupCanvas(canvas);
     const [lo, hi] = logRange(values);
     const box = { left: 48, right: width - 10, top: 10, bottom: height - 24 };
-    box.x = function (i) { return box.left + (n > 1 ? i / (n - 1) : 0.5) * (box.right - box.left); };
+    box.x = function (t) { return box.left + (t1 > t0 ? (t - t0) / (t1 - t0) : 0.5) * (box.right - box.left); };
     box.y = function (v) {
       const t = (Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo));
       return box.bottom - t * (box.bottom - box.top);
     };
-    axes(ctx, box, lo, hi, n);
-    ctx.strokeStyle = "#2457c5"; ctx.fillStyle = "#2457c5"; ctx.lineWidth = 1.5;
-    ctx.beginPath();
-    let started = false;
-    values.forEach(function (v, i) {
-      if (v === null) return;
-      if (started) ctx.lineTo(box.x(i), box.y(v)); else { ctx.moveTo(box.x(i), box.y(v)); started = true; }
+    const day = function (t) { return isFinite(t) ? new Date(t).toISOString().slice(0, 16).replace("T", " ") : ""; };
+    axes(ctx, box, lo, hi, "time (UTC) →  " + day(t0) + (t1 > t0 ? " … " + day(t1) : ""));
+    names.forEach(function (name, k) {
+      const colour = SERIES_COLOURS[k % SERIES_COLOURS.length];
+      ctx.strokeStyle = colour; ctx.fillStyle = colour; ctx.lineWidth = 1.5;
+      ctx.beginPath();
+      let started = false;
+      for (const [t, v] of lines[name]) {
+        if (v === null) continue;
+        if (started) ctx.lineTo(box.x(t), box.y(v)); else { ctx.moveTo(box.x(t), box.y(v)); started = true; }
+      }
+      ctx.stroke();
+      for (const [t, v] of lines[name]) {
+        if (v !== null) { ctx.beginPath(); ctx.arc(box.x(t), box.y(v), 3, 0, 2 * Math.PI); ctx.fill(); }
+      }
+      ctx.font = "12px sans-serif";
+      ctx.fillText(name, box.right - 160, box.top + 14 + 14 * k);
     });
-    ctx.stroke();
-    values.forEach(function (v, i) {
-      if (v !== null) { ctx.beginPath(); ctx.arc(box.x(i), box.y(v), 3, 0, 2 * Math.PI); ctx.fill(); }
-    });
+    canvas.dataset.lines = String(names.length);
     canvas.dataset.drawn = "1";
   }
 
