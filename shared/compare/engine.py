@@ -16,13 +16,14 @@ from parity.shared.compare import md5 as md5_mode
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
+from parity.shared.compare.alignment import Aligned, pair_calls
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
 from parity.shared.compare.highlight import apply_highlights
 from parity.shared.compare.localization import localize
 from parity.shared.compare.options import REPLAY_TOP, CompareOptions
-from parity.shared.compare.pairing import pair_rows
+from parity.shared.compare.pairing import Pairing
 from parity.shared.compare.replay_judgement import Replayer, judge_with_replay
 from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, RowStatus
 from parity.shared.compare.rows import SideRows, data_file, side_rows
@@ -132,7 +133,8 @@ def part_tensor_files(
         return [], []
     npu_rows = side_rows(npu, tensor_mode=True)
     bench_rows = side_rows(bench, tensor_mode=True)
-    bench_index = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match).bench_index
+    bench_index = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match,
+                             mapping=options.data_mapping)[0].bench_index
     start, stop, _ = part.rows(npu_rows.apis)
     n_leaf, b_leaf = npu.columns.leaf, bench.columns.leaf
     npu_files: list[str] = []
@@ -198,7 +200,8 @@ def _table_part(
     missing: list[Path] = []
     npu_rows = side_rows(npu, tensor_mode=tensor)
     bench_rows = side_rows(bench, tensor_mode=tensor)
-    pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
+    pairing, aligned = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match,
+                                  mapping=options.data_mapping)
     stack = stack_cells(npu_rows.apis, stacks) if stack_mode else None
     if mode is CompareMode.STATISTICS:
         table = build_statistics_rows(npu_rows, bench_rows, pairing.bench_index, fuzzy=options.fuzzy_match,
@@ -207,6 +210,7 @@ def _table_part(
         table = Table()
         _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack)
     _build_bench_only(table, mode, bench_rows, pairing.bench_only, stack_mode)
+    gaps = _pairing_cells(table, len(npu_rows), pairing, aligned)
     if table.highlight_ranges is not None and pairing.bench_only:
         table.highlight_ranges = _with_tail(table.highlight_ranges, npu_rows.apis, len(table.rows))
     paired = len(npu_rows) - pairing.bench_index.count(-1)
@@ -223,7 +227,35 @@ def _table_part(
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
     _finish_rows(table, header, mode)
     return TablePart(mode=mode.value, stack_mode=stack_mode, rows=table.rows, states=table.states,
-                     missing_tensor_files=[str(f) for f in missing], calls=calls)  # fmt: skip
+                     missing_tensor_files=[str(f) for f in missing], calls=calls, gaps=gaps)  # fmt: skip
+
+
+_NAME = "name"
+
+
+def _pairing_cells(table: Table, n_npu: int, pairing: Pairing, aligned: Aligned | None) -> dict[str, str]:
+    """Write each row's pairing basis and gap (the Parity Pairing and Parity Gap columns, which the builders
+    fill for the fast path: ``name`` where paired), give a gap's rows the state and call the localization
+    judges them by, and return the gaps that have target calls (judged as their first call) with their
+    labels."""
+    if aligned is None:
+        return {}
+    rows = table.rows
+    labels = [gap.label for gap in aligned.gaps]
+    row_gap, basis = aligned.row_gap, aligned.basis
+    for i, row in enumerate(rows[:n_npu]):
+        k = row_gap.get(i)
+        row.cells[-2:] = (basis[i], labels[k] if k is not None else "")
+    bench_gap = aligned.bench_row_gap
+    for row, j in zip(rows[n_npu:], pairing.bench_only, strict=True):
+        k = bench_gap.get(j)
+        if k is not None:
+            row.cells[-2:] = ("gap", labels[k])
+    for i, state in aligned.states.items():
+        table.states[i] = state
+    for i, api in aligned.apis.items():
+        rows[i].api = api
+    return {gap.api: gap.label for gap in aligned.gaps if gap.api is not None}
 
 
 def _cut(table: Table, start: int, stop: int) -> None:
@@ -259,7 +291,8 @@ def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None 
     def reason_of(i: int) -> str:
         return _reason(rows[i], pos, mode)
 
-    suspects, first = suspects_of(localization, rows, reason_of, stacks)
+    gaps = {api: label for p in parts for api, label in p.gaps.items()}
+    suspects, first = suspects_of(localization, rows, reason_of, stacks, gaps=gaps)
     return CompareResult(mode=mode, stack_mode=stack_mode, rows=rows, advice=advice, suspects=suspects,
                          first_divergence=first, row_scores=localization.row_scores(len(rows)),
                          missing_tensor_files=[f for p in parts for f in p.missing_tensor_files],
@@ -314,7 +347,7 @@ def _build_rows(
             cells.append(stack[i])
         if tensor:
             cells.append(repr([data_file(n), data_file(b) if b is not None else NA]))
-        cells += (None, api)  # Parity Status: written by _finish_rows
+        cells += (None, api, _NAME if j >= 0 else "", "")  # Parity Status: written by _finish_rows
         rows.append(CompareRow(cells, api, status))
         states.append(n.state)
         messages.append(msgs)
@@ -345,7 +378,7 @@ def _build_bench_only(table: Table, mode: CompareMode, bench_rows: SideRows, ben
             cells.append(NA)
         if mode is CompareMode.TENSOR:
             cells.append(repr([NA, data_file(b)]))
-        cells += (status.value, bench_rows.apis[j])
+        cells += (status.value, bench_rows.apis[j], "", "")
         table.rows.append(CompareRow(cells, bench_rows.apis[j], status))
         table.states.append(b.state)
         table.messages.append([v.MSG_NPU_UNMATCHED])

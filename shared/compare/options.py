@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
+    from parity.shared.compare.mapping import DataMapping
+
 
 #: Tensor mode replays about this many top calls in float64 (``replay_judgement`` adds a few: see there).
 REPLAY_TOP = 10
@@ -21,7 +23,8 @@ class CompareOptions:
     only when a stack path is given explicitly (otherwise a stack.json next to the NPU dump.json turns the
     stack column on by itself). ``executor`` runs the tensor-mode metrics: the entry point that owns the
     process builds it (``parity.process_policy.metric_executor``) and shuts it down; None runs them in the
-    calling thread. The rows are the same either way. ``replay_top``: how many top calls the float64 replay
+    calling thread. The rows are the same either way. ``data_mapping`` (``-dm``) pairs the rows it names as
+    it says, whatever the alignment chose. ``replay_top``: how many top calls the float64 replay
     judges (``replay_judgement``), part of the judgement of the suspects; it changes no row.
     """
 
@@ -29,3 +32,4 @@ class CompareOptions:
     stack_mode: bool = False
     replay_top: int = REPLAY_TOP  # tensor mode: replay this many top calls (and a few more); 0: none
     executor: Executor | None = field(default=None, compare=False, repr=False)
+    data_mapping: DataMapping | None = None  # ``-dm``: the user's own pairs, over the alignment

@@ -55,6 +55,8 @@ class TablePart(msgspec.Struct, gc=False):
     states: list[str]  # per row: the leaf's state (input, output, parameter, ...), for the localization
     missing_tensor_files: list[str]
     calls: tuple[int, int, int]  # (first call, stop call, calls of the rank)
+    #: the gaps judged as one call (calls without a partner: ``alignment.Gap``), by that call: their labels
+    gaps: dict[str, str] = {}
 
 
 def _plain_number(value: object) -> object:
