@@ -140,7 +140,8 @@ def test_parity_columns_close_every_row(tmp_path: Path) -> None:
     )
     assert result.header[-4:] == ["Parity Status", "Parity API", "Parity Pairing", "Parity Gap"]
     # a call without a partner is a gap (its own, no bench call)
-    assert result.rows[0].cells[-4:] == ["unmatched", "T.f.0.forward", "gap", "target T.f.0.forward ~ bench (no call)"]
+    gap = "target T.f.0.forward ~ bench (no call)"
+    assert result.rows[0].cells[-4:] == ["unmatched", "T.f.0.forward", "gap", gap]
     assert all(len(row.cells) == len(result.header) for row in result.rows)
 
 

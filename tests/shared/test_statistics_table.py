@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from parity.shared.compare import highlight as hl
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
+from parity.shared.compare.alignment import pair_calls
 from parity.shared.compare.cells import Table, stack_cells
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import apply_highlights
 from parity.shared.compare.options import CompareOptions
-from parity.shared.compare.alignment import pair_calls
 from parity.shared.compare.pairing import pair_rows
 from parity.shared.compare.result import CompareResult, Highlight, RowStatus
 from parity.shared.compare.rows import SideRows, side_rows
@@ -382,7 +382,8 @@ def test_table_rows_messages_and_status_equal_the_row_at_a_time_rules(tmp_path: 
         # Err_message, Parity Status (as they stand before the highlight rules) and Parity API
         err_message = v.join_messages(messages) if messages else ""
         basis = "name" if index[i] >= 0 else ""
-        assert row.cells[MSG_COL:] == [err_message, status.value, npu_rows.apis[i], basis, ""], npu_rows.names[i]
+        expected_tail = [err_message, status.value, npu_rows.apis[i], basis, ""]
+        assert row.cells[MSG_COL:] == expected_tail, npu_rows.names[i]
         assert table.messages[i] == messages, npu_rows.names[i]
         assert row.status is status, npu_rows.names[i]
         assert (row.api, row.highlight) == (npu_rows.apis[i], None)
