@@ -233,6 +233,7 @@ class AlignmentOutcome:
     faulty: bool
     calls: int  # target calls judged for the pairing
     right: int  # of those, paired with their true partner (or left in a gap when they have none)
+    right_by_name: int  # the same for the counter-based pairing of names (``pairing.pair_exact``)
     truth: str | None
     top: str | None  # the top suspect (a gap's target calls joined with " ... ")
     top1: bool
@@ -240,12 +241,14 @@ class AlignmentOutcome:
     wrong: list[str] = field(default_factory=list)
 
 
-def judge(family: str, level: str, target: Path, bench: Path, fault: suite.Fault | None) -> AlignmentOutcome:
+def judge(family: str, level: str, target: Path, bench: Path,
+          fault: suite.Fault | None) -> AlignmentOutcome:  # fmt: skip
     """Pairing accuracy against the truth, and whether the top suspect is the fault (or its gap, or at
     mix the module right around it)."""
     from parity.shared.compare.alignment import BASIS_GAP, pair_calls
     from parity.shared.compare.engine import compare_dumps
     from parity.shared.compare.options import CompareOptions
+    from parity.shared.compare.pairing import pair_exact
     from parity.shared.compare.rows import side_rows
     from parity.shared.dump.reader import load_construct, load_dump
 
@@ -263,6 +266,13 @@ def judge(family: str, level: str, target: Path, bench: Path, fault: suite.Fault
     expected = truth(target, bench)
     wrong = [f"{api} -> {partner.get(api)} (truth {want})" for api, want in expected.items()
              if partner.get(api, "(unpaired)") != want]  # fmt: skip
+    by_name: dict[str, str | None] = {}
+    for api, j in zip(npu.apis, pair_exact(npu, ref).bench_index, strict=True):
+        if j >= 0:
+            by_name[api] = ref.apis[j]
+        else:
+            by_name.setdefault(api, None)
+    right_by_name = sum(by_name.get(api) == want for api, want in expected.items())
     result = compare_dumps(target, bench, CompareOptions(replay_top=0))
     named = [s.gap or s.api for s in result.suspects]
     top = result.suspects[0] if result.suspects else None
@@ -275,11 +285,12 @@ def judge(family: str, level: str, target: Path, bench: Path, fault: suite.Fault
             accepted |= {parent} if parent else set()
         hit = top.api in accepted or bool(accepted & set(gap_calls))
     return AlignmentOutcome(family, level, fault is not None, len(expected), len(expected) - len(wrong),
-                            fault.entry if fault else None, named[0] if named else None, hit, named,
-                            wrong)  # fmt: skip
+                            right_by_name, fault.entry if fault else None, named[0] if named else None, hit,
+                            named, wrong)  # fmt: skip
 
 
-def run_family(family: str, levels: tuple[str, ...] = LEVELS, verbose: bool = False) -> list[AlignmentOutcome]:
+def run_family(family: str, levels: tuple[str, ...] = LEVELS,
+               verbose: bool = False) -> list[AlignmentOutcome]:  # fmt: skip
     """The family's pairs at each level: with its fault, and without (rounding only)."""
     torch.set_num_threads(1)
     root = suite.workdir()
@@ -293,8 +304,8 @@ def run_family(family: str, levels: tuple[str, ...] = LEVELS, verbose: bool = Fa
                 outcome = judge(family, level, target, bench, fault)
                 out.append(outcome)
                 if verbose:
-                    print(f"[{family}/{level}/{label}] pairing {outcome.right}/{outcome.calls}, "
-                          f"top {outcome.top!r} (truth {outcome.truth}); named {outcome.named[:3]}", flush=True)
+                    print(f"[{family}/{level}/{label}] pairing {outcome.right}/{outcome.calls}, top "
+                          f"{outcome.top!r} (truth {outcome.truth}); named {outcome.named[:3]}", flush=True)
                     for line in outcome.wrong[:8]:
                         print(f"    wrong: {line}")
     finally:
@@ -303,17 +314,20 @@ def run_family(family: str, levels: tuple[str, ...] = LEVELS, verbose: bool = Fa
 
 
 def table(outcomes: list[AlignmentOutcome]) -> str:
-    lines = [f"{'level':<7}{'pairs':>6}{'pairing':>10}{'top-1':>8}{'clean pairs naming a call':>28}"]
+    head = f"{'level':<7}{'pairs':>6}{'pairing':>10}{'by name':>9}{'top-1':>8}"
+    lines = [head + f"{'pairs w/o fault naming a call':>31}"]
     for level in LEVELS:
         cases = [o for o in outcomes if o.level == level]
         if not cases:
             continue
         calls, right = sum(o.calls for o in cases), sum(o.right for o in cases)
+        named = sum(o.right_by_name for o in cases) / max(1, calls)
         faulty = [o for o in cases if o.faulty]
         clean = [o for o in cases if not o.faulty]
         top1 = sum(o.top1 for o in faulty) / max(1, len(faulty))
         alarms = f"{sum(bool(o.named) for o in clean)}/{len(clean)}"
-        lines.append(f"{level:<7}{len(cases):>6}{right / max(1, calls):>10.1%}{top1:>8.1%}{alarms:>28}")
+        lines.append(f"{level:<7}{len(cases):>6}{right / max(1, calls):>10.1%}{named:>9.1%}{top1:>8.1%}"
+                     f"{alarms:>31}")  # fmt: skip
     for o in outcomes:
         mark = "ok " if (o.top1 if o.faulty else not o.named) else "MISS"
         lines.append(f"  {mark} {o.family:<6}{o.level:<4}{'fault' if o.faulty else 'clean':<6} pairing "
