@@ -288,6 +288,7 @@ def run_alignment(jobs: int, verbose: bool, families: tuple[str, ...]) -> str:
 
 _COST_CHILD = """
 import sys, time
+from pathlib import Path
 import __editable___parity_0_1_0_finder as finder
 tree = sys.argv[1]
 for name, sub in (("parity", "parity"), ("parity.shared", "shared"), ("parity.client", "client"),
@@ -298,7 +299,7 @@ from parity.shared.compare.options import CompareOptions
 import parity.shared.compare.engine as engine
 assert engine.__file__.startswith(tree), engine.__file__
 started = time.process_time()
-compare_dumps(sys.argv[2], sys.argv[3], CompareOptions(replay_top=0))
+compare_dumps(Path(sys.argv[2]), Path(sys.argv[3]), CompareOptions(replay_top=0))
 print(time.process_time() - started)
 """
 
@@ -318,8 +319,10 @@ def pairing_cost(base: str, repeat: int) -> str:
         times: dict[str, list[float]] = {"base": [], "here": []}
         for _ in range(repeat):
             for label, tree in (("base", str(root / "base")), ("here", here)):
-                proc = subprocess.run([sys.executable, "-c", _COST_CHILD, tree, npu, bench], check=True,
-                                      capture_output=True, text=True)  # fmt: skip
+                proc = subprocess.run([sys.executable, "-c", _COST_CHILD, tree, npu, bench], check=False,
+                                      capture_output=True, text=True, cwd=root)  # fmt: skip
+                if proc.returncode != 0:
+                    raise RuntimeError(f"timing at {tree} failed:\n{proc.stderr[-2000:]}")
                 times[label].append(float(proc.stdout.strip().splitlines()[-1]))
     finally:
         subprocess.run(["git", "-C", here, "worktree", "remove", "--force", str(root / "base")],

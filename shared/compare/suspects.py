@@ -33,7 +33,7 @@ def _suspect(call: CallEvidence, rank: int, rows: Sequence[CompareRow], reason_o
     frames = stacks.get(call.api) or stacks.get(forward_of(call.api)) if stacks else None
     row = call.worst_row if call.worst_row >= 0 else call.first_row
     gap = gaps.get(call.api)
-    judged = f"gap {gap}, judged as one call on the tensors crossing it: " if gap else ""
+    judged = "calls without a partner, judged as one on the tensors crossing them: " if gap else ""
     return Suspect(
         rank=rank, api=call.api, direction=call.direction or "forward", row_index=row,
         reason=f"{judged}{call.evidence()}. {reason_of(row)}",
