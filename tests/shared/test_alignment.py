@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from parity.shared.compare.alignment import align_rows, pair_calls
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.mapping import load_data_mapping, parse_data_mapping
@@ -19,6 +17,7 @@ from parity.shared.dump.reader import load_dump
 from parity.shared.errors import CompareInputError
 
 from tests.factories import DumpBuilder
+from tests.gap_dumps import fused_pair
 
 pytest.importorskip("parity.shared.metrics.parallel")  # tensor mode needs the metric workers
 
@@ -123,48 +122,8 @@ def test_gaps_at_the_start_and_at_the_end(tmp_path: Path) -> None:
 # a fused call against its explicit form: the gap judged as one call
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int, bench: list[Call]) -> torch.Tensor:
-    """Explicit attention as the bench computes it, its calls appended to ``bench`` (counters from ``n``)."""
-    kt = k.transpose(-2, -1)
-    s = torch.matmul(q, kt)
-    scaled = s / math.sqrt(q.shape[-1])
-    p = F.softmax(scaled, dim=-1)
-    o = torch.matmul(p, v)
-    bench += [
-        (f"Tensor.transpose.{n}.forward", [k, -2, -1], [kt]),
-        (f"Torch.matmul.{2 * n}.forward", [q, kt], [s]),
-        (f"Tensor.__truediv__.{n}.forward", [s, math.sqrt(q.shape[-1])], [scaled]),
-        (f"Functional.softmax.{n}.forward", [scaled, -1], [p]),
-        (f"Torch.matmul.{2 * n + 1}.forward", [p, v], [o]),
-    ]
-    return o
-
-
-def _fused_pair(tmp_path: Path, fault: bool) -> tuple[Path, Path]:
-    """Two attention blocks; the target fuses each into ``scaled_dot_product_attention`` (block 1 in
-    bfloat16 when ``fault``); the bench computes them explicitly. A linear before and after each block."""
-    x = _t(2, 2, 8, 16, seed=7)
-    w = _t(16, 16, seed=8) / 4
-    target: list[Call] = []
-    bench: list[Call] = []
-    for block in range(2):
-        q, k, v = x @ w, x @ w.T, x * 0.5
-        for side in (target, bench):
-            side.append((f"Functional.linear.{block}.forward", [x, w], [q]))
-        fused = F.scaled_dot_product_attention(q, k, v)
-        if fault and block == 1:
-            fused = F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16()).float()
-        target.append((f"Functional.scaled_dot_product_attention.{block}.forward", [q, k, v], [fused]))
-        explicit = _attention(q, k, v, block, bench)
-        x = fused.tanh()
-        target.append((f"Torch.tanh.{block}.forward", [fused], [x]))
-        bench.append((f"Torch.tanh.{block}.forward", [explicit], [explicit.tanh()]))
-        # keep the two runs on their own values: the bench's next block reads its own output
-    return _write(tmp_path, "npu", target), _write(tmp_path, "bench", bench)
-
-
 def test_fused_call_against_explicit_calls_is_one_gap(tmp_path: Path) -> None:
-    npu, bench = _fused_pair(tmp_path, fault=False)
+    npu, bench = fused_pair(tmp_path / "npu", tmp_path / "bench", fault=False)
     result = compare_dumps(npu, bench, CompareOptions(replay_top=0))
     gaps = {g for g in _col(result, "Parity Gap") if g}
     assert gaps == {
@@ -190,12 +149,12 @@ def test_fused_call_against_explicit_calls_is_one_gap(tmp_path: Path) -> None:
 
 
 def test_a_faulty_fused_call_is_the_top_suspect_as_a_gap(tmp_path: Path) -> None:
-    npu, bench = _fused_pair(tmp_path, fault=True)
+    npu, bench = fused_pair(tmp_path / "npu", tmp_path / "bench", fault=True)
     result = compare_dumps(npu, bench, CompareOptions(replay_top=0))
     top = result.suspects[0]
     assert top.api == "Functional.scaled_dot_product_attention.1.forward"
     assert top.gap is not None and top.gap.startswith("target Functional.scaled_dot_product_attention.1")
-    assert "gap" in top.reason
+    assert top.reason.startswith("calls without a partner, judged as one on the tensors crossing them")
     assert all(s.api != "Functional.scaled_dot_product_attention.0.forward" for s in result.suspects)
 
 
