@@ -210,7 +210,7 @@ def _table_part(
         table = Table()
         _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack)
     _build_bench_only(table, mode, bench_rows, pairing.bench_only, stack_mode)
-    gaps = _pairing_cells(table, len(npu_rows), pairing, aligned)
+    gaps, partners = _pairing_cells(table, npu_rows, bench_rows, pairing, aligned)
     if table.highlight_ranges is not None and pairing.bench_only:
         table.highlight_ranges = _with_tail(table.highlight_ranges, npu_rows.apis, len(table.rows))
     paired = len(npu_rows) - pairing.bench_index.count(-1)
@@ -227,20 +227,23 @@ def _table_part(
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
     _finish_rows(table, header, mode)
     return TablePart(mode=mode.value, stack_mode=stack_mode, rows=table.rows, states=table.states,
-                     missing_tensor_files=[str(f) for f in missing], calls=calls, gaps=gaps)  # fmt: skip
+                     missing_tensor_files=[str(f) for f in missing], calls=calls, gaps=gaps,
+                     partners=partners)  # fmt: skip
 
 
 _NAME = "name"
 
 
-def _pairing_cells(table: Table, n_npu: int, pairing: Pairing, aligned: Aligned | None) -> dict[str, str]:
+def _pairing_cells(table: Table, npu_rows: SideRows, bench_rows: SideRows, pairing: Pairing,
+                   aligned: Aligned | None) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
     """Write each row's pairing basis and gap (the Parity Pairing and Parity Gap columns, which the builders
-    fill for the fast path: ``name`` where paired), give a gap's rows the state and call the localization
-    judges them by, and return the gaps that have target calls (judged as their first call) with their
-    labels."""
+    fill for the fast path: ``name`` where paired), and give a gap's rows the state and call the localization
+    judges them by. Returns the gaps that have target calls (judged as their first call) with their labels,
+    and the calls the float64 replay must not take by name on the bench: the bench call of a call paired
+    under another name, ``""`` for a gap's."""
     if aligned is None:
-        return {}
-    rows = table.rows
+        return {}, {}
+    rows, n_npu = table.rows, len(npu_rows)
     labels = [gap.label for gap in aligned.gaps]
     row_gap, basis = aligned.row_gap, aligned.basis
     for i, row in enumerate(rows[:n_npu]):
@@ -255,7 +258,12 @@ def _pairing_cells(table: Table, n_npu: int, pairing: Pairing, aligned: Aligned 
         table.states[i] = state
     for i, api in aligned.apis.items():
         rows[i].api = api
-    return {gap.api: gap.label for gap in aligned.gaps if gap.api is not None}
+    partners: dict[str, str] = {}
+    for i, j in enumerate(pairing.bench_index):
+        if j >= 0 and basis[i] != _NAME and i not in row_gap:
+            partners.setdefault(npu_rows.apis[i], bench_rows.apis[j])
+    partners.update((call, "") for gap in aligned.gaps for call in gap.target)
+    return {gap.api: gap.label for gap in aligned.gaps if gap.api is not None}, partners
 
 
 def _cut(table: Table, start: int, stop: int) -> None:
@@ -284,7 +292,8 @@ def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None 
     rows = [row for p in parts for row in p.rows] if len(parts) > 1 else parts[0].rows
     states = [state for p in parts for state in p.states] if len(parts) > 1 else parts[0].states
     localization = localize(rows, states, header, mode)
-    localization, replay, verdicts = judge_with_replay(localization, replayer, replay_top)
+    partners = {call: bench for p in parts for call, bench in p.partners.items()}
+    localization, replay, verdicts = judge_with_replay(localization, replayer, replay_top, partners)
     advice = advise(rows, header, mode, localization, verdicts)
     pos = {name: i for i, name in enumerate(header)}
 

@@ -57,6 +57,8 @@ class TablePart(msgspec.Struct, gc=False):
     calls: tuple[int, int, int]  # (first call, stop call, calls of the rank)
     #: the gaps judged as one call (calls without a partner: ``alignment.Gap``), by that call: their labels
     gaps: dict[str, str] = {}
+    #: the bench call of each call paired under another name (``""``: a gap's call), for the float64 replay
+    partners: dict[str, str] = {}
 
 
 def _plain_number(value: object) -> object:

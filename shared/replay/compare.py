@@ -10,7 +10,7 @@ torch is imported on the first replay only: a statistics or md5 compare never im
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from parity.shared.replay.verdicts import ReplayVerdict
@@ -30,18 +30,20 @@ def _lacking(dump_json: str | Path, entries: Sequence[str]) -> list[str]:
     return [name for name in replay_files(dump_json, entries) if not (folder / name).exists()]
 
 
-Replay = Callable[[Sequence[str]], list[ReplayVerdict]]
+Replay = Callable[..., list[ReplayVerdict]]
 
 
 def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageFiles | None = None) -> Replay:
     """A replayer of entries of ``npu_dump`` (the target) against ``bench_dump``; ``stage`` fetches the
     tensor files they need first. Raises ``ParityError`` when a dump.json cannot be read."""
 
-    def replay(entries: Sequence[str]) -> list[ReplayVerdict]:
+    def replay(entries: Sequence[str], partners: Mapping[str, str] | None = None) -> list[ReplayVerdict]:
+        """``partners``: the bench call of an entry paired under another name, ``""`` for a gap."""
         from parity.shared.replay.engine import replay_calls
 
         if stage is not None:
-            stage(_lacking(npu_dump, entries), _lacking(bench_dump, entries))
-        return replay_calls(npu_dump, bench_dump, entries)
+            bench_entries = [p for p in (partners.get(e, e) if partners else e for e in entries) if p]
+            stage(_lacking(npu_dump, entries), _lacking(bench_dump, bench_entries))
+        return replay_calls(npu_dump, bench_dump, entries, partners=partners)
 
     return replay
