@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 #: Elements one side's replay may load or produce (float64: 512 MiB); a larger call is refused.
 DEFAULT_MAX_ELEMENTS = 2**26
 #: the bench side of a gap (calls without a partner, judged as one): another computation, nothing to replay
-GAP_REFUSAL = "the bench computes this as other calls (a gap of the alignment); the target side is replayed"
+GAP_REFUSAL = "the bench computes this call as other calls (a gap of the alignment): nothing to replay there"
 #: Floating-point operations one side's replay may take (about a minute of float64 on one CPU core).
 MAX_FLOPS = 2**36
 #: ``allowance(dtype, K)``: the rounding a correct kernel may add (swap in a fuller expected-error model).

@@ -8,16 +8,18 @@ from typing import Any
 import pytest
 import torch
 from parity.shared.compare.alignment import align_rows, pair_calls
-from parity.shared.compare.engine import compare_dumps
+from parity.shared.compare.engine import compare_dumps, compare_part
 from parity.shared.compare.mapping import load_data_mapping, parse_data_mapping
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import CompareResult, RowStatus
 from parity.shared.compare.rows import side_rows
 from parity.shared.dump.reader import load_dump
 from parity.shared.errors import CompareInputError
+from parity.shared.replay.engine import GAP_REFUSAL
+from parity.shared.report.advisor import suspect_lines
 
 from tests.factories import DumpBuilder
-from tests.gap_dumps import fused_pair
+from tests.gap_dumps import SDPA, fused_pair
 
 pytest.importorskip("parity.shared.metrics.parallel")  # tensor mode needs the metric workers
 
@@ -150,12 +152,18 @@ def test_fused_call_against_explicit_calls_is_one_gap(tmp_path: Path) -> None:
 
 def test_a_faulty_fused_call_is_the_top_suspect_as_a_gap(tmp_path: Path) -> None:
     npu, bench = fused_pair(tmp_path / "npu", tmp_path / "bench", fault=True)
-    result = compare_dumps(npu, bench, CompareOptions(replay_top=0))
+    result = compare_dumps(npu, bench, CompareOptions())
     top = result.suspects[0]
     assert top.api == "Functional.scaled_dot_product_attention.1.forward"
     assert top.gap is not None and top.gap.startswith("target Functional.scaled_dot_product_attention.1")
     assert top.reason.startswith("calls without a partner, judged as one on the tensors crossing them")
     assert all(s.api != "Functional.scaled_dot_product_attention.0.forward" for s in result.suspects)
+    # the float64 replay takes the gap's target side only: the bench computes it as other calls
+    assert result.replay is not None
+    verdicts = result.replay["verdicts"]
+    assert isinstance(verdicts, list)
+    gap = next(v for v in verdicts if v["entry"] == top.api)
+    assert gap["bench"]["refusal"] == GAP_REFUSAL
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -212,3 +220,26 @@ def test_mapping_names_must_exist(tmp_path: Path) -> None:
         with pytest.raises(CompareInputError, match="dm.yaml: entry") as info:
             compare_dumps(npu, bench, options)
         assert wrong in str(info.value)
+
+
+def test_the_part_names_the_bench_partner_of_a_renamed_call_and_of_a_gap(tmp_path: Path) -> None:
+    """What the float64 replay must not take by name: a call paired under another name, a gap's call."""
+    a, c = _t(4, seed=12), _t(5, seed=13)
+    npu = _write(tmp_path, "npu", [("Torch.add.0.forward", [a], [a + 1]),
+                                   ("Torch.exp.0.forward", [c], [c.exp()]),
+                                   ("Torch.add.1.forward", [c], [c + 1])])
+    bench = _write(tmp_path, "bench", [("Torch.add.0.forward", [a], [a + 1]),
+                                       ("Torch.add.1.forward", [a], [a]),
+                                       ("Torch.add.2.forward", [c], [c + 1])])
+    part = compare_part(npu, bench, CompareOptions(replay_top=0))
+    assert part.partners == {"Torch.add.1.forward": "Torch.add.2.forward", "Torch.exp.0.forward": ""}
+    assert part.gaps == {"Torch.exp.0.forward": "target Torch.exp.0.forward ~ bench Torch.add.1.forward"}
+
+
+def test_the_advisor_names_a_gap_by_its_two_sides(tmp_path: Path) -> None:
+    npu, bench = fused_pair(tmp_path / "npu", tmp_path / "bench", fault=True)
+    result = compare_dumps(npu, bench, CompareOptions(replay_top=0))
+    lines = suspect_lines(result.suspects, result.first_divergence)
+    gap = f"gap target {SDPA}.1.forward ~ bench Tensor.transpose.1.forward ... Torch.matmul.3.forward"
+    assert lines[0] == f"First divergence: [forward] {gap} (Excel row {result.suspects[0].excel_row})"
+    assert any(line.startswith(f"1. [forward] {gap} (score ") for line in lines)
