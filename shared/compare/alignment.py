@@ -54,10 +54,17 @@ BASIS_GAP = "gap"  # a row of a gap: a boundary tensor paired across it, or one 
 STATE_GAP = "gap"
 #: Keys that must agree in a row for the two sequences to be back in step after a difference.
 RESYNC = 3
-#: How far (calls on both sides together) a resync is looked for before the coarser keys are tried.
+#: How far (calls on both sides together) a resync on the fine keys is looked for before two calls of one
+#: API with other shapes pair where they stand (the shapes differ all along: another batch size) ...
+NEAR_SHIFT = 64
+#: ... and how far the fine, then the coarse keys are looked for before nothing is (every call of the
+#: target looked at: a trace with nothing in common costs one pass).
 MAX_SHIFT = 800
 #: The largest window (target calls x bench calls) aligned by dynamic programming; a larger one is a gap.
 WINDOW_CELLS = 200_000
+#: A gap with more calls than this on a side is not judged as one call (its rows stay unmatched and
+#: bench-only, labelled with the gap): no fused op spans so many, and the traces have parted there.
+MAX_GAP_CALLS = 200
 _INPUTS = frozenset({STATE_INPUT, STATE_PARAMETERS, "kwargs", "input_kwargs"})
 
 
@@ -168,12 +175,13 @@ class _Index:
         return found[k] if k < len(found) else -1
 
 
-def _resync(a: Sequence[int], b_index: _Index, i: int, j: int, a_stop: int, b_stop: int) -> tuple[int, int]:
-    """The nearest ``(i2, j2)`` (least ``i2 - i + j2 - j``) from which RESYNC codes agree; (-1, -1) if none
-    within MAX_SHIFT."""
+def _resync(a: Sequence[int], b_index: _Index, i: int, j: int, a_stop: int, b_stop: int,
+            horizon: int) -> tuple[int, int]:  # fmt: skip
+    """The nearest ``(i2, j2)`` (least ``i2 - i + j2 - j``, at most ``horizon``) from which RESYNC codes
+    agree; (-1, -1) if none."""
     best = (-1, -1)
-    best_cost = MAX_SHIFT + 1
-    for di in range(min(a_stop - i - RESYNC + 1, MAX_SHIFT + 1)):
+    best_cost = horizon + 1
+    for di in range(min(a_stop - i - RESYNC + 1, horizon + 1)):
         if di >= best_cost:
             break
         p = b_index.first(tuple(a[i + di : i + di + RESYNC]), j)
@@ -283,9 +291,14 @@ def align_calls(t: _Side, b: _Side) -> list[tuple[int, int]]:
             pairs.append((i, j))
             i, j = i + 1, j + 1
             continue
-        i2, j2 = _resync(a_fine, fine_index, i, j, a_stop, b_stop)
-        if i2 < 0:
-            i2, j2 = _resync(a_kind, kind_index, i, j, a_stop, b_stop)
+        i2, j2 = _resync(a_fine, fine_index, i, j, a_stop, b_stop, NEAR_SHIFT)
+        if i2 < 0 and a_kind[i] == b_kind[j]:
+            i2, j2 = i, j  # one API with other shapes, no resync near: they pair where they stand
+        for codes, index, horizon in ((a_fine, fine_index, MAX_SHIFT), (a_kind, kind_index, MAX_SHIFT),
+                                      (a_fine, fine_index, a_stop), (a_kind, kind_index, a_stop)):
+            if i2 >= 0:
+                break
+            i2, j2 = _resync(codes, index, i, j, a_stop, b_stop, horizon)
         if i2 < 0:
             break
         pairs += _window(score, range(i, i2), range(j, j2))
@@ -404,14 +417,20 @@ def _provenance(values: _Values, r: int, index: Sequence[int], lo_row: int, hi_r
     return -1
 
 
-def _closest(t_rows: SideRows, r: int, b_rows: SideRows, candidates: list[int]) -> int:
-    """The bench candidate of ``r``'s shape and dtype family with the closest statistics; -1 if none."""
+#: At most this many bench candidates of one shape are weighed for one boundary tensor without provenance.
+MAX_CANDIDATES = 64
+
+
+def _closest(t_rows: SideRows, r: int, b_rows: SideRows, buckets: dict[tuple[Any, str], list[int]]) -> int:
+    """The unused bench candidate of ``r``'s shape and dtype family (``buckets``) with the closest
+    statistics, taken out of its bucket; -1 if none."""
     tc, bc = t_rows.columns, b_rows.columns
+    bucket = buckets.get((tc.shapes[r], _family(tc.dtypes[r])))
+    if not bucket:
+        return -1
     best, best_d = -1, math.inf
     ts = tc.stats_of(r)
-    for c in candidates:
-        if bc.shapes[c] != tc.shapes[r] or _family(bc.dtypes[c]) != _family(tc.dtypes[r]):
-            continue
+    for c in bucket[:MAX_CANDIDATES]:
         bs = bc.stats_of(c)
         d = 0.0
         for u, v in zip(ts, bs, strict=True):
@@ -421,6 +440,8 @@ def _closest(t_rows: SideRows, r: int, b_rows: SideRows, candidates: list[int]) 
                 d += 1.0
         if d < best_d:
             best, best_d = c, d
+    if best >= 0:
+        bucket.remove(best)
     return best
 
 
@@ -443,22 +464,32 @@ def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, gap: tuple[int, int,
     for r in t_internal:
         aligned.states[r] = STATE_GAP
     two_sided = bhi > blo
+    bc = b.rows.columns
     for rows_t, rows_b, before in ((t_in, b_in, True), (t_out, b_out, False)):
         own = {bv.keys[c]: c for c in reversed(rows_b)}
-        left = list(rows_b)
+        used: set[int] = set()
         unpaired = []
-        for r in rows_t:
+        for r in rows_t:  # provenance first: the same tensor as a paired one outside the gap
             partner = _provenance(tv, r, index, lo_row, hi_row, before)
             if partner >= 0:
                 partner = own.get(bv.keys[partner], partner)
-            elif two_sided:
-                partner = _closest(t.rows, r, b.rows, left)
-            if partner >= 0:
                 index[r] = partner
-                if partner in left:
-                    left.remove(partner)
+                used.add(partner)
             else:
                 unpaired.append(r)
+        if two_sided and unpaired:  # then by shape and values, among the bench's boundary tensors left
+            buckets: dict[tuple[Any, str], list[int]] = {}
+            for c in rows_b:
+                if c not in used:
+                    buckets.setdefault((bc.shapes[c], _family(bc.dtypes[c])), []).append(c)
+            rest = []
+            for r in unpaired:
+                partner = _closest(t.rows, r, b.rows, buckets)
+                if partner >= 0:
+                    index[r] = partner
+                else:
+                    rest.append(r)
+            unpaired = rest
         for r in unpaired:
             # an unpaired floating input leaves the gap unjudged (the loss may come from it); the rest of
             # what has no partner (an index, a mask, an output nobody reads) is internal
@@ -493,12 +524,15 @@ def align_rows(npu: SideRows, bench: SideRows, *, sites: tuple[Mapping[str, str]
         for number, gap in enumerate(gaps):
             lo, hi, blo, bhi = gap
             aligned.gaps.append(Gap(tuple(t.calls.names[lo:hi]), tuple(b.calls.names[blo:bhi])))
-            if hi > lo:
+            if hi > lo and max(hi - lo, bhi - blo) <= MAX_GAP_CALLS:
                 _pair_gap(t, b, tv, bv, gap, index, aligned, number)
-            else:
-                for k in range(blo, bhi):
-                    for r in range(b.calls.starts[k], b.calls.stops[k]):
-                        aligned.bench_row_gap[r] = number
+                continue
+            for k in range(lo, hi):
+                for r in range(t.calls.starts[k], t.calls.stops[k]):
+                    aligned.row_gap[r], aligned.basis[r] = number, BASIS_GAP
+            for k in range(blo, bhi):
+                for r in range(b.calls.starts[k], b.calls.stops[k]):
+                    aligned.bench_row_gap[r] = number
     used = set(index)
     bench_only = [j for j in range(len(bench)) if j not in used]
     return Pairing(index, bench_only), aligned
