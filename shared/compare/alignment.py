@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -507,8 +507,7 @@ def _gaps(pairs: Sequence[tuple[int, int]], n: int, m: int) -> list[tuple[int, i
     return out
 
 
-def align_rows(npu: SideRows, bench: SideRows, *, sites: tuple[Mapping[str, str], Mapping[str, str]] | None
-               = None) -> tuple[Pairing, Aligned]:  # fmt: skip
+def align_rows(npu: SideRows, bench: SideRows, *, sites: Sites | None = None) -> tuple[Pairing, Aligned]:
     """Pair the rows of two sides whose calls differ (see the module docstring). ``sites``: each side's
     call site per entry (from stack.json), where known."""
     t = _side(npu, sites[0] if sites else None)
@@ -542,11 +541,15 @@ def _basis_fast(index: Sequence[int]) -> list[str]:
     return [BASIS_NAME if j >= 0 else "" for j in index]
 
 
+Sites = tuple[Mapping[str, str], Mapping[str, str]]
+
+
 def pair_calls(npu: SideRows, bench: SideRows, *, fuzzy: bool = False, mapping: DataMapping | None = None,
-               sites: tuple[Mapping[str, str], Mapping[str, str]] | None = None,
+               sites: Callable[[], Sites | None] | None = None,
                ) -> tuple[Pairing, Aligned | None]:  # fmt: skip
     """The engine's pairing: msprobe's fuzzy scan with ``fuzzy``; by name when both runs called the same
     calls (the fast path); else by alignment. ``mapping`` (``-dm``) then overrides the pairs it names.
+    ``sites`` gives each side's call site per entry (stack.json), read only when the calls are aligned.
     The ``Aligned`` facts are None on the fast path without a mapping (every paired row pairs by name)."""
     aligned: Aligned | None = None
     if fuzzy:
@@ -554,7 +557,7 @@ def pair_calls(npu: SideRows, bench: SideRows, *, fuzzy: bool = False, mapping: 
     elif _entries(npu.apis) == _entries(bench.apis):
         pairing = pair_exact(npu, bench)
     else:
-        pairing, aligned = align_rows(npu, bench, sites=sites)
+        pairing, aligned = align_rows(npu, bench, sites=sites() if sites is not None else None)
     if mapping is not None:
         if aligned is None:
             aligned = Aligned(_basis_fast(pairing.bench_index), [], {}, {}, {}, {})

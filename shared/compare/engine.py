@@ -16,12 +16,12 @@ from parity.shared.compare import md5 as md5_mode
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
-from parity.shared.compare.alignment import Aligned, pair_calls
+from parity.shared.compare.alignment import Aligned, Sites, pair_calls
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
 from parity.shared.compare.highlight import apply_highlights
-from parity.shared.compare.localization import localize
+from parity.shared.compare.localization import localize, user_frame
 from parity.shared.compare.options import REPLAY_TOP, CompareOptions
 from parity.shared.compare.pairing import Pairing
 from parity.shared.compare.replay_judgement import Replayer, judge_with_replay
@@ -32,7 +32,7 @@ from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import suspects_of
 from parity.shared.dump.layout import sibling_stack_json
 from parity.shared.dump.reader import Dump, load_dump, load_stack
-from parity.shared.errors import CompareInputError
+from parity.shared.errors import CompareInputError, DumpError
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,28 @@ def compare_part(
     mode = detect_mode(npu, bench)
     stacks = stacks_of(npu_dump_json, stack_path)
     stack_mode = options.stack_mode if stack_path is not None else stacks is not None
-    return _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part)
+    return _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part,
+                       call_sites(npu_dump_json, bench_dump_json))
+
+
+def call_sites(npu_dump_json: Path, bench_dump_json: Path) -> Callable[[], Sites | None]:
+    """Each side's call site per entry (the innermost frame in the user's code, from the stack.json beside
+    each dump.json), for the alignment's score; read when asked, None unless both sides have one."""
+
+    def read() -> Sites | None:
+        found = [sibling_stack_json(p) for p in (npu_dump_json, bench_dump_json)]
+        if found[0] is None or found[1] is None:
+            return None
+        try:
+            stacks = [load_stack(p) for p in found if p is not None]
+        except DumpError as exc:  # a call site is a hint for the alignment: a broken stack.json is none
+            logger.warning("call sites not used for the alignment: %s", exc)
+            return None
+        npu_sites, bench_sites = ({entry: user_frame(frames) or (frames[0] if frames else "")
+                                   for entry, frames in s.items()} for s in stacks)  # fmt: skip
+        return npu_sites, bench_sites
+
+    return read
 
 
 def part_tensor_files(
@@ -133,8 +154,8 @@ def part_tensor_files(
         return [], []
     npu_rows = side_rows(npu, tensor_mode=True)
     bench_rows = side_rows(bench, tensor_mode=True)
-    bench_index = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match,
-                             mapping=options.data_mapping)[0].bench_index
+    bench_index = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match, mapping=options.data_mapping,
+                             sites=call_sites(npu_dump_json, bench_dump_json))[0].bench_index
     start, stop, _ = part.rows(npu_rows.apis)
     n_leaf, b_leaf = npu.columns.leaf, bench.columns.leaf
     npu_files: list[str] = []
@@ -187,6 +208,7 @@ def _table_part(
     stack_mode: bool,
     progress: Progress | None,
     part: CallSlice | None,
+    sites: Callable[[], Sites | None] | None = None,
 ) -> TablePart:
     """The rows: pairing, cells, tensor metrics, highlights and statuses, for the calls of ``part``.
 
@@ -201,7 +223,7 @@ def _table_part(
     npu_rows = side_rows(npu, tensor_mode=tensor)
     bench_rows = side_rows(bench, tensor_mode=tensor)
     pairing, aligned = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match,
-                                  mapping=options.data_mapping)
+                                  mapping=options.data_mapping, sites=sites)
     stack = stack_cells(npu_rows.apis, stacks) if stack_mode else None
     if mode is CompareMode.STATISTICS:
         table = build_statistics_rows(npu_rows, bench_rows, pairing.bench_index, fuzzy=options.fuzzy_match,
