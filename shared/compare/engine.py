@@ -31,7 +31,7 @@ from parity.shared.compare.slices import CallSlice, TablePart
 from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import suspects_of
 from parity.shared.dump.layout import sibling_stack_json
-from parity.shared.dump.reader import Dump, load_dump, load_stack
+from parity.shared.dump.reader import Dump, load_construct, load_dump, load_stack
 from parity.shared.errors import CompareInputError, DumpError
 
 logger = logging.getLogger(__name__)
@@ -115,8 +115,32 @@ def compare_part(
     mode = detect_mode(npu, bench)
     stacks = stacks_of(npu_dump_json, stack_path)
     stack_mode = options.stack_mode if stack_path is not None else stacks is not None
-    return _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part,
-                       call_sites(npu_dump_json, bench_dump_json))
+    table = _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part,
+                        call_sites(npu_dump_json, bench_dump_json))
+    table.parents = module_parents(npu_dump_json, table.rows)
+    return table
+
+
+def module_parents(npu_dump_json: Path, rows: Sequence[CompareRow]) -> dict[str, str]:
+    """The innermost module of each call of ``rows`` and of the modules around them, from the construct.json
+    beside the NPU dump.json (mix level; empty without one, or with a broken one: a hint for the
+    localization, never a reason to fail)."""
+    path = npu_dump_json.parent / "construct.json"
+    if not path.is_file():
+        return {}
+    try:
+        construct = load_construct(path)
+    except DumpError as exc:
+        logger.warning("construct.json not used for the modules' expected rounding: %s", exc)
+        return {}
+    out: dict[str, str] = {}
+    todo = list(dict.fromkeys(row.api for row in rows))
+    for name in todo:  # each call, then the modules around it (appended as they are met), each once
+        parent = construct.get(name)
+        if parent is not None and name not in out:
+            out[name] = parent
+            todo.append(parent)
+    return out
 
 
 def call_sites(npu_dump_json: Path, bench_dump_json: Path) -> Callable[[], Sites | None]:
@@ -313,7 +337,8 @@ def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None 
     header = full_header(mode, stack=stack_mode)
     rows = [row for p in parts for row in p.rows] if len(parts) > 1 else parts[0].rows
     states = [state for p in parts for state in p.states] if len(parts) > 1 else parts[0].states
-    localization = localize(rows, states, header, mode)
+    parents = {call: module for p in parts for call, module in p.parents.items()}
+    localization = localize(rows, states, header, mode, parents=parents)
     partners = {call: bench for p in parts for call, bench in p.partners.items()}
     localization, replay, verdicts = judge_with_replay(localization, replayer, replay_top, partners)
     advice = advise(rows, header, mode, localization, verdicts)

@@ -59,6 +59,8 @@ class TablePart(msgspec.Struct, gc=False):
     gaps: dict[str, str] = {}
     #: the bench call of each call paired under another name (``""``: a gap's call), for the float64 replay
     partners: dict[str, str] = {}
+    #: the innermost module of each call (construct.json, at mix), for the modules' expected rounding
+    parents: dict[str, str] = {}
 
 
 def _plain_number(value: object) -> object:
