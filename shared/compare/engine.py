@@ -283,10 +283,10 @@ _NAME = "name"
 def _pairing_cells(table: Table, npu_rows: SideRows, bench_rows: SideRows, pairing: Pairing,
                    aligned: Aligned | None) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
     """Write each row's pairing basis and gap (the Parity Pairing and Parity Gap columns, which the builders
-    fill for the fast path: ``name`` where paired), and give a gap's rows the state and call the localization
-    judges them by. Returns the gaps that have target calls (judged as their first call) with their labels,
-    and the calls the float64 replay must not take by name on the bench: the bench call of a call paired
-    under another name, ``""`` for a gap's."""
+    fill for the fast path: ``name`` where paired, empty where not), and give a gap's rows the state and
+    call the localization judges them by. Returns the gaps that have target calls (judged as their first
+    call) with their labels, and the calls the float64 replay must not take by name on the bench: the bench
+    call of a call paired under another name, ``""`` for a gap's."""
     if aligned is None:
         return {}, {}
     rows, n_npu = table.rows, len(npu_rows)
@@ -294,7 +294,7 @@ def _pairing_cells(table: Table, npu_rows: SideRows, bench_rows: SideRows, pairi
     row_gap, basis = aligned.row_gap, aligned.basis
     for i, row in enumerate(rows[:n_npu]):
         k = row_gap.get(i)
-        row.cells[-2:] = (basis[i], labels[k] if k is not None else "")
+        row.cells[-2:] = (basis[i] or None, labels[k] if k is not None else None)
     bench_gap = aligned.bench_row_gap
     for row, j in zip(rows[n_npu:], pairing.bench_only, strict=True):
         k = bench_gap.get(j)
@@ -403,7 +403,7 @@ def _build_rows(
             cells.append(stack[i])
         if tensor:
             cells.append(repr([data_file(n), data_file(b) if b is not None else NA]))
-        cells += (None, api, _NAME if j >= 0 else "", "")  # Parity Status: written by _finish_rows
+        cells += (None, api, _NAME if j >= 0 else None, None)  # Parity Status: written by _finish_rows
         rows.append(CompareRow(cells, api, status))
         states.append(n.state)
         messages.append(msgs)
@@ -434,7 +434,7 @@ def _build_bench_only(table: Table, mode: CompareMode, bench_rows: SideRows, ben
             cells.append(NA)
         if mode is CompareMode.TENSOR:
             cells.append(repr([NA, data_file(b)]))
-        cells += (status.value, bench_rows.apis[j], "", "")
+        cells += (status.value, bench_rows.apis[j], None, None)
         table.rows.append(CompareRow(cells, bench_rows.apis[j], status))
         table.states.append(b.state)
         table.messages.append([v.MSG_NPU_UNMATCHED])

@@ -381,8 +381,8 @@ def test_table_rows_messages_and_status_equal_the_row_at_a_time_rules(tmp_path: 
         assert _reprs(row.cells[:MSG_COL]) == _reprs(cells[:MSG_COL]), npu_rows.names[i]
         # Err_message, Parity Status (as they stand before the highlight rules) and Parity API
         err_message = v.join_messages(messages) if messages else ""
-        basis = "name" if index[i] >= 0 else ""
-        expected_tail = [err_message, status.value, npu_rows.apis[i], basis, ""]
+        basis = "name" if index[i] >= 0 else None
+        expected_tail = [err_message, status.value, npu_rows.apis[i], basis, None]
         assert row.cells[MSG_COL:] == expected_tail, npu_rows.names[i]
         assert table.messages[i] == messages, npu_rows.names[i]
         assert row.status is status, npu_rows.names[i]
