@@ -9,14 +9,16 @@ aligned instead:
   (``Tensor.transpose.forward`` taking ``[4, 8, 2, 16]`` is not the one taking ``[4, 2, 8, 16]``);
 * runs of equal keys pair in order; where the keys part, the nearest point from which RESYNC keys agree
   again closes the difference (looked up in an index of the bench's key runs, so the walk stays linear in
-  the calls); the calls in between are aligned by dynamic programming over a score from the API's op, its
-  full name, its shapes and dtypes, its call site (stack.json) and its output values;
+  the calls: near first, then far, then on the API alone; two calls of one API whose shapes differ all
+  along pair where they stand); the calls in between are aligned by dynamic programming over a score from
+  the API's op, its full name, its shapes and dtypes, its call site (stack.json) and its output values;
 * calls left without a partner on either side, between two paired calls, form one ``Gap``: the target's
   fused ``scaled_dot_product_attention`` against the bench's ``transpose, matmul, div, masked_fill,
   softmax, matmul``. A gap is judged as one call: its boundary inputs and outputs (the tensors crossing
   it: inputs not produced inside it, outputs not consumed inside it) are paired with the bench's, first
   by provenance (the target tensor equals, value for value, a paired tensor outside the gap, whose bench
-  partner the bench's gap reads or writes), else by shape and values. Its other rows are internal.
+  partner the bench's gap reads or writes), else by shape and values. Its other rows are internal. A gap of
+  more than MAX_GAP_CALLS calls on a side is where the traces parted: its rows stay unmatched.
 
 The fast path: two traces whose calls have the same names pair by name (``pairing.pair_exact``) as
 before, with no cost beyond comparing the two name lists.
