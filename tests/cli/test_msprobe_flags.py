@@ -111,3 +111,12 @@ def test_framework_before_the_command_as_msprobe_spells_it(spec, tmp_path):
     assert proc.stderr.strip() == (
         "parity: error: -f mindspore: Parity reads PyTorch dumps only (use -f pytorch)"
     )
+
+
+def test_data_mapping_takes_one_rank(tmp_path):
+    npu, bench = build_pair(tmp_path, "statistics", ranks=(0, 1))
+    spec = write_spec(tmp_path / "compare.json", npu_path=npu, bench_path=bench)
+    (tmp_path / "map.yaml").write_text("a: b\n")
+    proc = run_cli("-i", spec, "-o", tmp_path / "out", "-dm", tmp_path / "map.yaml", "--no-progress")
+    assert_one_line_error(proc, "-dm", "names the rows of one rank", "step directories")
+    assert not (tmp_path / "out").exists()
