@@ -29,6 +29,17 @@ or noise-only pairs. Statistics mode is reported as measured.
     .venv/bin/python benchmarks/bench_localization.py --dumper msprobe --modes tensor   # the held-out check
     .venv/bin/python benchmarks/bench_localization.py --variants clean,f64,tf32   # some variants only
     .venv/bin/python benchmarks/bench_localization.py --device cuda   # adds cuda, cuda-tf32 (needs a GPU)
+    .venv/bin/python benchmarks/bench_localization.py --alignment     # only the pairs whose traces differ
+    .venv/bin/python benchmarks/bench_localization.py --pairing-cost  # identical traces: here vs --base
+
+Pairs whose call traces differ (issue 24, ``alignment_suite.py``): fused attention, a fused norm, an extra
+cast and a split op, each dumped at L1 and at mix, with its fault and without; reported are the pairing
+accuracy (target calls paired with their true partner, or left in a gap where they have none, against the
+generator's ground truth), the same for the counter-based pairing of names, and the top-1 (the fault's call,
+the gap holding it, or at mix the module right around it). Targets: pairing 100%, top-1 >= 90%, nothing named
+on the pairs without a fault. ``--pairing-cost`` times ``compare_dumps`` on bench_compare's identical
+60,000-row statistics pair here and at ``--base`` (a git revision, checked out in a temporary worktree), in
+alternating fresh processes: the alignment may add at most 5% there.
 
 ``--dumper msprobe`` is the issue's own judge: the same suite dumped by msprobe 8.3.3's ``PrecisionDebugger``
 (L1) in msprobe's venv (``make msprobe-venv``; ``PARITY_MSPROBE_VENV`` points elsewhere), one process per
@@ -42,6 +53,7 @@ table (20,000 APIs, 60,000 rows), so the engine can reach 100,000 rows/s.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import multiprocessing
 import os
@@ -67,6 +79,7 @@ VARIANTS: dict[str, tuple[str | None, str, bool]] = {
 }  # fmt: skip
 DEFAULT_VARIANTS = ("clean", "noisy", "f64", "tf32")
 CUDA_VARIANTS = ("cuda", "cuda-tf32")
+ALIGNMENT_FAMILIES = ("attn", "norm", "cast", "split")
 HERE = Path(__file__).resolve().parent
 #: msprobe 8.3.3 in a venv of its own (scripts/msprobe_venv.sh), as tests/interop finds it
 MSPROBE_VENV = Path(os.environ.get("PARITY_MSPROBE_VENV") or HERE.parent / ".venv-msprobe")
@@ -259,6 +272,80 @@ def speed(repeat: int) -> str:
             f"{statistics.median(whole):.3f} s (median of {repeat}; target <= ~0.1 s)")  # fmt: skip
 
 
+def run_alignment(jobs: int, verbose: bool, families: tuple[str, ...]) -> str:
+    """The alignment suite's pairs, one family per worker; its table."""
+    import alignment_suite
+
+    if jobs <= 1:
+        outcomes = [o for fam in families for o in alignment_suite.run_family(fam, verbose=verbose)]
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            futures = [pool.submit(alignment_suite.run_family, fam, alignment_suite.LEVELS, verbose)
+                       for fam in families]  # fmt: skip
+            outcomes = [o for fut in futures for o in fut.result()]
+    return alignment_suite.table(outcomes)
+
+
+_COST_CHILD = """
+import sys, time
+from pathlib import Path
+import __editable___parity_0_1_0_finder as finder
+tree = sys.argv[1]
+for name, sub in (("parity", "parity"), ("parity.shared", "shared"), ("parity.client", "client"),
+                  ("parity.server", "server")):
+    finder.MAPPING[name] = tree + "/" + sub
+from parity.shared.compare.engine import compare_dumps
+from parity.shared.compare.options import CompareOptions
+import parity.shared.compare.engine as engine
+assert engine.__file__.startswith(tree), engine.__file__
+started = time.process_time()
+if sys.argv[4] == "engine":
+    compare_dumps(Path(sys.argv[2]), Path(sys.argv[3]), CompareOptions(replay_top=0))
+else:  # what `parity compare` runs: the engine, the xlsx, the advisor and the summary
+    from parity.shared.compare.job import run_compare
+    from parity.shared.compare.spec import load_compare_spec
+    run_compare(load_compare_spec(sys.argv[5]), Path(sys.argv[6]), CompareOptions(replay_top=0))
+print(time.process_time() - started)
+"""
+
+
+def pairing_cost(base: str, repeat: int) -> str:
+    """``compare_dumps``' CPU time on an identical-trace pair (bench_compare's 20,000 APIs), this tree
+    against ``base``, in fresh processes taken in turn (the machine is shared: medians)."""
+    import bench_compare
+
+    root = suite.workdir()
+    here = str(HERE.parent)
+    try:
+        subprocess.run(["git", "-C", here, "worktree", "add", "--detach", str(root / "base"), base],
+                       check=True, capture_output=True)  # fmt: skip
+        bench_compare.generate_statistics_dumps(root / "dumps", 20_000)
+        npu, bench = str(root / "dumps" / "npu" / "dump.json"), str(root / "dumps" / "bench" / "dump.json")
+        spec = root / "compare.json"
+        spec.write_text(json.dumps({"npu_path": npu, "bench_path": bench}))
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(repeat):
+            for what in ("engine", "whole"):
+                for label, tree in (("base", str(root / "base")), ("here", here)):
+                    command = [sys.executable, "-c", _COST_CHILD, tree, npu, bench, what, str(spec),
+                               str(root / f"out-{label}")]  # fmt: skip
+                    proc = subprocess.run(command, check=False, capture_output=True, text=True, cwd=root)
+                    if proc.returncode != 0:
+                        raise RuntimeError(f"timing at {tree} failed:\n{proc.stderr[-2000:]}")
+                    times.setdefault((what, label), []).append(float(proc.stdout.strip().splitlines()[-1]))
+    finally:
+        subprocess.run(["git", "-C", here, "worktree", "remove", "--force", str(root / "base")],
+                       capture_output=True, check=False)  # fmt: skip
+        suite.cleanup(root)
+    lines = []
+    for what, label in (("engine", "compare_dumps"), ("whole", "run_compare (rows, xlsx, advisor, summary)")):
+        b, h = statistics.median(times[(what, "base")]), statistics.median(times[(what, "here")])
+        lines.append(f"identical traces, 60,000 statistics rows: {label} {h:.3f} s CPU here vs {b:.3f} s at "
+                     f"{base} (median of {repeat} each, alternating): {h / b - 1:+.1%} (target <= +5%)")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one fault per model family")
@@ -269,6 +356,13 @@ def main() -> int:
     parser.add_argument("--families", help=f"comma-separated families (default: {','.join(suite.MODELS)})")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes (default: both)")
     parser.add_argument("--speed", action="store_true", help="localize's cost on a 60,000-row table, only")
+    parser.add_argument("--alignment", action="store_true",
+                        help="only the pairs whose call traces differ (alignment_suite.py)")
+    parser.add_argument("--no-alignment", action="store_true", help="leave the pairs whose traces differ out")
+    parser.add_argument("--pairing-cost", action="store_true",
+                        help="only: compare_dumps on identical traces, this tree against --base")
+    parser.add_argument("--base", default="HEAD~1", help="the git revision --pairing-cost compares with")
+    parser.add_argument("--repeat", type=int, default=5, help="--pairing-cost: runs per tree (default 5)")
     parser.add_argument("--dumper", choices=("parity", "msprobe"), default="parity",
                         help="the dump tool: Parity's client (default), or msprobe 8.3.3")  # fmt: skip
     parser.add_argument("--variants", help=f"comma-separated target variants (default: "
@@ -278,6 +372,17 @@ def main() -> int:
     args = parser.parse_args()
     if args.speed:
         print(speed(repeat=5))
+        return 0
+    if args.pairing_cost:
+        print(pairing_cost(args.base, args.repeat))
+        return 0
+    if args.alignment:
+        logging.basicConfig(level=logging.ERROR)
+        started = time.perf_counter()
+        text = run_alignment(args.jobs, args.verbose, ALIGNMENT_FAMILIES)
+        print(f"\nalignment pairs (traces that differ), {time.perf_counter() - started:.0f} s "
+              "(shared machine)")
+        print(text)
         return 0
     families = set(args.families.split(",")) if args.families else None
     if families is not None and not families <= set(suite.MODELS):
@@ -313,6 +418,9 @@ def main() -> int:
           f"{time.perf_counter() - started:.0f} s (shared machine)")  # fmt: skip
     print(table(outcomes))
     print(sweep(outcomes))
+    if not args.no_alignment:
+        print("\nalignment pairs (traces that differ):")
+        print(run_alignment(args.jobs, args.verbose, ALIGNMENT_FAMILIES))
     return 0
 
 

@@ -259,6 +259,7 @@ class SuspectPublic(_Response):
     score: float = 0.0  # decades above what the call's inputs and the run pair's background explain
     excel_row: int | None = None  # the row as Excel numbers it in that rank's report
     collectives_before: int = 0  # collectives the rank ran before this call (who diverged first)
+    gap: str | None = None  # a gap judged as one call (``api``: its target's first call): its two sides
 
 
 class ReplaySidePublic(_Response):

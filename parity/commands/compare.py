@@ -1,8 +1,9 @@
 """``parity compare -i compare.json -o OUT [-s] [-c] [-f] [-hl] [-da] ...``: msprobe 8.3.3's compare, locally.
 
-Every flag of msprobe 8.3.3's ``compare`` is accepted: ``-s -c -f`` act as in msprobe; ``-hl`` and ``-da`` are
-always on in Parity and ``-cm -am -lm`` (MindSpore mappings) do not apply to PyTorch dumps, so each prints one
-note line and changes nothing; ``-dm`` is refused with a one-line error rather than silently ignored.
+Every flag of msprobe 8.3.3's ``compare`` is accepted: ``-s -c -f -dm`` act as in msprobe (``-dm``'s
+mapping overrides the alignment where it names a row or call, and, as in msprobe, takes one rank and no
+``-f``); ``-hl`` and ``-da`` are always on in Parity and ``-cm -am -lm`` (MindSpore mappings) do not apply to
+PyTorch dumps, so each prints one note line and changes nothing.
 
 Exit codes: 0 whenever the compare ran, whatever it found (the findings are in the reports and printed at
 the end); 2 for a bad input, as one ``parity compare: error: ...`` line (``parity.cli`` turns every
@@ -95,8 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="YAML",
-        help="msprobe's NPU-name to bench-name map: not supported by Parity (refused, so no row is "
-        "silently paired another way)",
+        help="msprobe's data mapping: a YAML map of NPU row (or call) names to bench row (or call) names; "
+        "the rows it names pair as it says, over the alignment (one rank only, not with -f)",
     )
     for short, long_name, what in (
         ("-cm", "cell_mapping", "cell"),
@@ -167,14 +168,21 @@ def run(args: argparse.Namespace) -> int:
         raise CompareInputError(f"--replay must be 0 or more, got {args.replay}")
     if args.workers is not None and args.workers < 1:
         raise CompareInputError(f"--workers must be at least 1, got {args.workers}")
+    mapping = None
     if args.data_mapping is not None:
-        raise CompareInputError(
-            f"-dm {args.data_mapping}: data mapping is not supported by Parity; rows pair by name "
-            "(with -f, ignoring call counts)"
-        )
+        from parity.shared.compare.mapping import load_data_mapping
+
+        if args.fuzzy_match:
+            raise CompareInputError(f"-dm {args.data_mapping}: a data mapping cannot be combined with -f "
+                                    "(as in msprobe)")  # fmt: skip
+        mapping = load_data_mapping(args.data_mapping)
     for note in msprobe_flag_notes(args):
         sys.stderr.write(f"parity compare: note: {note}\n")
     spec = load_compare_spec(args.input_path)
+    if mapping is not None and spec.multi_rank:
+        raise CompareInputError(f"-dm {args.data_mapping}: a data mapping names the rows of one rank; "
+                                f"{args.input_path} compares step directories (as in msprobe, -dm takes "
+                                "two dump.json files)")  # fmt: skip
 
     from parity.process_policy import collector_paused, metric_executor, tensor_limits
     from parity.shared.compare.job import run_compare
@@ -187,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         with collector_paused(), metric_executor(args.workers) as executor:
             options = CompareOptions(
                 fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, executor=executor,
-                replay_top=args.replay, tensor_limits=tensor_limits(),
+                replay_top=args.replay, tensor_limits=tensor_limits(), data_mapping=mapping,
             )  # fmt: skip
             outputs = run_compare(
                 spec,

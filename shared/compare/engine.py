@@ -16,13 +16,14 @@ from parity.shared.compare import md5 as md5_mode
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
+from parity.shared.compare.alignment import Aligned, Sites, pair_calls
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
 from parity.shared.compare.highlight import apply_highlights
-from parity.shared.compare.localization import localize
+from parity.shared.compare.localization import localize, user_frame
 from parity.shared.compare.options import REPLAY_TOP, CompareOptions
-from parity.shared.compare.pairing import pair_rows
+from parity.shared.compare.pairing import Pairing
 from parity.shared.compare.replay_judgement import Replayer, judge_with_replay
 from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, RowStatus
 from parity.shared.compare.rows import SideRows, data_file, side_rows
@@ -31,8 +32,8 @@ from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import suspects_of
 from parity.shared.dump.columns import Leaf
 from parity.shared.dump.layout import sibling_stack_json
-from parity.shared.dump.reader import Dump, load_dump, load_stack
-from parity.shared.errors import CompareInputError
+from parity.shared.dump.reader import Dump, load_construct, load_dump, load_stack
+from parity.shared.errors import CompareInputError, DumpError
 from parity.shared.numbers import prose_number
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,52 @@ def compare_part(
     mode = detect_mode(npu, bench, mixed_tasks=options.mixed_tasks)
     stacks = stacks_of(npu_dump_json, stack_path)
     stack_mode = options.stack_mode if stack_path is not None else stacks is not None
-    return _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part)
+    table = _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part,
+                        call_sites(npu_dump_json, bench_dump_json))
+    table.parents = module_parents(npu_dump_json, table.rows)
+    return table
+
+
+def module_parents(npu_dump_json: Path, rows: Sequence[CompareRow]) -> dict[str, str]:
+    """The innermost module of each call of ``rows`` and of the modules around them, from the construct.json
+    beside the NPU dump.json (mix level; empty without one, or with a broken one: a hint for the
+    localization, never a reason to fail)."""
+    path = npu_dump_json.parent / "construct.json"
+    if not path.is_file():
+        return {}
+    try:
+        construct = load_construct(path)
+    except DumpError as exc:
+        logger.warning("construct.json not used for the modules' expected rounding: %s", exc)
+        return {}
+    out: dict[str, str] = {}
+    todo = list(dict.fromkeys(row.api for row in rows))
+    for name in todo:  # each call, then the modules around it (appended as they are met), each once
+        parent = construct.get(name)
+        if parent is not None and name not in out:
+            out[name] = parent
+            todo.append(parent)
+    return out
+
+
+def call_sites(npu_dump_json: Path, bench_dump_json: Path) -> Callable[[], Sites | None]:
+    """Each side's call site per entry (the innermost frame in the user's code, from the stack.json beside
+    each dump.json), for the alignment's score; read when asked, None unless both sides have one."""
+
+    def read() -> Sites | None:
+        found = [sibling_stack_json(p) for p in (npu_dump_json, bench_dump_json)]
+        if found[0] is None or found[1] is None:
+            return None
+        try:
+            stacks = [load_stack(p) for p in found if p is not None]
+        except DumpError as exc:  # a call site is a hint for the alignment: a broken stack.json is none
+            logger.warning("call sites not used for the alignment: %s", exc)
+            return None
+        npu_sites, bench_sites = ({entry: user_frame(frames) or (frames[0] if frames else "")
+                                   for entry, frames in s.items()} for s in stacks)  # fmt: skip
+        return npu_sites, bench_sites
+
+    return read
 
 
 def part_tensor_files(
@@ -141,7 +187,8 @@ def part_tensor_files(
         return [], []
     npu_rows = side_rows(npu, tensor_mode=True)
     bench_rows = side_rows(bench, tensor_mode=True)
-    bench_index = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match).bench_index
+    bench_index = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match, mapping=options.data_mapping,
+                             sites=call_sites(npu_dump_json, bench_dump_json))[0].bench_index
     start, stop, _ = part.rows(npu_rows.apis)
     n_leaf, b_leaf = npu.columns.leaf, bench.columns.leaf
     npu_files: list[str] = []
@@ -180,6 +227,7 @@ def _table_part(
     stack_mode: bool,
     progress: Progress | None,
     part: CallSlice | None,
+    sites: Callable[[], Sites | None] | None = None,
 ) -> TablePart:
     """The rows: pairing, cells, tensor metrics, highlights and statuses, for the calls of ``part``.
 
@@ -201,7 +249,8 @@ def _table_part(
     npu_rows = side_rows(npu, tensor_mode=tensor)
     bench_rows = side_rows(bench, tensor_mode=tensor)
     phase_done()
-    pairing = pair_rows(npu_rows, bench_rows, fuzzy=options.fuzzy_match)
+    pairing, aligned = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match,
+                                  mapping=options.data_mapping, sites=sites)
     phase_done()
     stack = stack_cells(npu_rows.apis, stacks) if stack_mode else None
     if mode is CompareMode.STATISTICS:
@@ -212,6 +261,7 @@ def _table_part(
         table = Table()
         _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack)
     _build_bench_only(table, mode, bench_rows, pairing.bench_only, stack_mode)
+    gaps, partners = _pairing_cells(table, npu_rows, bench_rows, pairing, aligned)
     if table.highlight_ranges is not None and pairing.bench_only:
         table.highlight_ranges = _with_tail(table.highlight_ranges, npu_rows.apis, len(table.rows))
     paired = len(npu_rows) - pairing.bench_index.count(-1)
@@ -229,7 +279,43 @@ def _table_part(
     phase_done()
     _finish_rows(table, header, mode)
     return TablePart(mode=mode.value, stack_mode=stack_mode, rows=table.rows, states=table.states,
-                     missing_tensor_files=[str(f) for f in missing], calls=calls)  # fmt: skip
+                     missing_tensor_files=[str(f) for f in missing], calls=calls, gaps=gaps,
+                     partners=partners)  # fmt: skip
+
+
+_NAME = "name"
+
+
+def _pairing_cells(table: Table, npu_rows: SideRows, bench_rows: SideRows, pairing: Pairing,
+                   aligned: Aligned | None) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
+    """Write each row's pairing basis and gap (the Parity Pairing and Parity Gap columns, which the builders
+    fill for the fast path: ``name`` where paired, empty where not), and give a gap's rows the state and
+    call the localization judges them by. Returns the gaps that have target calls (judged as their first
+    call) with their labels, and the calls the float64 replay must not take by name on the bench: the bench
+    call of a call paired under another name, ``""`` for a gap's."""
+    if aligned is None:
+        return {}, {}
+    rows, n_npu = table.rows, len(npu_rows)
+    labels = [gap.label for gap in aligned.gaps]
+    row_gap, basis = aligned.row_gap, aligned.basis
+    for i, row in enumerate(rows[:n_npu]):
+        k = row_gap.get(i)
+        row.cells[-2:] = (basis[i] or None, labels[k] if k is not None else None)
+    bench_gap = aligned.bench_row_gap
+    for row, j in zip(rows[n_npu:], pairing.bench_only, strict=True):
+        k = bench_gap.get(j)
+        if k is not None:
+            row.cells[-2:] = ("gap", labels[k])
+    for i, state in aligned.states.items():
+        table.states[i] = state
+    for i, api in aligned.apis.items():
+        rows[i].api = api
+    partners: dict[str, str] = {}
+    for i, j in enumerate(pairing.bench_index):
+        if j >= 0 and basis[i] != _NAME and i not in row_gap:
+            partners.setdefault(npu_rows.apis[i], bench_rows.apis[j])
+    partners.update((call, "") for gap in aligned.gaps for call in gap.target)
+    return {gap.api: gap.label for gap in aligned.gaps if gap.api is not None}, partners
 
 
 def _cut(table: Table, start: int, stop: int) -> None:
@@ -257,15 +343,18 @@ def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None 
     header = full_header(mode, stack=stack_mode)
     rows = [row for p in parts for row in p.rows] if len(parts) > 1 else parts[0].rows
     states = [state for p in parts for state in p.states] if len(parts) > 1 else parts[0].states
-    localization = localize(rows, states, header, mode)
-    localization, replay, verdicts = judge_with_replay(localization, replayer, replay_top)
+    parents = {call: module for p in parts for call, module in p.parents.items()}
+    localization = localize(rows, states, header, mode, parents=parents)
+    partners = {call: bench for p in parts for call, bench in p.partners.items()}
+    localization, replay, verdicts = judge_with_replay(localization, replayer, replay_top, partners)
     advice = advise(rows, header, mode, localization, verdicts)
     pos = {name: i for i, name in enumerate(header)}
 
     def reason_of(i: int) -> str:
         return _reason(rows[i], pos, mode)
 
-    suspects, first = suspects_of(localization, rows, reason_of, stacks)
+    gaps = {api: label for p in parts for api, label in p.gaps.items()}
+    suspects, first = suspects_of(localization, rows, reason_of, stacks, gaps=gaps)
     return CompareResult(mode=mode, stack_mode=stack_mode, rows=rows, advice=advice, suspects=suspects,
                          first_divergence=first, row_scores=localization.row_scores(len(rows)),
                          missing_tensor_files=[f for p in parts for f in p.missing_tensor_files],
@@ -324,7 +413,7 @@ def _build_rows(
             cells.append(stack[i])
         if tensor:
             cells.append(repr([data_file(n), data_file(b) if b is not None else NA]))
-        cells += (None, api)  # Parity Status: written by _finish_rows
+        cells += (None, api, _NAME if j >= 0 else None, None)  # Parity Status: written by _finish_rows
         rows.append(CompareRow(cells, api, status))
         states.append(n.state)
         messages.append(msgs)
@@ -369,7 +458,7 @@ def _build_bench_only(table: Table, mode: CompareMode, bench_rows: SideRows, ben
             cells.append(NA)
         if mode is CompareMode.TENSOR:
             cells.append(repr([NA, data_file(b)]))
-        cells += (status.value, bench_rows.apis[j])
+        cells += (status.value, bench_rows.apis[j], None, None)
         table.rows.append(CompareRow(cells, bench_rows.apis[j], status))
         table.states.append(b.state)
         table.messages.append([v.MSG_NPU_UNMATCHED])

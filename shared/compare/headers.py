@@ -36,10 +36,14 @@ STATISTICS_METRICS = [
 STACK = "NPU_Stack_Info"
 DATA_NAME = "Data_name"
 
-# Parity's own columns, after msprobe's: the typed status of the row and the dump entry it belongs to.
+# Parity's own columns, after msprobe's: the typed status of the row, the dump entry it belongs to, what
+# paired it with its bench row (``name``, ``aligned``, ``mapped`` by -dm, ``gap``; empty: unpaired) and
+# the gap it belongs to (``target A ~ bench B ... C``: calls without a partner, judged as one).
 PARITY_STATUS = "Parity Status"
 PARITY_API = "Parity API"
-PARITY_EXTRA = [PARITY_STATUS, PARITY_API]
+PARITY_PAIRING = "Parity Pairing"
+PARITY_GAP = "Parity Gap"
+PARITY_EXTRA = [PARITY_STATUS, PARITY_API, PARITY_PAIRING, PARITY_GAP]
 
 
 def msprobe_header(mode: CompareMode, *, stack: bool) -> list[str]:

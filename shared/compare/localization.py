@@ -465,8 +465,12 @@ def _gains(kinds: np.ndarray, gain: np.ndarray, own_gain: np.ndarray) -> np.ndar
 
 
 def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str], mode: CompareMode,
-             *, errors: Sequence[float | None] | None = None) -> Localization:  # fmt: skip
-    """Judge every call of a finished table (rows in execution order; see the module docstring)."""
+             *, errors: Sequence[float | None] | None = None,
+             parents: Mapping[str, str] | None = None) -> Localization:  # fmt: skip
+    """Judge every call of a finished table (rows in execution order; see the module docstring).
+
+    ``parents`` (construct.json at mix: each call's innermost module) lets a module's expected rounding be
+    at least that of the calls inside it: a module differs by what its fused or long reductions round."""
     if errors is None:
         errs = row_errors(rows, header, mode)
     else:
@@ -491,6 +495,8 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     ids: dict[str, int] = {}
     kinds = np.fromiter((ids.setdefault(api_kind(a), len(ids)) for a in apis), dtype=np.int64, count=n)
     own, classes = _call_rounding(rows, header, cols, directions, kinds, list(ids))
+    if parents:
+        _modules_round_as_their_calls(apis, own, parents)
     findings: list[SystematicFinding] = []
     background = np.zeros(n)
     if learning:
@@ -571,6 +577,22 @@ def _call_rounding(rows: Sequence[CompareRow], header: Sequence[str], cols: Call
         args = _recorded(rows, header, cols, source)
         own[k] = expected_rounding(kind_ops[kinds[k]], directions[k], args, float(unit[k]))
     return own, classes
+
+
+def _modules_round_as_their_calls(apis: Sequence[str], own: np.ndarray, parents: Mapping[str, str]) -> None:
+    """Raise each module call's expected rounding to the largest of the calls inside it (in place):
+    ``parents`` maps a call to its innermost module, a module to the one around it (construct.json)."""
+    where = {api: k for k, api in enumerate(apis) if api.startswith(_MODULE_PREFIX)}
+    if not where:
+        return
+    for k, api in enumerate(apis):
+        seen = 0
+        parent = parents.get(api)
+        while parent is not None and seen < 64:  # a cycle in a malformed construct.json ends here
+            m = where.get(parent)
+            if m is not None and own[k] > own[m]:
+                own[m] = own[k]
+            parent, seen = parents.get(parent), seen + 1
 
 
 _DTYPE_COLUMNS = ("NPU Dtype", "Bench Dtype")

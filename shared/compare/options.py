@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
+    from parity.shared.compare.mapping import DataMapping
     from parity.shared.tensor_io import TensorLimits
 
 
@@ -26,7 +27,8 @@ class CompareOptions:
     only when a stack path is given explicitly (otherwise a stack.json next to the NPU dump.json turns the
     stack column on by itself). ``executor`` runs the tensor-mode metrics: the entry point that owns the
     process builds it (``parity.process_policy.metric_executor``) and shuts it down; None runs them in the
-    calling thread. The rows are the same either way. ``replay_top``: how many top calls the float64 replay
+    calling thread. The rows are the same either way. ``data_mapping`` (``-dm``) pairs the rows it names as
+    it says, whatever the alignment chose. ``replay_top``: how many top calls the float64 replay
     judges (``replay_judgement``), part of the judgement of the suspects; it changes no row.
     ``mixed_tasks``: a tensor dump against a statistics dump is compared in statistics mode (a tensor dump
     records the statistics too) instead of refused as msprobe refuses it; the server's comparisons set it.
@@ -38,3 +40,4 @@ class CompareOptions:
     tensor_limits: TensorLimits | None = None  # the caps of every tensor load (None: the defaults)
     mixed_tasks: bool = False
     executor: Executor | None = field(default=None, compare=False, repr=False)
+    data_mapping: DataMapping | None = None  # ``-dm``: the user's own pairs, over the alignment

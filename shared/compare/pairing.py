@@ -1,5 +1,8 @@
 """Pair NPU rows with bench rows (compare.md §3): exact names with backward renumbering, or fuzzy.
 
+The engine pairs through ``alignment.pair_calls``: the exact join here is its path for two runs that called
+the same calls, the fuzzy scan its ``-f``; runs whose calls differ are aligned there.
+
 Everything is a dict lookup or a pointer walk, so pairing is linear in the number of rows, deterministic and
 independent of any library's join order. Differences from msprobe, on purpose:
 

@@ -58,9 +58,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: ``replayer(entries)``: each entry's verdict (``parity.shared.replay.compare.dump_replayer``); raises
-#: ``ParityError`` when a dump.json cannot be read.
-Replayer = Callable[[Sequence[str]], Sequence[ReplayVerdict]]
+#: ``replayer(entries[, partners])``: each entry's verdict (``parity.shared.replay.compare.dump_replayer``);
+#: ``partners`` names the bench call of an entry the alignment paired under another name (``""``: a gap);
+#: raises ``ParityError`` when a dump.json cannot be read.
+Replayer = Callable[..., Sequence[ReplayVerdict]]
 #: Calls of a systematic class replayed beside its first, per direction, to learn the class's level.
 CLASS_SAMPLES = 3
 #: Calls the held-format screen adds to the replay, at most (the earliest: a fault's first call is the one
@@ -201,7 +202,8 @@ def _shown(loc: Localization, verdicts: Sequence[ReplayVerdict], limit: int) -> 
 Judged = tuple[Localization, dict[str, Any] | None, dict[str, ReplayVerdict]]
 
 
-def judge_with_replay(loc: Localization, replayer: Replayer | None, limit: int) -> Judged:
+def judge_with_replay(loc: Localization, replayer: Replayer | None, limit: int,
+                      partners: Mapping[str, str] | None = None) -> Judged:  # fmt: skip
     """The localization after the replay, the summary's ``replay`` document, and the verdicts by entry
     (the advisor's). Statistics and md5 dumps hold no tensors: the note says so. The replay never fails a
     compare: a dump.json it cannot read becomes the note."""
@@ -213,7 +215,8 @@ def judge_with_replay(loc: Localization, replayer: Replayer | None, limit: int) 
     if not entries:
         return loc, {"verdicts": [], "note": "no call to replay", "replayed": 0}, {}
     try:
-        verdicts = list(replayer(entries))
+        wanted = {e: partners[e] for e in entries if e in partners} if partners else {}
+        verdicts = list(replayer(entries, wanted) if wanted else replayer(entries))
     except ParityError as exc:
         logger.warning("float64 replay not run: %s", exc)
         return loc, {"verdicts": [], "note": f"not run: {exc}"}, {}

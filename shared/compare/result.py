@@ -81,6 +81,8 @@ class Suspect:
     score: float = 0.0  # decades above what the call's inputs and the run pair's noise explain
     excel_row: int | None = None  # the row as Excel numbers it (``row_index`` + 2: the header is row 1)
     collectives_before: int = 0  # collective calls the rank ran before this one (multi-rank: who went first)
+    #: a gap judged as one call (``api``: its target's first call): its two sides, ``target A ~ bench B ...``
+    gap: str | None = None
 
     @property
     def position(self) -> int:
@@ -184,7 +186,7 @@ def suspect_dict(s: Suspect) -> dict[str, object]:
     return {
         "position": s.rank, "api": s.api, "direction": s.direction, "row_index": s.row_index,
         "excel_row": s.excel_row, "score": s.score, "reason": s.reason, "stack": s.stack,
-        "collectives_before": s.collectives_before,
+        "collectives_before": s.collectives_before, "gap": s.gap,
     }  # fmt: skip
 
 

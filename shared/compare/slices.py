@@ -55,6 +55,12 @@ class TablePart(msgspec.Struct, gc=False):
     states: list[str]  # per row: the leaf's state (input, output, parameter, ...), for the localization
     missing_tensor_files: list[str]
     calls: tuple[int, int, int]  # (first call, stop call, calls of the rank)
+    #: the gaps judged as one call (calls without a partner: ``alignment.Gap``), by that call: their labels
+    gaps: dict[str, str] = {}
+    #: the bench call of each call paired under another name (``""``: a gap's call), for the float64 replay
+    partners: dict[str, str] = {}
+    #: the innermost module of each call (construct.json, at mix), for the modules' expected rounding
+    parents: dict[str, str] = {}
 
 
 def _plain_number(value: object) -> object:

@@ -58,6 +58,9 @@ def percent_strings(values: np.ndarray) -> list[str]:
     return out
 
 
+#: the Parity Pairing cell of a row the builder pairs (by name, or not at all); the engine writes the others
+_BASIS: dict[bool, Cell] = {True: "name", False: None}
+
 def statistics_row(name: str, n: Leaf, b_name: str | None, b: Leaf | None, fuzzy: bool,
                    ) -> tuple[list[Cell], list[str], RowStatus]:  # fmt: skip
     """One row the row-at-a-time way: its cells up to Err_message (left ``None``), messages and status."""
@@ -149,7 +152,7 @@ def build_statistics_rows(npu: SideRows, bench: SideRows, bench_index: Sequence[
     if stack is not None:
         columns.append(stack)
     status_col = len(columns)
-    columns += (status_text, npu.apis)
+    columns += (status_text, npu.apis, list(map(_BASIS.__getitem__, matched.tolist())), [None] * n_rows)
     cells = list(map(list, zip(*columns, strict=True)))
     for i in np.flatnonzero(~fast).tolist():
         j = bench_index[i]

@@ -29,14 +29,17 @@ def excel_row(row_index: int) -> int:
 
 
 def _suspect(call: CallEvidence, rank: int, rows: Sequence[CompareRow], reason_of: Callable[[int], str],
-             stacks: Mapping[str, list[str]] | None) -> Suspect:  # fmt: skip
+             stacks: Mapping[str, list[str]] | None, gaps: Mapping[str, str]) -> Suspect:  # fmt: skip
     frames = stacks.get(call.api) or stacks.get(forward_of(call.api)) if stacks else None
     row = call.worst_row if call.worst_row >= 0 else call.first_row
+    gap = gaps.get(call.api)
+    judged = "calls without a partner, judged as one on the tensors crossing them: " if gap else ""
     return Suspect(
         rank=rank, api=call.api, direction=call.direction or "forward", row_index=row,
-        reason=f"{call.evidence()}. {reason_of(row)}",
+        reason=f"{judged}{call.evidence()}. {reason_of(row)}",
         stack=user_frame(frames) or (frames[0] if frames else None),
         score=round(call.rank_score, 3), excel_row=excel_row(row), collectives_before=call.collectives_before,
+        gap=gap,
     )  # fmt: skip
 
 
@@ -47,13 +50,16 @@ def suspects_of(
     stacks: Mapping[str, list[str]] | None = None,
     *,
     limit: int = MAX_SUSPECTS,
+    gaps: Mapping[str, str] | None = None,
 ) -> tuple[list[Suspect], Suspect | None]:
-    """The ranked suspects (highest score first, at most ``limit``) and the first divergence."""
+    """The ranked suspects (highest score first, at most ``limit``) and the first divergence; ``gaps``:
+    the calls that stand for a gap (``alignment``), with the gap's label."""
+    gaps = gaps or {}
     ranked = localization.suspects[:limit]
-    suspects = [_suspect(c, k, rows, reason_of, stacks) for k, c in enumerate(ranked, 1)]
+    suspects = [_suspect(c, k, rows, reason_of, stacks, gaps) for k, c in enumerate(ranked, 1)]
     first = localization.first_divergence
     if first is None:
         return suspects, None
     same = next((s for s in suspects if s.api == first.api), None)
     rank = 1 + localization.suspects.index(first)
-    return suspects, same or _suspect(first, rank, rows, reason_of, stacks)
+    return suspects, same or _suspect(first, rank, rows, reason_of, stacks, gaps)

@@ -10,7 +10,7 @@ torch is imported on the first replay only: a statistics or md5 compare never im
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +35,7 @@ def _lacking(dump_json: str | Path, entries: Sequence[str]) -> list[str]:
     return [name for name in replay_files(dump_json, entries) if not (folder / name).exists()]
 
 
-Replay = Callable[[Sequence[str]], list[ReplayVerdict]]
+Replay = Callable[..., list[ReplayVerdict]]
 
 
 def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageFiles | None = None,
@@ -44,11 +44,14 @@ def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageF
     tensor files they need first; ``limits`` caps each tensor load (None: the defaults). Raises
     ``ParityError`` when a dump.json cannot be read."""
 
-    def replay(entries: Sequence[str]) -> list[ReplayVerdict]:
+    def replay(entries: Sequence[str], partners: Mapping[str, str] | None = None) -> list[ReplayVerdict]:
+        """``partners``: the bench call of an entry paired under another name, ``""`` for a gap."""
         from parity.shared.replay.engine import replay_calls
 
         if stage is not None:
-            stage(_lacking(npu_dump, entries), _lacking(bench_dump, entries))
-        return replay_calls(npu_dump, bench_dump, entries, **({"limits": limits} if limits else {}))
+            bench_entries = [p for p in (partners.get(e, e) if partners else e for e in entries) if p]
+            stage(_lacking(npu_dump, entries), _lacking(bench_dump, bench_entries))
+        return replay_calls(npu_dump, bench_dump, entries, partners=partners,
+                            **({"limits": limits} if limits else {}))
 
     return replay

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 #: Elements one side's replay may load or produce (float64: 512 MiB); a larger call is refused.
 DEFAULT_MAX_ELEMENTS = 2**26
+#: the bench side of a gap (calls without a partner, judged as one): another computation, nothing to replay
+GAP_REFUSAL = "the bench computes this call as other calls (a gap of the alignment): nothing to replay there"
 #: Floating-point operations one side's replay may take (about a minute of float64 on one CPU core).
 MAX_FLOPS = 2**36
 #: ``allowance(dtype, K)``: the rounding a correct kernel may add (swap in a fuller expected-error model).
@@ -310,13 +312,16 @@ def replay_calls(
     allowance: Allowance = rounding_allowance,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
     limits: TensorLimits = DEFAULT_LIMITS,
+    partners: Mapping[str, str] | None = None,
 ) -> list[ReplayVerdict]:
     """Replay each entry (``Functional.linear.0.forward``, ``Tensor.__add__.3.backward``) on both sides.
 
     ``npu_dump`` is the target's dump.json, ``bench_dump`` the bench's; each dump.json is read once.
-    ``allowance(dtype, K)`` is the rounding a correct kernel may add. Raises ``DumpError`` when a dump.json
-    cannot be read; everything about a single call is its verdict's refusal instead. ``limits`` caps each
-    tensor file read.
+    ``allowance(dtype, K)`` is the rounding a correct kernel may add. ``partners``: the bench call an entry
+    was paired with where its name differs (the compare's alignment), ``""`` for a gap (the bench computes it
+    as other calls: only the target side is replayed). Raises ``DumpError`` when a dump.json cannot be
+    read; everything about a single call is its verdict's refusal instead. ``limits`` caps each tensor file
+    read.
     """
     target, bench = DumpSide("target", Path(npu_dump), limits), DumpSide("bench", Path(bench_dump), limits)
     target.data(), bench.data()  # a broken dump.json is an error of the request, not of one call
@@ -324,7 +329,11 @@ def replay_calls(
     for entry in entries:
         direction = "backward" if entry.endswith(".backward") else "forward"
         t = replay_side(target, entry, allowance=allowance, max_elements=max_elements)
-        b = replay_side(bench, entry, allowance=allowance, max_elements=max_elements)
+        partner = partners.get(entry, entry) if partners else entry
+        if partner:
+            b = replay_side(bench, partner, allowance=allowance, max_elements=max_elements)
+        else:
+            b = SideReplay(bench.name, refusal=GAP_REFUSAL)
         verdicts.append(verdict_of(entry, direction, t, b))
         logger.debug("replay %s: %s", entry, verdicts[-1].text)
     return verdicts

@@ -70,6 +70,12 @@ class RankedSuspect(Protocol):
 S = TypeVar("S", bound=RankedSuspect)
 
 
+def named(suspect: RankedSuspect) -> str:
+    """A suspect's name: its call, or for a gap (calls without a partner, judged as one) its two sides."""
+    gap = getattr(suspect, "gap", None)
+    return f"gap {gap}" if gap else suspect.api
+
+
 def excel_where(suspect: RankedSuspect) -> str:
     """Where a suspect's row is in its rank's report, as Excel numbers it (the header is row 1)."""
     row = suspect.excel_row if suspect.excel_row is not None else suspect.row_index + 2
@@ -95,15 +101,15 @@ def suspect_lines(
     lines: list[str] = []
     first = first_divergence
     if first is not None:
-        lines.append(f"First divergence: [{first.direction}] {first.api} ({where(first)})")
+        lines.append(f"First divergence: [{first.direction}] {named(first)} ({where(first)})")
         if first.stack:
             lines.append(f"   at {one_line(first.stack)}")
         lines.append("")
     lines.append("Top suspects, by how far they stand above the background (score: decades above):")
     for suspect in suspects:
         reason = one_line(suspect.reason)
-        lines.append(f"{suspect.position}. [{suspect.direction}] {suspect.api} (score {suspect.score:.1f}, "
-                     f"{where(suspect)}): {reason}")  # fmt: skip
+        lines.append(f"{suspect.position}. [{suspect.direction}] {named(suspect)} "
+                     f"(score {suspect.score:.1f}, {where(suspect)}): {reason}")  # fmt: skip
         if suspect.stack:
             lines.append(f"   at {one_line(suspect.stack)}")
     if total > len(suspects):

@@ -68,11 +68,32 @@ def test_no_highlight_wins_over_highlight_and_says_so(spec, tmp_path):
     assert {sheet.cell(r, 1).fill.fgColor.rgb for r in range(2, sheet.max_row + 1)} == {"00000000"}
 
 
-def test_data_mapping_is_refused_rather_than_ignored(spec, tmp_path):
-    (tmp_path / "map.yaml").write_text("a: b\n")
-    proc = run_cli("-i", spec, "-o", tmp_path / "out", "-dm", tmp_path / "map.yaml")
-    assert_one_line_error(proc, "-dm", "map.yaml", "not supported")
-    assert not (tmp_path / "out").exists()
+def test_data_mapping_pairs_the_rows_it_names(spec, tmp_path):
+    (tmp_path / "map.yaml").write_text(
+        "Functional.linear.0.forward.output.0: Functional.linear.0.forward.input.0\n")
+    proc = run_cli("-i", spec, "-o", tmp_path / "out", "-dm", tmp_path / "map.yaml", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    sheet = openpyxl.load_workbook(only(tmp_path / "out", "compare_result_*.xlsx"))["Sheet"]
+    header = [c.value for c in sheet[1]]
+    rows = {r[0]: r for r in sheet.iter_rows(min_row=2, values_only=True)}
+    mapped = rows["Functional.linear.0.forward.output.0"]
+    assert mapped[header.index("Bench Name")] == "Functional.linear.0.forward.input.0"
+    assert mapped[header.index("Parity Pairing")] == "mapped"
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "words"),
+    [
+        ("a: [b\n", [], ("map.yaml", "not valid YAML at line 2")),
+        ("Torch.nope.0.forward.output.0: x\n", [], ("map.yaml", "entry 'Torch.nope.0.forward.output.0: x'",
+                                                    "is no row or call of the NPU")),
+        ("a: b\n", ["-f"], ("-dm", "cannot be combined with -f")),
+    ],
+)
+def test_bad_data_mappings_are_one_line_errors(spec, tmp_path, text, extra, words):
+    (tmp_path / "map.yaml").write_text(text)
+    proc = run_cli("-i", spec, "-o", tmp_path / "out", "-dm", tmp_path / "map.yaml", *extra, "--no-progress")
+    assert_one_line_error(proc, *words)
 
 
 def test_output_flag_without_a_value_means_msprobe_default(spec, tmp_path):
@@ -90,3 +111,12 @@ def test_framework_before_the_command_as_msprobe_spells_it(spec, tmp_path):
     assert proc.stderr.strip() == (
         "parity: error: -f mindspore: Parity reads PyTorch dumps only (use -f pytorch)"
     )
+
+
+def test_data_mapping_takes_one_rank(tmp_path):
+    npu, bench = build_pair(tmp_path, "statistics", ranks=(0, 1))
+    spec = write_spec(tmp_path / "compare.json", npu_path=npu, bench_path=bench)
+    (tmp_path / "map.yaml").write_text("a: b\n")
+    proc = run_cli("-i", spec, "-o", tmp_path / "out", "-dm", tmp_path / "map.yaml", "--no-progress")
+    assert_one_line_error(proc, "-dm", "names the rows of one rank", "step directories")
+    assert not (tmp_path / "out").exists()

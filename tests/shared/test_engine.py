@@ -139,8 +139,10 @@ def test_parity_columns_close_every_row(tmp_path: Path) -> None:
         write_raw_dump(tmp_path / "b", {}),
         CompareOptions(),
     )
-    assert result.header[-2:] == ["Parity Status", "Parity API"]
-    assert result.rows[0].cells[-2:] == ["unmatched", "T.f.0.forward"]
+    assert result.header[-4:] == ["Parity Status", "Parity API", "Parity Pairing", "Parity Gap"]
+    # a call without a partner is a gap (its own, no bench call)
+    gap = "target T.f.0.forward ~ bench (no call)"
+    assert result.rows[0].cells[-4:] == ["unmatched", "T.f.0.forward", "gap", gap]
     assert all(len(row.cells) == len(result.header) for row in result.rows)
 
 

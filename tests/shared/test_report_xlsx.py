@@ -65,7 +65,7 @@ def test_header_is_msprobe_v1_order_then_parity_columns(tmp_path, engine, mode, 
     assert header == result.header
     n = len(msprobe_header(mode, stack=stack))
     assert header[:n] == msprobe_header(mode, stack=stack)
-    assert header[n:] == ["Parity Status", "Parity API"]
+    assert header[n:] == ["Parity Status", "Parity API", "Parity Pairing", "Parity Gap"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from parity.shared.compare import highlight as hl
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
+from parity.shared.compare.alignment import pair_calls
 from parity.shared.compare.cells import Table, stack_cells
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.headers import CompareMode, full_header
@@ -296,7 +297,7 @@ def test_engine_cells_equal_the_row_at_a_time_rules(tmp_path: Path, non_finite: 
     npu_path, bench_path = _kinds_pair(tmp_path, non_finite)
     result = compare_dumps(npu_path, bench_path, CompareOptions(fuzzy_match=fuzzy))
     npu, bench, npu_rows, bench_rows = _sides(npu_path, bench_path)
-    pairing = pair_rows(npu_rows, bench_rows, fuzzy=fuzzy)
+    pairing = pair_calls(npu_rows, bench_rows, fuzzy=fuzzy)[0]  # the engine's pairing (aligned: issue 24)
     expected = _row_at_a_time(npu, bench, npu_rows, bench_rows, pairing.bench_index, fuzzy)
     assert result.header == HEADER
     assert len(result.rows) == len(npu_rows) + len(pairing.bench_only)
@@ -380,7 +381,9 @@ def test_table_rows_messages_and_status_equal_the_row_at_a_time_rules(tmp_path: 
         assert _reprs(row.cells[:MSG_COL]) == _reprs(cells[:MSG_COL]), npu_rows.names[i]
         # Err_message, Parity Status (as they stand before the highlight rules) and Parity API
         err_message = v.join_messages(messages) if messages else ""
-        assert row.cells[MSG_COL:] == [err_message, status.value, npu_rows.apis[i]], npu_rows.names[i]
+        basis = "name" if index[i] >= 0 else None
+        expected_tail = [err_message, status.value, npu_rows.apis[i], basis, None]
+        assert row.cells[MSG_COL:] == expected_tail, npu_rows.names[i]
         assert table.messages[i] == messages, npu_rows.names[i]
         assert row.status is status, npu_rows.names[i]
         assert (row.api, row.highlight) == (npu_rows.apis[i], None)
@@ -401,7 +404,8 @@ def test_table_with_the_stack_column(tmp_path: Path) -> None:
     for i, (a, b) in enumerate(zip(with_stack.rows, without.rows, strict=True)):
         assert len(a.cells) == len(header)
         assert _reprs(a.cells[:stack_col]) == _reprs(b.cells[:stack_col])
-        assert a.cells[stack_col:] == [stack[i], b.cells[stack_col], npu_rows.apis[i]]  # Parity Status
+        # Parity Status, Parity API, Parity Pairing, Parity Gap
+        assert a.cells[stack_col:] == [stack[i], *b.cells[stack_col:]]
     assert with_stack.rows[0].cells[stack_col] == repr(["model.py:3 forward"])
 
 

@@ -1,0 +1,129 @@
+"""msprobe's data mapping (``-dm data_mapping.yaml``, compare.md §3.5): the user's pairs, over the alignment.
+
+The file is msprobe's: one YAML mapping from an NPU (target) row name to a bench row name::
+
+    Functional.scaled_dot_product_attention.1.forward.output.0: Torch.matmul.3.forward.output.0
+
+Parity also takes a call on each side (``Functional.scaled_dot_product_attention.1.forward:
+Torch.matmul.3.forward``): the two calls' rows then pair by their names after the call
+(``.input.0`` with ``.input.0``). A mapped pair overrides whatever the alignment chose for those rows;
+every other row keeps its pairing. Unlike msprobe, a name found on neither side is an error naming the file
+and the entry (msprobe silently leaves such a row unmatched), and so is a malformed file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from parity.shared.errors import CompareInputError
+
+if TYPE_CHECKING:
+    from parity.shared.compare.pairing import Pairing
+    from parity.shared.compare.rows import SideRows
+
+__all__ = ["DataMapping", "load_data_mapping", "parse_data_mapping"]
+
+BASIS_MAPPED = "mapped"
+
+
+@dataclass(frozen=True, slots=True)
+class DataMapping:
+    """The pairs of a data mapping file, in file order, and the file they came from (for messages)."""
+
+    pairs: tuple[tuple[str, str], ...]
+    source: str = "data_mapping.yaml"
+
+    def _where(self, key: str, value: str) -> str:
+        return f"{self.source}: entry '{key}: {value}'"
+
+    def apply(self, npu: SideRows, bench: SideRows, pairing: Pairing, basis: list[str]) -> Pairing:
+        """``pairing`` with the mapped rows paired as the file says (``basis`` marked ``mapped``, in
+        place); the bench rows nobody pairs with are recomputed."""
+        from parity.shared.compare.pairing import Pairing
+
+        index = list(pairing.bench_index)
+        n_rows = _first_rows(npu.names)
+        b_rows = _first_rows(bench.names)
+        n_calls, b_calls = _call_rows(npu.apis), _call_rows(bench.apis)
+        for key, value in self.pairs:
+            if key in n_rows:
+                if value not in b_rows:
+                    raise CompareInputError(f"{self._where(key, value)}: '{value}' is no row of the bench "
+                                            "dump (a row name maps to a row name)")  # fmt: skip
+                for r in n_rows[key]:
+                    index[r], basis[r] = b_rows[value][0], BASIS_MAPPED
+            elif key in n_calls:
+                if value not in b_calls:
+                    raise CompareInputError(f"{self._where(key, value)}: '{value}' is no call of the bench "
+                                            "dump (a call name maps to a call name)")  # fmt: skip
+                start, stop = b_calls[value]
+                by_suffix = {bench.names[j][len(value) :]: j for j in range(start, stop)}
+                start, stop = n_calls[key]
+                for r in range(start, stop):
+                    j = by_suffix.get(npu.names[r][len(key) :])
+                    if j is not None:
+                        index[r], basis[r] = j, BASIS_MAPPED
+            else:
+                raise CompareInputError(f"{self._where(key, value)}: '{key}' is no row or call of the NPU "
+                                        "(target) dump")  # fmt: skip
+        used = set(index)
+        return Pairing(index, [j for j in range(len(bench.names)) if j not in used])
+
+
+def _first_rows(names: Sequence[str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r, name in enumerate(names):
+        out.setdefault(name, []).append(r)
+    return out
+
+
+def _call_rows(apis: Sequence[str]) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for r, api in enumerate(apis):
+        start, _ = out.get(api, (r, r))
+        out[api] = (start, r + 1)
+    return out
+
+
+def parse_data_mapping(doc: Any, *, source: str = "data_mapping.yaml") -> DataMapping:
+    """Check a parsed mapping document: a non-empty mapping of non-empty names to non-empty names."""
+    if not isinstance(doc, dict):
+        kind = "empty" if doc is None else f"a {type(doc).__name__}"
+        raise CompareInputError(f"{source}: must be a YAML mapping of NPU names to bench names, got {kind}")
+    if not doc:
+        raise CompareInputError(f"{source}: has no entries (expected NPU name: bench name lines)")
+    pairs = []
+    for key, value in doc.items():
+        for what, name in (("NPU name", key), ("bench name", value)):
+            if not isinstance(name, str) or not name.strip():
+                raise CompareInputError(
+                    f"{source}: entry '{key}: {value}': the {what} must be a non-empty string, got {name!r}"
+                )
+        pairs.append((key.strip(), value.strip()))
+    return DataMapping(tuple(pairs), source)
+
+
+def load_data_mapping(path: str | Path) -> DataMapping:
+    """Read and check a data mapping YAML file (msprobe's ``-dm``)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CompareInputError(f"{path}: data mapping file not found") from None
+    except IsADirectoryError:
+        raise CompareInputError(f"{path}: is a directory, expected a data mapping YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CompareInputError(f"{path}: cannot read the data mapping file: {exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise CompareInputError(f"{path}: not valid YAML{where}: {problem}") from None
+    return parse_data_mapping(doc, source=str(path))
