@@ -4,7 +4,7 @@ The training client (``PrecisionDebugger``), ``parity upload`` and ``POST /api/v
 name refused by one is refused by all, with the same words, before anything is written. A name is read back
 in URL paths (``/runs/{name}``, ``/projects/{project}/...``), log lines and file names, so:
 
-- surrounding whitespace is trimmed (``"  nightly 4 "`` is ``"nightly 4"``): a name typed with a stray space
+- surrounding spaces are trimmed (``"  nightly 4 "`` is ``"nightly 4"``): a name typed with a stray space
   would otherwise never match what the user types next;
 - a ``/`` is refused: routers split paths at it, so ``DELETE /runs/a%2Fb`` could never reach the run;
 - ``.`` and ``..`` are refused: URL normalisation removes them from a path before any route sees it;
@@ -70,12 +70,12 @@ def check_name(value: object, field: str = "name") -> str:
     """``value`` trimmed, when it is a name a route can address; else :class:`NameRefused` for ``field``."""
     if not isinstance(value, str):
         raise NameRefused(field, f"must be a string, got {type(value).__name__}")
+    _one_line(value, field)  # before trimming: a stray newline is a mistake to show, not to hide
     name = value.strip()
     if not name:
         raise NameRefused(field, "must not be empty (or only spaces)")
     if len(name) > MAX_NAME_LENGTH:
         raise NameRefused(field, f"{len(name)} characters, at most {MAX_NAME_LENGTH} are allowed")
-    _one_line(name, field)
     if "/" in name:
         raise NameRefused(field, f"{name!r} holds a '/', which no URL path can address; use '-' or '_'")
     if name in (".", ".."):
@@ -93,6 +93,8 @@ def check_tags(tags: Mapping[object, object], field: str = "tags") -> dict[str, 
             raise NameRefused(field, f"tag {raw_key!r}: keys and values must be strings")
         key, value = raw_key.strip(), raw_value.strip()
         tag = f"tag {key[:40]!r}{'...' if len(key) > 40 else ''}: "
+        _one_line(raw_key, field, tag)
+        _one_line(raw_value, field, tag)
         if not key:
             raise NameRefused(field, "a tag key must not be empty (or only spaces)")
         if len(key) > MAX_TAG_KEY_LENGTH:
@@ -102,8 +104,6 @@ def check_tags(tags: Mapping[object, object], field: str = "tags") -> dict[str, 
         if len(value) > MAX_TAG_VALUE_LENGTH:
             raise NameRefused(field, f"{tag}the value has {len(value)} characters, at most "
                                      f"{MAX_TAG_VALUE_LENGTH}")  # fmt: skip
-        _one_line(key, field, tag)
-        _one_line(value, field, tag)
         if key in out:
             raise NameRefused(field, f"{tag}given twice once trimmed")
         out[key] = value
