@@ -35,6 +35,7 @@ from urllib.parse import quote
 import httpx
 import pydantic
 from parity.client.errors import UploadError
+from parity.client.server_address import base_url, clean_token
 from parity.shared.contract import (
     API_PREFIX,
     ComparisonCreate,
@@ -145,7 +146,8 @@ def _request(model: type[M], **fields: Any) -> M:
 class ParityClient:
     """The REST API of one Parity server, one method per endpoint, JSON in and typed dicts out.
 
-    ``server`` is the base URL (``http://host:port``, without ``/api/v1``); ``token`` is sent as
+    ``server`` is the base URL (``http://host:port``; a trailing ``/api/v1`` is removed, see
+    :func:`~parity.client.server_address.base_url`); ``token`` is sent as
     ``Authorization: Bearer`` on every request. A ``client`` passed in is used as is and not closed here.
     """
 
@@ -159,9 +161,14 @@ class ParityClient:
     ) -> None:
         if not server:
             raise UploadError("no Parity server given (pass --server or set PARITY_SERVER)")
-        if not server.startswith(("http://", "https://")):
-            raise UploadError(f"server {server!r}: expected an http:// or https:// URL such as http://host:8000")
-        self.server = server.rstrip("/")
+        try:
+            self.server = base_url(server)
+        except ValueError as exc:
+            raise UploadError(f"server {exc}") from None
+        try:
+            token = clean_token(token) if token else None
+        except ValueError as exc:
+            raise UploadError(f"token: {exc}") from None
         self._api = self.server + API_PREFIX
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._owns_client = client is None
@@ -217,6 +224,22 @@ class ParityClient:
             return response.status_code == 200 and Health.model_validate_json(response.content).status == "ok"
         except (httpx.HTTPError, ValueError):  # pydantic's ValidationError is a ValueError
             return False
+
+    def check_access(self, timeout: float) -> None:
+        """One quick request that needs what an upload needs: an answer, a known token, the right to write.
+
+        ``POST /runs`` with an empty body: the server checks the token before it reads a body, so the answer
+        is 401 or 403 for a token it refuses, and 422 (every field missing) for one it takes; nothing is
+        created. Raises :class:`ServerUnreachable` (no answer within ``timeout`` seconds per operation) or
+        :class:`ApiError` (any answer but that 422: a 404 is no Parity API at this URL)."""
+        url = self._api + "/runs"
+        headers = {**self._headers, "Content-Type": "application/json"}
+        try:
+            response = self._http.post(url, content=b"{}", headers=headers, timeout=timeout)
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"POST {url}: server unreachable: {exc or type(exc).__name__}") from None
+        if response.status_code != 422:
+            raise ApiError("POST", url, response.status_code, _detail(response))
 
     def _call(
         self,
