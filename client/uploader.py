@@ -394,13 +394,15 @@ class BackgroundUploader:
     def _ensure_run(self, rank_dir: Path) -> RunFiles:
         if self._remote is not None:
             return self._remote
-        from parity.client.run_metadata import capture_metadata, detect_device
+        from parity.client.run_metadata import capture_metadata, detect_device, read_environment
 
         root = self.dump_root or rank_dir.resolve().parent.parent
         self.dump_root = root
         device = self.device or detect_device()
         name = self.run_name or f"{root.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        metadata = {**capture_metadata(device, cwd=Path.cwd()), "dump_path": str(root), **self.extra_metadata}
+        _, environment = read_environment(root)  # the training client wrote it (parity upload reads it too)
+        environment = environment or capture_metadata(device, cwd=Path.cwd())
+        metadata = {**environment, "dump_path": str(root), **self.extra_metadata}
         assert self._api is not None
         api = self._api
 
