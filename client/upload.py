@@ -27,8 +27,10 @@ from typing import Any, Literal, TypeVar
 
 from parity.client.errors import RunInvalid, UploadError
 from parity.client.rest import ParityClient, sha256_file
+from parity.client.run_metadata import read_environment
 from parity.shared.contract import RunPublic
 from parity.shared.dump.layout import DEBUG_JSON, DUMP_JSON, find_dump_ranks, stored_prefix
+from parity.shared.naming import NameRefused, check_name, check_tags
 
 __all__ = [
     "DumpFile",
@@ -255,7 +257,7 @@ def upload_dump(
     *,
     name: str,
     project: str = "default",
-    device: str = "other",
+    device: str | None = None,
     tags: Mapping[str, str] | None = None,
     metadata: Mapping[str, Any] | None = None,
     jobs: int = 4,
@@ -266,6 +268,11 @@ def upload_dump(
     """Upload (or finish uploading) ``dump_dir`` as run ``name`` and complete it; returns the complete run
     (validated by a server worker, waited for up to ``wait_s``: see :func:`complete_run`).
 
+    ``name``, ``project`` and ``tags`` follow :mod:`parity.shared.naming` (trimmed, or an error naming the
+    field before anything is sent). The environment the training client wrote beside the dump
+    (:data:`~parity.client.run_metadata.ENVIRONMENT_FILE`) becomes the run's metadata, so comparisons show
+    what differs between two runs' environments; its device is the one used when ``device`` is None.
+
     Names are unique in a project, so a run of that name is never made twice. An ``uploading`` one is
     resumed: only the files it lacks are sent. A ``complete`` one that holds exactly this dump (same paths,
     same sha256) is returned as it is, so the same upload may run twice; one that holds anything else is
@@ -274,6 +281,11 @@ def upload_dump(
     retried with back-off for ``retry_budget_s``. The first error stops the upload, and what was sent stays
     on the server for the next resume.
     """
+    try:  # the server's rule, before anything is read or sent; a trimmed name finds the run to resume
+        name, project = check_name(name, "name"), check_name(project, "project")
+        tags = check_tags(dict(tags or {}), "tags")
+    except NameRefused as exc:
+        raise UploadError(str(exc)) from None
     files = collect_files(dump_dir)
     run = find_resumable(api, name, project)
     if run is not None and run.status in ("complete", "validating"):
@@ -289,14 +301,19 @@ def upload_dump(
     else:
         from parity import __version__
 
+        recorded, environment = read_environment(dump_dir)
+
         meta = {
             "source": "parity upload",
             "dump_path": str(dump_dir.resolve()),
             "hostname": socket.gethostname(),
             "parity_version": __version__,
+            **environment,  # the training job's own, written beside the dump
             **(metadata or {}),
         }
-        run = api.create_run(name, project=project, device=device, tags=tags, metadata=meta)
+        recorded = recorded if recorded in ("npu", "gpu", "cpu") else None
+        run = api.create_run(name, project=project, device=device or recorded or "other", tags=tags,
+                             metadata=meta)  # fmt: skip
         remote = RunFiles(api, run)
         log.info("created run %s (%s)", run.id, name)
     tally = _Tally(files, on_progress)
