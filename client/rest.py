@@ -38,6 +38,8 @@ from parity.client.errors import UploadError
 from parity.client.server_address import base_url, clean_token
 from parity.shared.contract import (
     API_PREFIX,
+    AcceptanceCreate,
+    AcceptancePublic,
     ComparisonCreate,
     ComparisonOptions,
     ComparisonPublic,
@@ -49,6 +51,7 @@ from parity.shared.contract import (
     RunCreate,
     RunPublic,
     RunsPublic,
+    RunUpdate,
 )
 
 __all__ = [
@@ -366,6 +369,43 @@ class ParityClient:
         ``with_comparisons``, which deletes them and their reports too."""
         params = [("with_comparisons", "true")] if with_comparisons else None
         self._send("DELETE", f"/runs/{quote(run, safe='')}", params=params, ok=(200, 204))
+
+    def update_run(
+        self, run: str, *, name: str | None = None, tags: Mapping[str, str] | None = None,
+        baseline: bool | None = None,
+    ) -> RunPublic:  # fmt: skip
+        """``PATCH /runs/{id or name}``: rename, retag, or make the run its project's baseline."""
+        new_tags = dict(tags) if tags is not None else None
+        body = _request(RunUpdate, name=name, tags=new_tags, baseline=baseline)  # a null field stays as it is
+        return self._call(RunPublic, "PATCH", f"/runs/{quote(run, safe='')}", body=body)
+
+    def set_baseline(self, ref: str, *, project: str | None = None) -> RunPublic:
+        """Make the run ``ref`` (an id or a name, looked up in ``project`` when given) its project's baseline.
+
+        Without ``project`` the name goes in the path, as on every route; a server whose ``PATCH`` takes ids
+        only (404) is asked again with the id :meth:`resolve_run` finds, which also says when a name is
+        unknown or several runs have it. With ``project`` the id is looked up first: a path holds no project.
+        """
+        if project is None:
+            try:
+                return self.update_run(ref, baseline=True)
+            except ApiError as exc:
+                if exc.status_code != 404:
+                    raise
+        return self.update_run(self.resolve_run(ref, project=project).id, baseline=True)
+
+    # -- acceptances ------------------------------------------------------------------------------------
+
+    def accept(self, project: str, api: str, note: str, *, author: str | None = None) -> AcceptancePublic:
+        """``POST /projects/{project}/acceptances``: the failing ``api`` counts as known, with ``note``."""
+        body = _request(AcceptanceCreate, api=api, note=note, author=author)
+        path = f"/projects/{quote(project, safe='')}/acceptances"
+        return self._call(AcceptancePublic, "POST", path, body=body, ok=(200, 201))
+
+    def revoke_acceptance(self, project: str, api: str) -> None:
+        """``DELETE /projects/{project}/acceptances/{api}``: ``api`` fails as new or worse again."""
+        self._send("DELETE", f"/projects/{quote(project, safe='')}/acceptances/{quote(api, safe='')}",
+                   ok=(200, 204))  # fmt: skip
 
     # -- comparisons ------------------------------------------------------------------------------------
 

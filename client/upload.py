@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -42,6 +43,7 @@ __all__ = [
     "iter_dump_files",
     "retry_call",
     "upload_dump",
+    "wait_validated",
 ]
 
 log = logging.getLogger(__name__)
@@ -356,18 +358,28 @@ def complete_run(
     run = retry_call(lambda: api.complete_run(run_id), what="complete run", budget_s=retry_budget_s)
     if wait_s <= 0:  # the caller follows the validation itself
         return run
+    run = wait_validated(api, run, wait_s=wait_s, retry_budget_s=retry_budget_s, sleep=sleep)
+    if run.status != "complete":
+        raise RunInvalid(f"run {run_id} ({run.name!r}) is {run.status}: {run.error or 'no reason given'}")
+    return run
+
+
+def wait_validated(
+    api: ParityClient, run: RunPublic, *, wait_s: float, retry_budget_s: float = 30.0,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> RunPublic:  # fmt: skip
+    """``run`` read again until it is no longer ``validating`` (``complete`` or ``invalid``), polled soon and
+    then less often; an :class:`UploadError` after ``wait_s`` seconds (the run completes on its own later)."""
     deadline = time.monotonic() + wait_s
     pause = FIRST_POLL_S
     while run.status == "validating":
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise UploadError(
-                f"run {run_id} ({run.name!r}) is still validating after {wait_s:g} s; it becomes complete "
-                f"once a server worker has read its dump.json files (parity runs show {run_id})"
+                f"run {run.id} ({run.name!r}) is still validating after {wait_s:g} s; it becomes complete "
+                f"once a server worker has read its dump.json files (parity runs list --name {run.name})"
             )
         sleep(min(pause, remaining))
         pause = min(pause * 2, MAX_POLL_S)
-        run = retry_call(lambda: api.get_run(run_id), what="read run", budget_s=retry_budget_s)
-    if run.status != "complete":
-        raise RunInvalid(f"run {run_id} ({run.name!r}) is {run.status}: {run.error or 'no reason given'}")
+        run = retry_call(partial(api.get_run, run.id), what="read run", budget_s=retry_budget_s)
     return run
