@@ -139,6 +139,7 @@ class BackgroundUploader:
         self._silent_since: float | None = None  # monotonic time of the first unanswered request in a row
         self._closed = False
         self._warned = False
+        self._cause: str | None = None  # the first failure, in a few words, for the exit warning
         self._server_down = False  # after one give-up, later requests try once instead of backing off again
         self._remote: RunFiles | None = None  # what the run holds: a re-flush sends only what changed
         self._lock = threading.Lock()
@@ -181,7 +182,7 @@ class BackgroundUploader:
 
         def ask() -> None:
             try:
-                api.check_access(timeout=timeout_s)
+                api.check_access(timeout=2 * timeout_s)  # the join below decides; this only ends the thread
                 outcome.append(None)
             except BaseException as exc:  # handed to the training thread, which decides
                 outcome.append(exc)
@@ -235,7 +236,8 @@ class BackgroundUploader:
             self.stats.items_dropped += 1
             self._warn(
                 f"upload queue full for {self.enqueue_timeout_s:g} s: step {step} rank {rank} not uploaded "
-                f"(the dump stays at {rank_dir}; `parity upload` can send it later)"
+                f"(the dump stays at {rank_dir}; `parity upload` can send it later)",
+                cause=f"the upload queue stayed full for {self.enqueue_timeout_s:g} s",
             )
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -282,7 +284,8 @@ class BackgroundUploader:
             if self._silent_since is None:
                 self._warn(
                     f"upload to {self.server} not finished after {timeout:g} s; "
-                    f"{self._queue.qsize()} rank directories left (the dump stays on disk)"
+                    f"{self._queue.qsize()} rank directories left (the dump stays on disk)",
+                    cause=f"not finished after {timeout:g} s",
                 )
         elif self._api is not None:
             self._api.close()
@@ -308,8 +311,7 @@ class BackgroundUploader:
         if not unsent:
             return
         steps, ranks = {step for step, _ in unsent}, {rank for _, rank in unsent}
-        why = f"the server did not answer ({self.offline})" if self.offline else (
-            self.stats.errors[0] if self.stats.errors else "not finished")  # fmt: skip
+        why = f"no answer ({self.offline})" if self.offline else self._cause or "not finished"
         log.warning(
             "parity upload: step%s %s (rank%s %s) not uploaded to %s: %s. The dump is on disk; "
             "to upload it:\n    %s",
@@ -322,8 +324,11 @@ class BackgroundUploader:
 
     # -- the upload thread ------------------------------------------------------------------------------
 
-    def _warn(self, message: str) -> None:
-        """The one warning an uploader gives; the rest goes to DEBUG so a down server never floods the log."""
+    def _warn(self, message: str, cause: str | None = None) -> None:
+        """The one warning an uploader gives while the job runs; the rest goes to DEBUG so a down server never
+        floods the log. ``cause`` (default: the message) is what the exit warning gives as the reason."""
+        if self._cause is None:
+            self._cause = cause or message
         self.stats.errors.append(message)
         if self._warned:
             log.debug("%s", message)
@@ -426,7 +431,8 @@ class BackgroundUploader:
             self.stats.items_failed += 1
             self._warn(
                 f"could not create the run on {self.server}: {exc}; step {step} rank {rank} not uploaded "
-                f"(the dump stays at {rank_dir})"
+                f"(the dump stays at {rank_dir})",
+                cause=f"could not create the run: {exc}",
             )
             return
         failed = 0
@@ -436,7 +442,8 @@ class BackgroundUploader:
             except (UploadError, OSError) as exc:
                 failed += 1
                 self.stats.files_failed += 1
-                self._warn(f"{item.rel}: not uploaded: {exc} (the dump stays at {rank_dir})")
+                self._warn(f"{item.rel}: not uploaded: {exc} (the dump stays at {rank_dir})",
+                           cause=f"{item.rel}: {exc}")  # fmt: skip
                 if self._server_down:
                     break  # the rest of this directory would fail the same way, each one after a try
                 continue
