@@ -40,6 +40,7 @@ from parity.shared.contract import (
     API_PREFIX,
     AcceptanceCreate,
     AcceptancePublic,
+    AcceptancesPublic,
     ComparisonCreate,
     ComparisonOptions,
     ComparisonPublic,
@@ -135,7 +136,8 @@ def _first_error(exc: pydantic.ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{loc or 'body'}: {err['msg']}{more}"
+    message = err["msg"].removeprefix("Value error, ")  # a validator's own words (parity.shared.naming)
+    return f"{loc or 'body'}: {message}{more}"
 
 
 def _request(model: type[M], **fields: Any) -> M:
@@ -401,6 +403,11 @@ class ParityClient:
         body = _request(AcceptanceCreate, api=api, note=note, author=author)
         path = f"/projects/{quote(project, safe='')}/acceptances"
         return self._call(AcceptancePublic, "POST", path, body=body, ok=(200, 201))
+
+    def acceptances(self, project: str) -> list[AcceptancePublic]:
+        """``GET /projects/{project}/acceptances``: the failing APIs accepted in ``project``, with notes."""
+        path = f"/projects/{quote(project, safe='')}/acceptances"
+        return self._call(AcceptancesPublic, "GET", path).data
 
     def revoke_acceptance(self, project: str, api: str) -> None:
         """``DELETE /projects/{project}/acceptances/{api}``: ``api`` fails as new or worse again."""
