@@ -13,6 +13,7 @@ import sys
 
 from parity.client.errors import ClientError
 from parity.commands import server_args
+from parity.shared.naming import check_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,12 +32,13 @@ def run(args: argparse.Namespace) -> int:
         raise ClientError("--author goes with --note, not with --revoke")
     if args.note is not None and not args.note.strip():
         raise ClientError("--note: say why the failure is accepted (the note is shown beside it)")
+    project = check_name(args.project, "--project")  # a project no path could name has no acceptances
     with server_args.connect(args) as api:
         if args.revoke:
-            api.revoke_acceptance(args.project, args.api)
-            sys.stderr.write(f"parity accept: {args.api} is no longer accepted in project {args.project!r}\n")
+            api.revoke_acceptance(project, args.api)
+            sys.stderr.write(f"parity accept: {args.api} is no longer accepted in project {project!r}\n")
             return 0
-        done = api.accept(args.project, args.api, args.note.strip(), author=args.author)
+        done = api.accept(project, args.api, args.note.strip(), author=args.author)
     sys.stderr.write(f"parity accept: {done.api} accepted in project {done.project!r} by {done.accepted_by}: "
                      f"{done.note}\n")  # fmt: skip
     return 0
