@@ -133,7 +133,11 @@ class PrecisionDebugger:
         self._writer: BackgroundWriter | None = None  # started with the first recorder
         self._froze = False  # start() froze the heap (gc.freeze) and stop() thaws it
         if self.config.server:
-            self._uploader = self._start_uploader(self.config)
+            try:
+                self._uploader = self._start_uploader(self.config)
+            except ConfigError:
+                self._initialised = False  # the corrected construction that follows is not a no-op
+                raise
         atexit.register(self._at_exit)
 
     @staticmethod

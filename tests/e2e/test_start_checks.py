@@ -60,6 +60,8 @@ def test_a_token_the_server_refuses_fails_before_training(
     assert message in str(info.value)
     assert RO not in str(info.value)  # never quoted
     assert not (tmp_path / "step0").exists()
+    debugger = PrecisionDebugger(dump_path=str(tmp_path), level="L1", server=server.url, token=RW)
+    assert debugger._uploader.offline is None  # corrected, the next construction takes effect
 
 
 def test_a_url_with_no_parity_api_fails_before_training(server: ServerProcess, tmp_path: Path) -> None:
