@@ -6,7 +6,9 @@ accepted. The fields Parity acts on are checked against their allowed values; th
 sections) are named in one warning, so nobody believes a setting took effect when it did not. A field
 neither tool knows is an error with the closest known name, so a typo (``"levle"``) fails before training
 starts instead of producing an empty dump hours later. Constructor arguments win over the file;
-``PARITY_SERVER`` / ``PARITY_TOKEN`` fill in ``server`` / ``token``.
+``PARITY_SERVER`` / ``PARITY_TOKEN`` fill in ``server`` / ``token``. The run's name, project and tags follow
+the server's rule (:mod:`parity.shared.naming`), the server URL and the token are checked for form here
+(reaching the server is the uploader's check, at construction too).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from parity.client.errors import ConfigError
+from parity.client.server_address import base_url, clean_token
+from parity.shared.naming import NameRefused, check_name, check_tags
 
 __all__ = ["DebuggerConfig", "apply_plan", "load_config", "parse_index_list"]
 
@@ -32,7 +36,7 @@ SUMMARY_MODES = ("statistics", "md5")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 COMMON_FIELDS = (
     "task", "dump_path", "rank", "step", "level", "async_dump", "extra_info", "host_buffer_mb",
-    "server", "run_name", "project", "tags", "plan", "planned_by", *TASKS,
+    "server", "token", "run_name", "project", "tags", "plan", "planned_by", *TASKS,
 )  # fmt: skip
 #: Parity's own task field (``parity plan`` writes it; msprobe ignores it): with ``list``, every call keeps
 #: its statistics entry and only the listed calls get tensor files.
@@ -203,7 +207,6 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
             ignored.append(key)
         elif key not in COMMON_FIELDS:
             raise _unknown(key, key, (*COMMON_FIELDS, *MSPROBE_FIELDS, *MSPROBE_SECTIONS), src)
-    token = overrides.pop("token", None)
     for key, value in overrides.items():
         if key not in COMMON_FIELDS:
             raise ConfigError(key, f"unknown argument; allowed: {', '.join(COMMON_FIELDS)}")
@@ -244,6 +247,15 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
         raise ConfigError(
             "tags", f"must be an object of strings or a list of strings, got {tags!r}", source=src
         )
+    server, token = _server_and_token(raw, src)
+    try:  # the server's own rule (parity.shared.naming), checked here so that a slip fails before training
+        tags = check_tags({str(k): str(v) for k, v in tags.items()})
+        run_name = _opt_str(raw, "run_name", src)
+        run_name = check_name(run_name, "run_name") if run_name is not None else None
+        project = _opt_str(raw, "project", src)
+        project = check_name(project, "project") if project is not None else None
+    except NameRefused as exc:
+        raise ConfigError(exc.field, exc.problem, source=src) from None
     if ignored:
         log.warning("parity: %s: msprobe fields that Parity accepts and does not act on: %s",
                     src or "config", ", ".join(ignored))  # fmt: skip
@@ -264,11 +276,11 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
         api_list=_str_list(section.get("list"), f"{task}.list", src),
         data_mode=frozenset(data_mode),
         summary_mode=summary_mode,
-        server=_opt_str(raw, "server", src) or os.environ.get("PARITY_SERVER") or None,
-        run_name=_opt_str(raw, "run_name", src),
-        project=_opt_str(raw, "project", src),
-        tags={str(k): str(v) for k, v in tags.items()},
-        token=token or os.environ.get("PARITY_TOKEN") or None,
+        server=server,
+        run_name=run_name,
+        project=project,
+        tags=tags,
+        token=token,
         statistics_for_all=statistics_for_all,
         plan=_opt_str(raw, "plan", src) or None,
         planned_by=_opt_str(raw, "planned_by", src) or None,
@@ -290,3 +302,23 @@ def apply_plan(cfg: DebuggerConfig, plan: Mapping[str, Any], comparison: str) ->
         api_list=_str_list(section.get("list"), "tensor.list", src), statistics_for_all=True,
         plan=comparison, planned_by=comparison,
     )  # fmt: skip
+
+
+def _server_and_token(raw: Mapping[str, Any], src: str | None) -> tuple[str | None, str | None]:
+    """``server`` (or ``PARITY_SERVER``) as a base URL, ``token`` (or ``PARITY_TOKEN``) trimmed; a URL or a
+    token that could never work is an error now rather than a failed upload after training."""
+    server, where = _opt_str(raw, "server", src), src
+    if not server and os.environ.get("PARITY_SERVER"):
+        server, where = os.environ["PARITY_SERVER"], "PARITY_SERVER"
+    token, token_where = _opt_str(raw, "token", src), src
+    if not token and os.environ.get("PARITY_TOKEN"):
+        token, token_where = os.environ["PARITY_TOKEN"], "PARITY_TOKEN"
+    try:
+        server = base_url(server) if server else None
+    except ValueError as exc:
+        raise ConfigError("server", str(exc), source=where) from None
+    try:
+        token = clean_token(token) if token else None
+    except ValueError as exc:
+        raise ConfigError("token", str(exc), source=token_where) from None
+    return server, token

@@ -5,7 +5,8 @@
         debugger.start(model); loss = model(batch).sum(); loss.backward(); debugger.stop(); debugger.step()
 
 A process-wide singleton whose ``start``/``stop``/``step`` are classmethods, so they can be called from any
-file. Output: ``dump_path/step{N}/rank{R}/`` (rank 0 unless torch.distributed is initialised).
+file. Output: ``dump_path/step{N}/rank{R}/`` (rank 0 unless torch.distributed is initialised), and the run's
+environment in ``dump_path/parity_environment.json`` (read by ``parity upload``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import os
 import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +25,22 @@ import torch
 from parity.client.api_mode import ApiMode
 from parity.client.config import DebuggerConfig, load_config
 from parity.client.distributed import DistributedPatch
-from parity.client.errors import CaptureError
+from parity.client.errors import CaptureError, ConfigError
 from parity.client.modules import ModuleHooks
 from parity.client.plan import fetch_plan
 from parity.client.recorder import Recorder
+from parity.client.run_metadata import write_environment
 from parity.client.tensor_writer import BackgroundWriter
 from torch import nn
 
 __all__ = ["PrecisionDebugger", "seed_all"]
 
 log = logging.getLogger(__name__)
+
+#: The longest the debugger's construction waits for the server's answer (``server`` set): a server that
+#: does not answer by then costs training nothing more (uploads are off, the exit warning says how to
+#: upload the dump later).
+SERVER_CHECK_S = 1.0
 
 
 def seed_all(seed: int = 1234, mode: bool = False) -> None:
@@ -128,7 +136,32 @@ class PrecisionDebugger:
         self._submitted: set[tuple[int, int]] = set()  # touched on the writer thread only
         self._writer: BackgroundWriter | None = None  # started with the first recorder
         self._froze = False  # start() froze the heap (gc.freeze) and stop() thaws it
+        if self.config.server:
+            try:
+                self._uploader = self._start_uploader(self.config)
+            except ConfigError:
+                self._initialised = False  # the corrected construction that follows is not a no-op
+                raise
         atexit.register(self._at_exit)
+
+    @staticmethod
+    def _start_uploader(cfg: DebuggerConfig) -> Any:
+        """The uploader, made before training so that its check of the server (at most ``SERVER_CHECK_S``)
+        refuses a wrong token or URL now, as a :class:`ConfigError`, instead of after the last step. Any
+        other failure only turns uploads off: the dump on disk is what matters."""
+        from parity.client.uploader import BackgroundUploader
+
+        name = cfg.run_name or f"{cfg.dump_path.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            return BackgroundUploader(cfg.server, run_name=name, project=cfg.project, tags=dict(cfg.tags),
+                                      token=cfg.token, dump_root=cfg.dump_path.resolve(),
+                                      planned_by=cfg.planned_by, check_s=SERVER_CHECK_S,
+                                      close_at_exit=False)  # fmt: skip
+        except ConfigError:
+            raise
+        except Exception as exc:  # best effort: never stop training over the upload
+            log.warning("parity: uploads are off, the uploader could not start: %s", exc)
+            return None
 
     # ------------------------------------------------------------------------------------------ helpers
     @classmethod
@@ -167,6 +200,9 @@ class PrecisionDebugger:
                 self.recorder.close()
             if self._writer is None:
                 self._writer = BackgroundWriter(max_host_bytes=cfg.host_buffer_mb << 20)
+                # the run's environment beside the dump, for `parity upload`; off the training thread
+                root = cfg.dump_path
+                self._writer.submit_call(lambda: write_environment(root))
             self.recorder = Recorder(cfg, rank, self.current_step, self._writer)
         if model is not None and cfg.level in ("L0", "mix"):
             self._modules.attach(model)
@@ -260,18 +296,10 @@ class PrecisionDebugger:
 
     def _submit(self, step: int, rank: int, rank_dir: Path) -> None:
         """Writer thread: hand one completely written rank directory to the uploader (once per step/rank)."""
-        cfg = self.config
-        if not cfg.server or (step, rank) in self._submitted:
+        if self._uploader is None or (step, rank) in self._submitted:
             return
         self._submitted.add((step, rank))
         try:
-            if self._uploader is None:
-                from parity.client.uploader import BackgroundUploader
-
-                self._uploader = BackgroundUploader(cfg.server, run_name=cfg.run_name, project=cfg.project,
-                                                    tags=dict(cfg.tags), token=cfg.token,
-                                                    planned_by=cfg.planned_by,
-                                                    close_at_exit=False)  # closed in _at_exit  # fmt: skip
             self._uploader.submit_rank_dir(step, rank, rank_dir)
         except Exception as exc:  # the upload is best effort: never break the training loop over it
             log.warning("parity: could not hand %s to the uploader: %s", rank_dir, exc)

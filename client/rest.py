@@ -35,8 +35,12 @@ from urllib.parse import quote
 import httpx
 import pydantic
 from parity.client.errors import UploadError
+from parity.client.server_address import base_url, clean_token
 from parity.shared.contract import (
     API_PREFIX,
+    AcceptanceCreate,
+    AcceptancePublic,
+    AcceptancesPublic,
     ComparisonCreate,
     ComparisonOptions,
     ComparisonPublic,
@@ -49,6 +53,7 @@ from parity.shared.contract import (
     RunCreate,
     RunPublic,
     RunsPublic,
+    RunUpdate,
 )
 
 __all__ = [
@@ -132,7 +137,8 @@ def _first_error(exc: pydantic.ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{loc or 'body'}: {err['msg']}{more}"
+    message = err["msg"].removeprefix("Value error, ")  # a validator's own words (parity.shared.naming)
+    return f"{loc or 'body'}: {message}{more}"
 
 
 def _request(model: type[M], **fields: Any) -> M:
@@ -146,7 +152,8 @@ def _request(model: type[M], **fields: Any) -> M:
 class ParityClient:
     """The REST API of one Parity server, one method per endpoint, JSON in and typed dicts out.
 
-    ``server`` is the base URL (``http://host:port``, without ``/api/v1``); ``token`` is sent as
+    ``server`` is the base URL (``http://host:port``; a trailing ``/api/v1`` is removed, see
+    :func:`~parity.client.server_address.base_url`); ``token`` is sent as
     ``Authorization: Bearer`` on every request. A ``client`` passed in is used as is and not closed here.
     """
 
@@ -160,9 +167,14 @@ class ParityClient:
     ) -> None:
         if not server:
             raise UploadError("no Parity server given (pass --server or set PARITY_SERVER)")
-        if not server.startswith(("http://", "https://")):
-            raise UploadError(f"server {server!r}: expected an http:// or https:// URL such as http://host:8000")
-        self.server = server.rstrip("/")
+        try:
+            self.server = base_url(server)
+        except ValueError as exc:
+            raise UploadError(f"server {exc}") from None
+        try:
+            token = clean_token(token) if token else None
+        except ValueError as exc:
+            raise UploadError(f"token: {exc}") from None
         self._api = self.server + API_PREFIX
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._owns_client = client is None
@@ -218,6 +230,22 @@ class ParityClient:
             return response.status_code == 200 and Health.model_validate_json(response.content).status == "ok"
         except (httpx.HTTPError, ValueError):  # pydantic's ValidationError is a ValueError
             return False
+
+    def check_access(self, timeout: float) -> None:
+        """One quick request that needs what an upload needs: an answer, a known token, the right to write.
+
+        ``POST /runs`` with an empty body: the server checks the token before it reads a body, so the answer
+        is 401 or 403 for a token it refuses, and 422 (every field missing) for one it takes; nothing is
+        created. Raises :class:`ServerUnreachable` (no answer within ``timeout`` seconds per operation) or
+        :class:`ApiError` (any answer but that 422: a 404 is no Parity API at this URL)."""
+        url = self._api + "/runs"
+        headers = {**self._headers, "Content-Type": "application/json"}
+        try:
+            response = self._http.post(url, content=b"{}", headers=headers, timeout=timeout)
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"POST {url}: server unreachable: {exc or type(exc).__name__}") from None
+        if response.status_code != 422:
+            raise ApiError("POST", url, response.status_code, _detail(response))
 
     def _call(
         self,
@@ -346,6 +374,48 @@ class ParityClient:
         ``with_comparisons``, which deletes them and their reports too."""
         params = [("with_comparisons", "true")] if with_comparisons else None
         self._send("DELETE", f"/runs/{quote(run, safe='')}", params=params, ok=(200, 204))
+
+    def update_run(
+        self, run: str, *, name: str | None = None, tags: Mapping[str, str] | None = None,
+        baseline: bool | None = None,
+    ) -> RunPublic:  # fmt: skip
+        """``PATCH /runs/{id or name}``: rename, retag, or make the run its project's baseline."""
+        new_tags = dict(tags) if tags is not None else None
+        body = _request(RunUpdate, name=name, tags=new_tags, baseline=baseline)  # a null field stays as it is
+        return self._call(RunPublic, "PATCH", f"/runs/{quote(run, safe='')}", body=body)
+
+    def set_baseline(self, ref: str, *, project: str | None = None) -> RunPublic:
+        """Make the run ``ref`` (an id or a name, looked up in ``project`` when given) its project's baseline.
+
+        Without ``project`` the name goes in the path, as on every route; a server whose ``PATCH`` takes ids
+        only (404) is asked again with the id :meth:`resolve_run` finds, which also says when a name is
+        unknown or several runs have it. With ``project`` the id is looked up first: a path holds no project.
+        """
+        if project is None:
+            try:
+                return self.update_run(ref, baseline=True)
+            except ApiError as exc:
+                if exc.status_code != 404:
+                    raise
+        return self.update_run(self.resolve_run(ref, project=project).id, baseline=True)
+
+    # -- acceptances ------------------------------------------------------------------------------------
+
+    def accept(self, project: str, api: str, note: str, *, author: str | None = None) -> AcceptancePublic:
+        """``POST /projects/{project}/acceptances``: the failing ``api`` counts as known, with ``note``."""
+        body = _request(AcceptanceCreate, api=api, note=note, author=author)
+        path = f"/projects/{quote(project, safe='')}/acceptances"
+        return self._call(AcceptancePublic, "POST", path, body=body, ok=(200, 201))
+
+    def acceptances(self, project: str) -> list[AcceptancePublic]:
+        """``GET /projects/{project}/acceptances``: the failing APIs accepted in ``project``, with notes."""
+        path = f"/projects/{quote(project, safe='')}/acceptances"
+        return self._call(AcceptancesPublic, "GET", path).data
+
+    def revoke_acceptance(self, project: str, api: str) -> None:
+        """``DELETE /projects/{project}/acceptances/{api}``: ``api`` fails as new or worse again."""
+        self._send("DELETE", f"/projects/{quote(project, safe='')}/acceptances/{quote(api, safe='')}",
+                   ok=(200, 204))  # fmt: skip
 
     # -- comparisons ------------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ each probe falls back to ``None`` (or ``"cpu"``) instead of raising.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import platform
@@ -16,7 +18,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["capture_metadata", "detect_device", "git_commit", "installed_packages", "selected_environment"]
+__all__ = [
+    "ENVIRONMENT_FILE",
+    "capture_metadata",
+    "detect_device",
+    "git_commit",
+    "installed_packages",
+    "read_environment",
+    "selected_environment",
+    "write_environment",
+]
+
+#: The run's environment, written by the training client at the dump root, beside the ``step*`` folders:
+#: msprobe is pointed at a step or rank folder and never lists the root, and Parity's own readers take only
+#: ``step*/rank*``. ``parity upload`` sends it as the run's metadata, as the client's own upload does.
+ENVIRONMENT_FILE = "parity_environment.json"
+#: Larger is not an environment file (the package list of a big image is ~50 KB).
+MAX_ENVIRONMENT_BYTES = 8 << 20
 
 log = logging.getLogger(__name__)
 
@@ -162,3 +180,45 @@ def driver_version(device: str) -> str | None:
     except OSError:
         return None
     return match.group(1) if match else None
+
+
+def write_environment(dump_root: Path, device: str | None = None) -> Path | None:
+    """Write :data:`ENVIRONMENT_FILE` at ``dump_root`` (atomically: every rank may write it); best effort:
+    a failure is one warning, never an error, since the dump itself matters more."""
+    device = device or detect_device()
+    document = {"device": device, "metadata": capture_metadata(device, cwd=Path.cwd())}
+    path = dump_root / ENVIRONMENT_FILE
+    partial = dump_root / f".{ENVIRONMENT_FILE}.{os.getpid()}.partial"
+    try:
+        dump_root.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(document, indent=1, default=str), encoding="utf-8")
+        os.replace(partial, path)
+    except OSError as exc:
+        log.warning("parity: could not write the run's environment to %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        return None
+    return path
+
+
+def read_environment(dump_dir: Path) -> tuple[str | None, dict[str, Any]]:
+    """The device and metadata in the :data:`ENVIRONMENT_FILE` of ``dump_dir``, a dump root, a step or a rank
+    folder (the file is looked for there and up to two folders above); ``(None, {})`` without one. A file that
+    is not one is skipped with a warning naming it: the dump can be uploaded without its environment."""
+    for folder in (dump_dir, dump_dir.parent, dump_dir.parent.parent):
+        path = folder / ENVIRONMENT_FILE
+        if path.is_file():
+            break
+    else:
+        return None, {}
+    try:
+        if path.stat().st_size > MAX_ENVIRONMENT_BYTES:
+            raise ValueError(f"over {MAX_ENVIRONMENT_BYTES >> 20} MiB")
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(document, dict) or not isinstance(document.get("metadata"), dict):
+            raise ValueError('expected an object with a "metadata" object')
+        device = document.get("device")
+        return (device if isinstance(device, str) else None), document["metadata"]
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        log.warning("%s: not a run environment (%s); uploaded without it", path, exc)
+        return None, {}

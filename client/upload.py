@@ -22,13 +22,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from parity.client.errors import RunInvalid, UploadError
 from parity.client.rest import ParityClient, sha256_file
+from parity.client.run_metadata import read_environment
 from parity.shared.contract import RunPublic
 from parity.shared.dump.layout import DEBUG_JSON, DUMP_JSON, find_dump_ranks, stored_prefix
+from parity.shared.naming import NameRefused, check_name, check_tags
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "iter_dump_files",
     "retry_call",
     "upload_dump",
+    "wait_validated",
 ]
 
 log = logging.getLogger(__name__)
@@ -265,7 +269,7 @@ def upload_dump(
     *,
     name: str,
     project: str = "default",
-    device: str = "other",
+    device: str | None = None,
     tags: Mapping[str, str] | None = None,
     metadata: Mapping[str, Any] | None = None,
     jobs: int = 4,
@@ -276,6 +280,11 @@ def upload_dump(
     """Upload (or finish uploading) ``dump_dir`` as run ``name`` and complete it; returns the complete run
     (validated by a server worker, waited for up to ``wait_s``: see :func:`complete_run`).
 
+    ``name``, ``project`` and ``tags`` follow :mod:`parity.shared.naming` (trimmed, or an error naming the
+    field before anything is sent). The environment the training client wrote beside the dump
+    (:data:`~parity.client.run_metadata.ENVIRONMENT_FILE`) becomes the run's metadata, so comparisons show
+    what differs between two runs' environments; its device is the one used when ``device`` is None.
+
     Names are unique in a project, so a run of that name is never made twice. An ``uploading`` one is
     resumed: only the files it lacks are sent. A ``complete`` one that holds exactly this dump (same paths,
     same sha256) is returned as it is, so the same upload may run twice; one that holds anything else is
@@ -284,6 +293,11 @@ def upload_dump(
     retried with back-off for ``retry_budget_s``. The first error stops the upload, and what was sent stays
     on the server for the next resume.
     """
+    try:  # the server's rule, before anything is read or sent; a trimmed name finds the run to resume
+        name, project = check_name(name, "name"), check_name(project, "project")
+        tags = check_tags(dict(tags or {}), "tags")
+    except NameRefused as exc:
+        raise UploadError(str(exc)) from None
     files = collect_files(dump_dir)
     run = find_resumable(api, name, project)
     if run is not None and run.status in ("complete", "validating"):
@@ -299,14 +313,19 @@ def upload_dump(
     else:
         from parity import __version__
 
+        recorded, environment = read_environment(dump_dir)
+
         meta = {
             "source": "parity upload",
             "dump_path": str(dump_dir.resolve()),
             "hostname": socket.gethostname(),
             "parity_version": __version__,
+            **environment,  # the training job's own, written beside the dump
             **(metadata or {}),
         }
-        run = api.create_run(name, project=project, device=device, tags=tags, metadata=meta)
+        recorded = recorded if recorded in ("npu", "gpu", "cpu") else None
+        run = api.create_run(name, project=project, device=device or recorded or "other", tags=tags,
+                             metadata=meta)  # fmt: skip
         remote = RunFiles(api, run)
         log.info("created run %s (%s)", run.id, name)
     tally = _Tally(files, on_progress)
@@ -349,18 +368,28 @@ def complete_run(
     run = retry_call(lambda: api.complete_run(run_id), what="complete run", budget_s=retry_budget_s)
     if wait_s <= 0:  # the caller follows the validation itself
         return run
+    run = wait_validated(api, run, wait_s=wait_s, retry_budget_s=retry_budget_s, sleep=sleep)
+    if run.status != "complete":
+        raise RunInvalid(f"run {run_id} ({run.name!r}) is {run.status}: {run.error or 'no reason given'}")
+    return run
+
+
+def wait_validated(
+    api: ParityClient, run: RunPublic, *, wait_s: float, retry_budget_s: float = 30.0,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> RunPublic:  # fmt: skip
+    """``run`` read again until it is no longer ``validating`` (``complete`` or ``invalid``), polled soon and
+    then less often; an :class:`UploadError` after ``wait_s`` seconds (the run completes on its own later)."""
     deadline = time.monotonic() + wait_s
     pause = FIRST_POLL_S
     while run.status == "validating":
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise UploadError(
-                f"run {run_id} ({run.name!r}) is still validating after {wait_s:g} s; it becomes complete "
-                f"once a server worker has read its dump.json files (parity runs show {run_id})"
+                f"run {run.id} ({run.name!r}) is still validating after {wait_s:g} s; it becomes complete "
+                f"once a server worker has read its dump.json files (parity runs list --name {run.name})"
             )
         sleep(min(pause, remaining))
         pause = min(pause * 2, MAX_POLL_S)
-        run = retry_call(lambda: api.get_run(run_id), what="read run", budget_s=retry_budget_s)
-    if run.status != "complete":
-        raise RunInvalid(f"run {run_id} ({run.name!r}) is {run.status}: {run.error or 'no reason given'}")
+        run = retry_call(partial(api.get_run, run.id), what="read run", budget_s=retry_budget_s)
     return run

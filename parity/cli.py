@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "upload": ("upload", "upload an existing dump directory to a server"),
     "compare-runs": ("compare_runs", "compare two uploaded runs on a server and download the reports"),
     "plan": ("plan", "write the next dump's config.json: tensor files for a comparison's suspects only"),
-    "runs": ("runs", "list or delete runs on a server"),
+    "runs": ("runs", "list, delete or make a baseline of runs on a server"),
+    "accept": ("accept", "accept a failing API with a note (or --revoke it) in a project"),
     "gc": ("gc", "server maintenance: remove orphaned blobs, stale temp files and expired runs"),
 }
 

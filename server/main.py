@@ -224,9 +224,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ()))
         status_code = 400 if first.get("loc", ("",))[0] == "header" else 422
+        msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")  # a validator's own words
         if _is_page(request):
-            return web.error_page(request, status_code, f"{loc}: {first.get('msg', 'invalid')}")
-        return JSONResponse({"detail": f"{loc}: {first.get('msg', 'invalid')}"}, status_code=status_code)
+            return web.error_page(request, status_code, f"{loc}: {msg}")
+        return JSONResponse({"detail": f"{loc}: {msg}"}, status_code=status_code)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> Health:

@@ -20,7 +20,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from parity.shared.naming import (
+    MAX_NAME_LENGTH,
+    MAX_TAG_KEY_LENGTH,
+    MAX_TAG_VALUE_LENGTH,
+    NameRefused,
+    check_name,
+    check_tags,
+)
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 __all__ = [
     "API_PREFIX",
@@ -81,9 +89,24 @@ MAX_INDEX = 2**31 - 1
 #: How deep a run's metadata may nest. Deeper documents are refused: 300 levels stored once made every
 #: later read of the run list fail (the encoders recurse), for every user.
 MAX_METADATA_DEPTH = 32
-#: A printable single-line text: names and tags end up in log lines and file names, where a newline or an
-#: escape sequence would forge a line or garble a terminal.
-_ONE_LINE = r"^[^\x00-\x1f\x7f-\x9f]*$"
+#: A tag as the schema describes it; :func:`parity.shared.naming.check_tags` is the rule that applies.
+_TagKey = Annotated[str, Field(min_length=1, max_length=MAX_TAG_KEY_LENGTH)]
+_TagValue = Annotated[str, Field(max_length=MAX_TAG_VALUE_LENGTH)]
+
+
+def _named(value: str, field: str) -> str:
+    """``check_name`` in a validator: the problem alone, since pydantic's error names the field."""
+    try:
+        return check_name(value, field)
+    except NameRefused as exc:
+        raise ValueError(exc.problem) from None
+
+
+def _tagged(tags: dict[str, str]) -> dict[str, str]:
+    try:
+        return check_tags(tags)
+    except NameRefused as exc:
+        raise ValueError(exc.problem) from None
 
 
 def split_tag(text: str) -> tuple[str, str]:
@@ -130,13 +153,11 @@ class _Response(BaseModel):
 class RunCreate(_Request):
     """``POST /runs``: a new run, in status ``uploading`` until ``POST /runs/{id}/complete``."""
 
-    name: str = Field(min_length=1, max_length=255, pattern=_ONE_LINE)
-    project: str = Field(default="default", min_length=1, max_length=255, pattern=_ONE_LINE)
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="trimmed; no '/' nor control "
+                      "characters (parity.shared.naming)")  # fmt: skip
+    project: str = Field(default="default", min_length=1, max_length=MAX_NAME_LENGTH)
     device: Device
-    tags: dict[
-        Annotated[str, Field(min_length=1, max_length=255, pattern=_ONE_LINE)],
-        Annotated[str, Field(max_length=1024, pattern=_ONE_LINE)],
-    ] = Field(default_factory=dict)
+    tags: dict[_TagKey, _TagValue] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(
         default_factory=dict, description=f"free JSON, nested at most {MAX_METADATA_DEPTH} levels"
     )
@@ -146,12 +167,23 @@ class RunCreate(_Request):
         description="the comparison whose plan this run's dump followed (parity plan)",
     )
 
+    @field_validator("name", "project")
+    @classmethod
+    def _addressable(cls, value: str, info: ValidationInfo) -> str:
+        return _named(value, info.field_name or "name")
+
+    @field_validator("tags")
+    @classmethod
+    def _filterable(cls, tags: dict[str, str]) -> dict[str, str]:
+        return _tagged(tags)
+
     @field_validator("metadata")
     @classmethod
     def _shallow(cls, value: dict[str, Any]) -> dict[str, Any]:
         if _nesting(value, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
             raise ValueError(f"nests deeper than {MAX_METADATA_DEPTH} levels")
         return value
+
     auto_compare: bool = Field(
         default=True, description="compare against the project's baseline on complete (if it has one)"
     )
@@ -160,19 +192,20 @@ class RunCreate(_Request):
 class RunUpdate(_Request):
     """``PATCH /runs/{id}``: only the fields given change; ``tags`` replaces the whole set."""
 
-    name: str | None = Field(default=None, min_length=1, max_length=255)
+    name: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH)
     tags: dict[str, str] | None = None
     baseline: bool | None = Field(default=None, description="true: the project's baseline from now on")
 
+    @field_validator("name")
+    @classmethod
+    def _addressable(cls, name: str | None) -> str | None:
+        return None if name is None else _named(name, "name")
+
     @field_validator("tags")
     @classmethod
-    def _tag_keys_filterable(cls, tags: dict[str, str] | None) -> dict[str, str] | None:
-        # Filters and the CLI write a tag as KEY=VALUE, split at the first "=": a key holding one could
-        # never be asked for. ``null`` means "leave the tags as they are".
-        for key in tags or ():
-            if not key or "=" in key:
-                raise ValueError(f"tag key {key!r}: must be non-empty and hold no '=' (tags read KEY=VALUE)")
-        return tags
+    def _filterable(cls, tags: dict[str, str] | None) -> dict[str, str] | None:
+        # the rule of a new run's tags (parity.shared.naming); ``null`` means "leave the tags as they are"
+        return None if tags is None else _tagged(tags)
 
 
 class RunPublic(_Response):

@@ -2,14 +2,22 @@
 
 Safe beside a running server on the same data: it decides from the database, and leaves anything younger
 than ``PARITY_TEMP_GRACE_SECONDS`` to the uploads and jobs that may still own it. The server runs the same
-sweep every ``PARITY_SWEEP_INTERVAL_SECONDS``.
+sweep every ``PARITY_SWEEP_INTERVAL_SECONDS``. ``--dry-run`` writes nothing: it neither creates the data
+folder nor migrates the database, says where it looked, and reports nothing to remove where there is no data.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from parity.server.db import Database
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +55,25 @@ def run(args: argparse.Namespace) -> int:
         overrides["temp_grace_seconds"] = args.grace_seconds
     settings = load_settings(**overrides)
     data_dir = settings.resolved_data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
-    upgrade(settings.resolved_database_url)
-    db = Database.connect(settings.resolved_database_url)
-    try:
-        store = open_store(settings.resolved_store_url, data_dir / "tmp")
+    database_url, store_url = settings.resolved_database_url, settings.resolved_store_url
+    if args.dry_run:
+        sys.stdout.write(f"parity gc: dry run, nothing is written; looking at the database "
+                         f"{_safe(database_url)} and the store {store_url}\n")  # fmt: skip
+        missing = _missing(database_url, store_url)
+        if missing:
+            sys.stdout.write(f"parity gc: {missing}: nothing to remove\n")
+            return 0
+    else:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        upgrade(database_url)
+    db = Database.connect(database_url)
+    with contextlib.ExitStack() as stack:
+        stack.callback(db.dispose)
+        if args.dry_run:
+            _check_revision(db, database_url)
+        # an S3 store's staging folder: a dry run stages nothing, so it gets one that is removed after
+        staging = stack.enter_context(tempfile.TemporaryDirectory()) if args.dry_run else data_dir / "tmp"
+        store = open_store(store_url, Path(staging))
         reserve = Reserve(data_dir / "reserve", settings.reserve_bytes)
         runs = RunService(db, store, settings.max_upload_bytes, reserve)
         retention = RetentionService(
@@ -60,8 +82,6 @@ def run(args: argparse.Namespace) -> int:
             reserve=reserve,
         )  # fmt: skip
         report = retention.sweep(dry_run=args.dry_run)
-    finally:
-        db.dispose()
     verb = "would remove" if args.dry_run else "removed"
     out = sys.stdout
     for run_id in report.expired_runs:
@@ -70,3 +90,42 @@ def run(args: argparse.Namespace) -> int:
         out.write(f"orphaned blob {key}\n")
     out.write(f"parity gc: {verb} {report}\n")
     return 0
+
+
+def _safe(url: str) -> str:
+    """The database URL without its password."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _missing(database_url: str, store_url: str) -> str | None:
+    """What a dry run finds missing (an SQLite file, a store folder), so that it reads nothing and creates
+    nothing: opening either would make it."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        if not Path(url.database).is_file():
+            return f"no database at {url.database}"
+    if store_url.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        parsed = urlparse(store_url)
+        host = parsed.netloc if parsed.netloc not in ("", "localhost") else ""
+        root = Path(unquote(host + parsed.path))
+        if not root.is_dir():
+            return f"no store folder at {root}"
+    return None
+
+
+def _check_revision(db: Database, database_url: str) -> None:
+    """A dry run does not migrate: a database behind the code is said, not upgraded."""
+    from parity.server.errors import ServiceError
+    from parity.server.migrate import current_revision, head_revision
+
+    current, head = current_revision(db.read_engine), head_revision()
+    if current != head:
+        raise ServiceError(f"the database {_safe(database_url)} is at revision {current}, the code at "
+                           f"{head}: a dry run migrates nothing (run `parity db upgrade`, or gc without "
+                           "--dry-run)")  # fmt: skip

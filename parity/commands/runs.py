@@ -1,8 +1,10 @@
-"""``parity runs list|delete``: find and remove runs on a server, with the REST API's filters and words.
+"""``parity runs list|delete|baseline``: find, remove and promote runs on a server, in the REST API's words.
 
 ``list`` takes the filters ``GET /runs`` does (``--tag KEY=VALUE`` as on ``parity upload``, ``--name`` exact,
 ``--name-contains`` a substring in any case) and prints one run per line. ``delete`` takes a run id or name
 and refuses a run that comparisons use unless ``--with-comparisons`` is given, as the server does.
+``baseline`` makes a run (id or name, ``--project`` to look the name up in) its project's baseline
+(``PATCH /runs/{run}`` with ``{"baseline": true}``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server_args.add_server_arguments(delete)
     delete.add_argument("--with-comparisons", action="store_true",
                         help="also delete the comparisons that use the run, and their reports")
+    baseline = actions.add_parser(
+        "baseline", help="make a run its project's baseline (auto-compare and regressions use it)",
+        description="Make a run its project's baseline: later runs of the project are compared with it.",
+    )  # fmt: skip
+    baseline.add_argument("run", metavar="RUN", help="run id or name")
+    baseline.add_argument("--project", default=None, help="project to look the name up in")
+    server_args.add_server_arguments(baseline)
 
 
 def format_run(run: RunPublic) -> str:
@@ -59,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write(format_run(r) + "\n")
             if total > len(runs):
                 sys.stderr.write(f"parity runs: {len(runs)} of {total} runs shown (raise --limit)\n")
+            return 0
+        if args.action == "baseline":
+            run = api.set_baseline(args.run, project=args.project)
+            sys.stderr.write(f"parity runs: run {run.id} ({run.name}) is the baseline of project "
+                             f"{run.project!r}\n")  # fmt: skip
             return 0
         if not args.with_comparisons:
             # Said in the CLI's words; the server refuses the same delete on its own (409) in any case.

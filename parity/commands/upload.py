@@ -9,6 +9,9 @@ place; elsewhere (a CI log) a line is written at each tenth of the bytes; ``--qu
 and, on stdout, the run id. The work is :func:`parity.client.upload.upload_dump`; this module parses
 arguments and prints. Once every file is sent it completes the run and waits (``--wait``) until the server's
 workers have validated it: exit 0 with the run ``complete``, or 2 with their error naming the file and entry.
+The name, project and tags follow :mod:`parity.shared.naming` (trimmed; a ``/`` or a control character is
+refused before anything is read). The environment the training client wrote beside the dump
+(``parity_environment.json``) is sent as the run's metadata, and its device is the default of ``--device``.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity.client.errors import ClientError
+from parity.client.run_metadata import ENVIRONMENT_FILE
 from parity.client.upload import upload_dump
 from parity.commands import server_args
 from parity.progress import TransferProgress
 from parity.shared.contract import split_tag
+from parity.shared.naming import check_name, check_tags
 
 DEVICES = ("npu", "gpu", "cpu", "other")
 
@@ -47,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", required=True,
                         help="run name, unique in its project (an unfinished upload of it is resumed)")
     parser.add_argument("--project", default="default", help="project of the run (default: default)")
-    parser.add_argument("--device", default="other", choices=DEVICES, help="device the dump was taken on")
+    parser.add_argument("--device", default=None, choices=DEVICES,
+                        help="device the dump was taken on (default: the one the training client recorded "
+                        f"beside the dump in {ENVIRONMENT_FILE}, else other)")
     parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
                         help="run tag (repeatable)")
     parser.add_argument("--jobs", type=int, default=4, help="files uploaded in parallel (default: 4)")
@@ -59,12 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    tags = parse_tags(args.tag)
+    # the server's rule (parity.shared.naming), said in the options' words before anything is read
+    name, project = check_name(args.name, "--name"), check_name(args.project, "--project")
+    tags = check_tags(parse_tags(args.tag), "--tag")
     progress = TransferProgress("parity upload", quiet=args.quiet)
     try:
         with server_args.connect(args) as api:
             done = upload_dump(
-                api, args.dump_dir, name=args.name, project=args.project, device=args.device, tags=tags,
+                api, args.dump_dir, name=name, project=project, device=args.device, tags=tags,
                 jobs=args.jobs, on_progress=progress, wait_s=args.wait,
             )  # fmt: skip
     finally:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from parity.client.rest import ParityClient
+from parity.client.run_metadata import ENVIRONMENT_FILE
 
 from parity.demo import ServerProcess
 from tests.factories import DumpBuilder
@@ -79,4 +80,5 @@ def write_model_dump(
 
 
 def local_files(root: Path) -> set[str]:
-    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    """The dump's files as the server stores them: the environment beside the dump goes as metadata."""
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {ENVIRONMENT_FILE}

@@ -214,19 +214,23 @@ def test_transient_errors_are_retried(
     assert uploader_warnings(caplog) == []
 
 
-def test_server_down_never_raises_warns_once_and_keeps_dump(
+def test_server_down_never_raises_warns_once_then_names_every_step_at_exit(
     wire: AppWire, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "d"
     dirs = [write_rank(root, s, 0) for s in range(4)]
     before = local_files(root)
     wire.fail = lambda request: httpx.ConnectError("connection refused")
-    up = BackgroundUploader("http://parity", client=wire.client(), **FAST)
+    up = BackgroundUploader("http://parity", client=wire.client(), run_name="n", tags={"hw": "a b"},
+                            device="cpu", **FAST)  # fmt: skip
     for step, d in enumerate(dirs):
         up.submit_rank_dir(step, 0, d)  # must not raise
     up.close(timeout=10)
-    assert len(uploader_warnings(caplog)) == 1
-    assert "could not create the run" in uploader_warnings(caplog)[0]
+    first, last = uploader_warnings(caplog)  # the first failure while training, and the one at exit
+    assert "could not create the run" in first
+    assert "steps 0-3 (rank 0) not uploaded to http://parity" in last
+    assert last.endswith(f"parity upload {root} --server http://parity --name n --project default "
+                         "--device cpu --tag 'hw=a b'")  # fmt: skip
     assert up.stats.items_failed == 4 and up.run_id is None
     assert local_files(root) == before
     # after the first give-up, later items try once instead of backing off again
@@ -248,8 +252,9 @@ def test_refused_file_is_not_retried_and_run_left_open(
     assert len(puts) == 3  # one try per file, no retry of a refusal
     assert wire.api().find_runs()[0].status == "uploading"
     assert not any(p.endswith("/complete") for _, p in wire.requests)
-    (warning,) = uploader_warnings(caplog)
+    warning, at_exit = uploader_warnings(caplog)
     assert "sha256 mismatch" in warning and "step0/rank0/" in warning
+    assert "step 0 (rank 0) not uploaded" in at_exit and "parity upload " in at_exit
 
 
 def test_full_queue_drops_with_a_warning_instead_of_blocking(
