@@ -8,22 +8,19 @@ and writing the rank directory (§3) through :class:`parity.shared.dump.writer.R
 
 from __future__ import annotations
 
-import inspect
-import linecache
 import logging
-import os
-import sys
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
 import torch
 from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
+from parity.client.call_stacks import CallStacks, Stacks
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
@@ -38,20 +35,9 @@ __all__ = ["Collective", "ModuleCall", "Recorder", "param_grad_name"]
 log = logging.getLogger(__name__)
 
 Tensor = torch.Tensor
-_Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
-_Stacks = list[tuple[list[str], list[str]]]
+_Documents = tuple[dict[str, Any], Stacks, dict[str, str | None]]
 _set_grad_enabled = torch._C._set_grad_enabled
-_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _SCALARS = (bool, int, float, str)
-# id(code) -> (the code, it is the tool's own), cached per function. Keyed by id: a code object's own hash is
-# recomputed from its fields at every lookup (about 0.5 us for a large function, 20 frames a stack); the
-# code is held here, so its id is never reused.
-_TOOL_CODE: dict[int, tuple[CodeType, bool]] = {}
-# Frames of the tool itself are dropped from stack.json (the user wants their own code, not ours).
-_TOOL_DIRS = tuple(
-    os.path.dirname(os.path.abspath(p)) + os.sep
-    for p in (__file__, sys.modules["parity.shared.dump.writer"].__file__ or "")
-)
 
 
 def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
@@ -174,13 +160,7 @@ class Recorder:
         # statistics only (no tensor files to name): encoding a tensor is just its leaf
         self._stats_leaf = self.stats.leaf if self.writer is None else None
         self.api_backward = ApiBackward(self.api_gradients)
-        self._stack_index: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
-        self._stack_fast: dict[int, int] = {}  # a stack's number -> its group
-        self._callers: dict[tuple[int, int, int], int] = {}  # (caller's number, id(code), offset) -> number
-        # the frames of the last stack, outermost first: (frame, offset, number); id(frame) -> its index
-        self._chain: list[tuple[FrameType, int, int]] = []
-        self._chain_pos: dict[int, int] = {}
-        self._stacks: list[tuple[list[str], list[str]]] = []
+        self._stacks = CallStacks()
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
         self._dirty = False  # entries changed since the last flush
@@ -299,87 +279,8 @@ class Recorder:
 
     # ----------------------------------------------------------------------------------- stack / construct
     def record_stack(self, name: str, frame: FrameType | None) -> None:
-        """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped).
-
-        The hot path keys the stack by a number for its (code, instruction offset) pairs, cheap to read; only
-        a key not seen before computes line numbers (what the group is deduplicated by) and, for a new group,
-        the text."""
-        tool = _TOOL_CODE
-        k = -1 if frame is None else self._chain_number(frame)
-        idx = self._stack_fast.get(k)
-        if idx is None:
-            lines: list[tuple[int, int]] = []
-            f = frame
-            while f is not None:
-                if not tool[id(f.f_code)][1]:
-                    lines.append((id(f.f_code), f.f_lineno or 0))
-                f = f.f_back
-            by_line = tuple(lines)
-            idx = self._stack_index.get(by_line)
-            if idx is None:
-                frames = [
-                    f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
-                    f"{linecache.getline(c.co_filename, ln).strip()}"
-                    for c, ln in ((tool[cid][0], ln) for cid, ln in by_line)
-                ]
-                idx = self._stack_index[by_line] = len(self._stacks)
-                self._stacks.append(([], frames))
-            self._stack_fast[k] = idx
-        self._stacks[idx][0].append(name)
-
-    def _chain_number(self, frame: FrameType) -> int:
-        """A number for the (code, offset) pairs of ``frame`` and its callers (tool frames dropped).
-
-        Each number stands for (its caller's number, code, offset). The frames of the last stack are kept with
-        their offsets and numbers: while a frame runs its callers stay suspended at the same instructions,
-        so the walk up stops at the first kept frame still at its offset (a loop calling many ops, a forward
-        calling many modules walk one or two frames, not twenty). A generator's frame can be resumed from
-        elsewhere: the walk never stops at one. Only frames of the current stack are kept, until the next
-        call (their locals are alive anyway)."""
-        chain, pos = self._chain, self._chain_pos
-        last = len(chain) - 1
-        if last >= 0 and chain[last][0] is frame and pos.get(id(frame)) == last:
-            # the same frame again (a loop calling ops): its callers' number is the kept one before it
-            lasti = frame.f_lasti
-            if chain[last][1] == lasti:
-                return chain[last][2]
-            code = frame.f_code
-            caller = chain[last - 1][2] if last else -1
-            number = caller if _TOOL_CODE[id(code)][1] else self._callers.setdefault(
-                (caller, id(code), lasti), len(self._callers))  # fmt: skip
-            chain[last] = (frame, lasti, number)
-            return number
-        walked: list[FrameType] = []
-        number = -1
-        f: FrameType | None = frame
-        while f is not None:
-            i = pos.get(id(f))
-            if i is not None and chain[i][0] is f and chain[i][1] == f.f_lasti:
-                number = chain[i][2]
-                for gone in chain[i + 1 :]:
-                    pos.pop(id(gone[0]), None)
-                del chain[i + 1 :]
-                break
-            walked.append(f)
-            f = f.f_back
-        else:
-            chain.clear()
-            pos.clear()
-        tool = _TOOL_CODE
-        callers = self._callers
-        for f in reversed(walked):
-            code = f.f_code
-            cid = id(code)
-            known = tool.get(cid)
-            if known is None:
-                known = tool[cid] = (code, code.co_filename.startswith(_TOOL_DIRS))
-            lasti = f.f_lasti
-            if not known[1]:
-                number = callers.setdefault((number, cid, lasti), len(callers))
-            if not code.co_flags & _RESUMABLE:
-                pos[id(f)] = len(chain)
-            chain.append((f, lasti, number))
-        return number
+        """Add ``name`` to the deduplicated stack.json group of its call stack (see :mod:`.call_stacks`)."""
+        self._stacks.record(name, frame)
 
     def api_parent(self, fwd: str) -> None:
         """mix: every API maps to the innermost active module, forward and backward (§4.5)."""
@@ -622,8 +523,7 @@ class Recorder:
         writer thread after the files are completely written, and only if they were.
         """
         with self.lock, quiet():
-            self._chain.clear()  # held only while recording: frames keep their locals alive
-            self._chain_pos.clear()
+            self._stacks.release_frames()  # held only while recording: frames keep their locals alive
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
@@ -644,25 +544,20 @@ class Recorder:
         parameter's grad) or adds entries, stack names and construct keys; the values it stores are new
         objects and resolved leaves are final. So one level of entry copies is a complete snapshot."""
         data = {k: dict(v) if type(v) is dict else v for k, v in self._data.items()}
-        stacks = [(list(names), frames) for names, frames in self._stacks]
-        return data, stacks, dict(self._construct)
+        return data, self._stacks.snapshot(), dict(self._construct)
 
     def _take_documents(self) -> _Documents:
         """The live containers, replaced by fresh ones (what late hooks of this step may still touch)."""
-        docs = self._data, self._stacks, self._construct
+        self._stacks.release_frames()
+        docs = self._data, self._stacks.groups, self._construct
         self.handed_over = True
         self._data = {}
         self._param_grads = {}  # its dicts are entries of the data handed off
         self._construct = {}
-        self._stacks = []
-        self._stack_index = {}
-        self._stack_fast = {}
-        self._callers = {}
-        self._chain.clear()
-        self._chain_pos.clear()
+        self._stacks = CallStacks()
         return docs
 
-    def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: _Stacks,
+    def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: Stacks,
                construct: dict[str, str | None]) -> None:  # fmt: skip
         """Writer thread: the rank directory's JSON files (tensor files queued before are already saved)."""
         extra = self.cfg.extra_info
