@@ -33,10 +33,16 @@ __all__ = ["StatsBuffer", "crc32_hex", "grad_off", "quiet"]
 
 log = logging.getLogger(__name__)
 
-_DTYPE_STR: dict[torch.dtype, str] = {}
 _FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 _SKIP_DTYPES = {getattr(torch, n) for n in _FP8
                 if hasattr(torch, n)}  # fmt: skip
+#: dtype -> (its name in dump.json, floating point, no statistics): read per dtype once, not per tensor
+_DTYPES: dict[torch.dtype, tuple[str, bool, bool]] = {}
+
+
+def _dtype_info(dtype: torch.dtype) -> tuple[str, bool, bool]:
+    info = _DTYPES[dtype] = (str(dtype), dtype.is_floating_point, dtype in _SKIP_DTYPES)
+    return info
 
 
 class _GradOff:
@@ -172,47 +178,53 @@ class StatsBuffer:
         The same tensor object at the same version (a call's output, the next call's input) gets the same
         leaf dict back, written wherever it is recorded: its values are those of that one leaf (type, dtype,
         shape and requires_grad checked; a leaf naming a tensor file is never shared)."""
+        # Every attribute of ``t`` is read once (each read is a call into torch): this runs for every tensor
+        # recorded, a few thousand times a step.
+        version = t._version
+        shape = t.shape
         hit = self._cache.get(id(t))
-        if (hit is not None and data_name is None and hit[0] is t and hit[1] == t._version
-                and hit[4] == t.shape and hit[2][0]["requires_grad"] is t.requires_grad):  # fmt: skip
+        if hit is not None and (hit[0] is not t or hit[1] != version):
+            hit = None  # another tensor at a reused address, or this one changed in place since
+        if (hit is not None and data_name is None and hit[4] == shape
+                and hit[2][0]["requires_grad"] is t.requires_grad):  # fmt: skip
             return hit[2][0]
         dtype = t.dtype
-        dstr = _DTYPE_STR.get(dtype)
-        if dstr is None:
-            dstr = _DTYPE_STR[dtype] = str(dtype)
+        info = _DTYPES.get(dtype) or _dtype_info(dtype)
         cls = type(t)
+        plain = cls is _Tensor or cls is _Parameter
         leaf: dict[str, Any] = {
-            "type": "torch.Tensor" if cls is _Tensor or cls is _Parameter else _type_name(t), "dtype": dstr,
-            "shape": list(t.shape),
+            "type": "torch.Tensor" if plain else _type_name(t), "dtype": info[0], "shape": list(shape),
             "Max": None, "Min": None, "Mean": None, "Norm": None, "requires_grad": t.requires_grad,
         }  # fmt: skip
         if data_name is not None:
             leaf["data_name"] = data_name
-        # the same tensor object at the same version was readable and non-empty when it was cached
-        version = t._version
-        if hit is not None and hit[0] is t and hit[1] == version:
+        if hit is not None:  # the same tensor object at the same version, readable and non-empty when cached
             hit[2].append(leaf)
             if hit[3] is not None:
                 self._set_md5(leaf, hit[3])
             return leaf
-        plain = cls is _Tensor or cls is _Parameter
         if not plain or t.is_meta or _is_functional(t):
             reason = unreadable(t)
             if reason is not None:
                 self.unreadable += 1
                 leaf["note"] = f"{reason}: values not readable, statistics null"
-                note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
+                note_unreadable(reason, f"a {info[0]} tensor of shape {list(shape)}")
                 return leaf
         numel = t.numel()
-        if numel == 0 or dtype in _SKIP_DTYPES or t.layout is not _STRIDED:
+        if numel == 0 or info[2] or t.layout is not _STRIDED:
             if self.md5 and t.layout is _STRIDED:
                 leaf["md5"] = crc32_hex(t)
             return leaf
+        dstr = info[0]
         sharing = [leaf]
         try:
-            if numel <= self.SMALL and t.dim() and plain and t.is_contiguous():
-                kind, copy = (_FULL, t.clone()) if t.is_floating_point() else _staged_copy(t)
-                skey = (t.device, copy.dtype, kind, t.shape)
+            if numel <= self.SMALL and shape and plain and t.is_contiguous():  # not 0-d
+                if info[1]:
+                    kind, copy, copy_dtype = _FULL, t.clone(), dtype
+                else:
+                    kind, copy = _staged_copy(t)
+                    copy_dtype = copy.dtype
+                skey = (t.device, copy_dtype, kind, shape)
                 staged = self._staged.get(skey)
                 if staged is None:
                     staged = self._staged[skey] = ([], [])
@@ -240,7 +252,7 @@ class StatsBuffer:
             self._set_md5(leaf, digest)
         if len(self._cache) >= self.CACHE_SIZE:
             del self._cache[next(iter(self._cache))]
-        self._cache[id(t)] = (t, version, sharing, digest, t.shape)
+        self._cache[id(t)] = (t, version, sharing, digest, shape)
         self.pending += 1
         if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
             self.resolve(later=False)  # here and now: a long step never holds more than this many copies
