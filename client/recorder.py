@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any
 
 import torch
-from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
+from parity.client.api_backward import ApiBackward, InputNodes, add_tensor_hook, input_nodes
 from parity.client.call_stacks import CallStacks, Stacks
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
@@ -60,7 +60,7 @@ def grads_hook(tensors: list[Tensor], fn: Callable[[Sequence[Tensor | None]], No
     Most modules take and return one tensor: its own hook is the same event (it fires once per backward,
     with that gradient) without the multi-hook's per-call closures, lock and graph-task bookkeeping."""
     if len(tensors) == 1:
-        tensors[0].register_hook(partial(_one_grad, fn))
+        add_tensor_hook(tensors[0], partial(_one_grad, fn))
     else:
         register_multi_grad_hook(tensors, fn)
 
