@@ -121,6 +121,10 @@ def note_unreadable(reason: str, where: str) -> None:
 _Pending = tuple[torch.device, int, Callable[[], torch.Tensor], list[list[dict[str, Any]]]]
 #: (tensor, version, the leaves it feeds, md5 or its box, shape)
 _Cached = tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None, torch.Size]
+#: (device, stat dtype, kind, shape) of small tensors copied for their statistics
+_StagedKey = tuple[torch.device, torch.dtype, int, torch.Size]
+#: the copies of one _StagedKey, and per copy the leaves sharing its statistics
+_Staged = tuple[list[torch.Tensor], list[list[dict[str, Any]]]]
 #: (stacked chunks of statistics, 0-d statistics not stacked yet, per tensor the leaves sharing them)
 _Group = tuple[list[torch.Tensor], list[torch.Tensor], list[list[dict[str, Any]]]]
 
@@ -164,8 +168,7 @@ class StatsBuffer:
         # tensor), and per tensor the leaves that share them
         self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
         # (device, stat dtype, kind, shape) -> the copies of small tensors, and per copy the leaves sharing it
-        self._staged: dict[tuple[torch.device, torch.dtype, int, torch.Size],
-                           tuple[list[torch.Tensor], list[list[dict[str, Any]]]]] = {}  # fmt: skip
+        self._staged: dict[_StagedKey, _Staged] = {}
         self._staged_numel = 0
         # id(tensor) -> see _Cached; holding the tensor keeps its id unique
         self._cache: dict[int, _Cached] = {}
@@ -294,25 +297,29 @@ class StatsBuffer:
         for device in {key[0] for key in self._groups} | {key[0] for key in self._staged}:
             with contextlib.suppress(Exception):
                 synchronize(device)
-        groups: list[_Pending] = [
-            (device, kind, partial(_stack_chunks, chunks, pending), leaves)
-            for (device, _, kind), (chunks, pending, leaves) in self._groups.items()
-        ]
-        groups += [(device, kind, partial(_row_statistics, kind, copies), leaves)
-                   for (device, _, kind, _), (copies, leaves) in self._staged.items()]  # fmt: skip
+        # the groups as they are: making their computations (a Python loop over every shape) is left to
+        # _finish, off the training thread when it runs later
+        taken = self._groups, self._staged
         self._groups = {}
         self._staged = {}
         self._staged_numel = 0
         self._cache.clear()
         self.pending = 0
         if self._fill_later is None or not later:
-            self._finish(groups)
+            self._finish(*taken)
         else:
-            self._fill_later(partial(self._finish, groups))
+            self._fill_later(partial(self._finish, *taken))
 
-    def _finish(self, groups: list[_Pending]) -> None:
+    def _finish(self, reduced: dict[tuple[torch.device, torch.dtype, int], _Group],
+                staged: dict[_StagedKey, _Staged]) -> None:  # fmt: skip
         """Compute each group's statistics, bring them to the host and fill the leaves (the copies held by
-        ``groups`` are released after the devices were waited for: no stream still reads them)."""
+        the groups are released after the devices were waited for: no stream still reads them)."""
+        groups: list[_Pending] = [
+            (device, kind, partial(_stack_chunks, chunks, pending), leaves)
+            for (device, _, kind), (chunks, pending, leaves) in reduced.items()
+        ]
+        groups += [(device, kind, partial(_row_statistics, kind, copies), leaves)
+                   for (device, _, kind, _), (copies, leaves) in staged.items()]  # fmt: skip
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         # per device: (offset into its host vector, kind, leaves) of each group
         layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
