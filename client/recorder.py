@@ -71,9 +71,12 @@ def _one_grad(fn: Callable[[Sequence[Tensor | None]], None], grad: Tensor) -> No
 
 def own_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """``module.named_parameters(recurse=False)`` without its generator machinery (called per forward)."""
+    own = module._parameters
+    if not own:
+        return []
     seen: set[int] = set()
     out = []
-    for name, p in module._parameters.items():
+    for name, p in own.items():
         if p is not None and id(p) not in seen:
             seen.add(id(p))
             out.append((name, p))
@@ -332,7 +335,7 @@ class Recorder:
                 entry = self._data[fwd] = {}
             entry["output"] = encoded
         if entry is not None and self._extra_info:
-            self.record_stack(fwd, frame)
+            self._stacks.record(fwd, frame)
         if track:
             self.api_backward.after_call(backward_of(fwd), out, before)
         return out
@@ -385,8 +388,8 @@ class Recorder:
                     ins = grad_tensors(args, grad_tensors(kwargs, []))
                     if ins:
                         grads_hook(ins, partial(self.module_input_grads, backward_of(name)))
-            if self.cfg.extra_info:
-                self.record_stack(name, frame)
+            if self._extra_info:
+                self._stacks.record(name, frame)
         # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
         before = input_nodes(args, kwargs) if self.want_bwd and torch.is_grad_enabled() else []
         return ModuleCall(prefix, name, entry, selected, listed, before)
@@ -405,15 +408,17 @@ class Recorder:
         self._dirty = True  # a flush since module_enter (stop() in the forward) wrote the entry without it
         entry = call.entry
         grad_on = torch.is_grad_enabled()
+        params: list[tuple[str, nn.Parameter]] | None = None
         with quiet():
             if self.want_fwd_out:
                 if entry is None:
                     entry = {}
                 entry["output"] = self.encode_output(name, output)
                 params = own_parameters(module)
-                entry["parameters"] = {  # present, maybe empty, as msprobe writes it
-                    p: self.tensor_leaf(t, name, "parameters", (p,)) for p, t in params
-                }
+                leaf = self._stats_leaf
+                # present, maybe empty, as msprobe writes it
+                entry["parameters"] = ({p: leaf(t) for p, t in params} if leaf is not None else
+                                       {p: self.tensor_leaf(t, name, "parameters", (p,)) for p, t in params})
             if entry is not None:
                 self._data.pop(name, None)
                 self._data[name] = entry  # re-inserted at completion: a module follows its APIs (§4.4)
@@ -421,7 +426,7 @@ class Recorder:
             if self.want_bwd and grad_on and prefix not in self._param_grads:
                 # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
                 # ``[null]`` per trainable parameter, filled when the gradient arrives
-                slots = {p: [None] for p, t in own_parameters(module) if t.requires_grad}
+                slots = {p: [None] for p, t in (params or own_parameters(module)) if t.requires_grad}
                 if slots:
                     self._param_grads[prefix] = slots
                     self._data[param_grad_name(prefix)] = slots
@@ -469,14 +474,13 @@ class Recorder:
         with self.lock, quiet():
             # One entry per module and step, as msprobe 8.3.3 names it; a later accumulation (another
             # micro-batch) overwrites the leaf, so the entry ends with the gradient the optimizer sees.
-            entry_name = param_grad_name(prefix)
             entry = self._param_grads.get(prefix)
             if entry is None:
                 entry = self._param_grads[prefix] = {}
-                self._data[entry_name] = entry
+                self._data[param_grad_name(prefix)] = entry
             data_name = None
             if self.writer is not None:
-                data_name = param_grad_file(entry_name, pname)
+                data_name = param_grad_file(param_grad_name(prefix), pname)
                 self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
             entry[pname] = [self.stats.leaf(grad, data_name)]
             self._dirty = True
