@@ -281,10 +281,6 @@ class Recorder:
                 for i, g in enumerate(grads)]  # fmt: skip
 
     # ----------------------------------------------------------------------------------- stack / construct
-    def record_stack(self, name: str, frame: FrameType | None) -> None:
-        """Add ``name`` to the deduplicated stack.json group of its call stack (see :mod:`.call_stacks`)."""
-        self._stacks.record(name, frame)
-
     def api_parent(self, fwd: str) -> None:
         """mix: every API maps to the innermost active module, forward and backward (§4.5)."""
         parent = self._module_stack[-1] if self._module_stack else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -171,7 +172,7 @@ class StatsBuffer:
         self._staged: dict[_StagedKey, _Staged] = {}
         self._staged_numel = 0
         # id(tensor) -> see _Cached; holding the tensor keeps its id unique
-        self._cache: dict[int, _Cached] = {}
+        self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self.pending = 0
         self.unreadable = 0  # leaves left null because their values could not be read
 
@@ -254,7 +255,7 @@ class StatsBuffer:
         if digest is not None:
             self._set_md5(leaf, digest)
         if len(self._cache) >= self.CACHE_SIZE:
-            del self._cache[next(iter(self._cache))]
+            self._cache.popitem(last=False)  # the oldest (a plain dict's first key is found by a scan)
         self._cache[id(t)] = (t, version, sharing, digest, shape)
         self.pending += 1
         if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
