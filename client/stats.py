@@ -46,6 +46,17 @@ def _dtype_info(dtype: torch.dtype) -> tuple[str, bool, bool]:
     return info
 
 
+_is_grad_enabled = torch._C.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+# torch-function handling switched off and back by its thread-local state, where torch exposes it: what
+# DisableTorchFunction does, without making a guard object each time (the recorder does this a few hundred
+# times a step)
+_get_tf_state = getattr(torch._C, "_get_torch_function_state", None)
+_set_tf_state = getattr(torch._C, "_set_torch_function_state", None)
+_TF_STATE = getattr(torch._C, "_TorchFunctionState", None)
+_TF_OFF = getattr(_TF_STATE, "ALL_DISABLED", None)
+
+
 class _GradOff:
     """``torch.no_grad()`` without its per-use Python overhead (a decorator-capable class, several calls):
     the recorder enters one or two of these per recorded call."""
@@ -53,14 +64,30 @@ class _GradOff:
     __slots__ = ("_prev",)
 
     def __enter__(self) -> None:
-        self._prev = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
+        self._prev = _is_grad_enabled()
+        _set_grad_enabled(False)
 
     def __exit__(self, *exc: object) -> None:
-        torch._C._set_grad_enabled(self._prev)
+        _set_grad_enabled(self._prev)
 
 
-class _Quiet(_GradOff):
+class _Quiet:
+    __slots__ = ("_prev", "_tf")
+
+    def __enter__(self) -> None:
+        self._tf = _get_tf_state()  # type: ignore[misc]
+        _set_tf_state(_TF_OFF)  # type: ignore[misc]
+        self._prev = _is_grad_enabled()
+        _set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        _set_grad_enabled(self._prev)
+        _set_tf_state(self._tf)  # type: ignore[misc]
+
+
+class _QuietGuard(_GradOff):
+    """:class:`_Quiet` for a torch without the state functions."""
+
     __slots__ = ("_off",)
 
     def __enter__(self) -> None:
@@ -73,14 +100,19 @@ class _Quiet(_GradOff):
         self._off.__exit__(None, None, None)
 
 
+_QUIET: type[_Quiet] | type[_QuietGuard] = (
+    _Quiet if _get_tf_state is not None and _set_tf_state is not None and _TF_OFF is not None else _QuietGuard
+)
+
+
 def grad_off() -> _GradOff:
     """Grad off for the tool's own tensor work (cheaper than ``torch.no_grad()``)."""
     return _GradOff()
 
 
-def quiet() -> _Quiet:
+def quiet() -> _Quiet | _QuietGuard:
     """Run the tool's own torch calls unseen by any torch-function mode (ours included) and without grad."""
-    return _Quiet()
+    return _QUIET()
 
 
 def crc32_hex(t: torch.Tensor) -> str:
