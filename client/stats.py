@@ -37,12 +37,17 @@ log = logging.getLogger(__name__)
 _FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 _SKIP_DTYPES = {getattr(torch, n) for n in _FP8
                 if hasattr(torch, n)}  # fmt: skip
-#: dtype -> (its name in dump.json, floating point, no statistics): read per dtype once, not per tensor
-_DTYPES: dict[torch.dtype, tuple[str, bool, bool]] = {}
+#: dtypes whose scalar's value is read as a Python number (no quantized, complex or fp8 dtype)
+_PLAIN_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8,
+                 torch.int16, torch.int32, torch.int64, torch.bool}  # fmt: skip
+#: dtype -> (its name in dump.json, floating point, no statistics, a plain number): read per dtype once, not
+#: per tensor
+_DTYPES: dict[torch.dtype, tuple[str, bool, bool, bool]] = {}
 
 
-def _dtype_info(dtype: torch.dtype) -> tuple[str, bool, bool]:
-    info = _DTYPES[dtype] = (str(dtype), dtype.is_floating_point, dtype in _SKIP_DTYPES)
+def _dtype_info(dtype: torch.dtype) -> tuple[str, bool, bool, bool]:
+    info = _DTYPES[dtype] = (str(dtype), dtype.is_floating_point, dtype in _SKIP_DTYPES,
+                             dtype in _PLAIN_DTYPES)  # fmt: skip
     return info
 
 
@@ -254,6 +259,8 @@ class StatsBuffer:
         dstr = info[0]
         sharing = [leaf]
         try:
+            if not shape and info[3] and plain and t.is_cpu:
+                return self._scalar_leaf(t, leaf)
             if numel <= self.SMALL and shape and plain and t.is_contiguous():  # not 0-d
                 if info[1]:
                     kind, copy, copy_dtype = _FULL, t.clone(), dtype
@@ -292,6 +299,20 @@ class StatsBuffer:
         self.pending += 1
         if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
             self.resolve(later=False)  # here and now: a long step never holds more than this many copies
+        return leaf
+
+    def _scalar_leaf(self, t: torch.Tensor, leaf: dict[str, Any]) -> dict[str, Any]:
+        """A CPU scalar (AdamW's step counts, a loss, a clamp bound...): its value, read now, is all four
+        statistics (the norm too, sign included, as msprobe writes it; any and all for a bool), the numbers
+        the flush would give it (its float64 value), with no copy to stage. A CPU tensor's value is read
+        without waiting for any device."""
+        value = t.item()
+        if type(value) is bool:
+            leaf["Max"] = leaf["Min"] = value
+        else:
+            leaf["Max"] = leaf["Min"] = leaf["Mean"] = leaf["Norm"] = float(value)
+        if self.md5:
+            self._set_md5(leaf, self._md5(t))
         return leaf
 
     def _md5(self, t: torch.Tensor) -> _Digest:
