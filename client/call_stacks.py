@@ -18,6 +18,7 @@ their own code, not ours).
 from __future__ import annotations
 
 import inspect
+import itertools
 import linecache
 import os
 from types import CodeType, FrameType
@@ -57,15 +58,28 @@ def _module_call_codes() -> tuple[CodeType, ...]:
 _MODULE_CALL_CODES = _module_call_codes()  # held: their ids below stay unique
 _NOT_KEPT = frozenset(id(c) for c in _MODULE_CALL_CODES)
 
+# A stack's number, its line numbers and its text are the same in every step: they are kept for the process
+# (a step only groups its calls), so a stack seen in an earlier step is neither walked whole nor spelled
+# again. Numbers come from one counter and are never reused, so starting the tables over (past
+# _MAX_NUMBERS, when a step starts) cannot make two stacks of a step share a number.
+_NUMBERS: dict[tuple[int, int, int], int] = {}  # (caller's number, id(code), offset) -> number
+_LINES: dict[int, tuple[tuple[int, int], ...]] = {}  # a stack's number -> ((id(code), line), ...)
+_TEXT: dict[tuple[tuple[int, int], ...], list[str]] = {}  # line numbers -> the frames as text
+_counter = itertools.count()
+_MAX_NUMBERS = 200_000
+
 
 class CallStacks:
     """The stack groups of one step, and the kept frames of the last walk (see the module's docstring)."""
 
     def __init__(self) -> None:
+        if len(_NUMBERS) > _MAX_NUMBERS:
+            _NUMBERS.clear()
+            _LINES.clear()
+            _TEXT.clear()
         self.groups: Stacks = []
         self._by_lines: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
         self._by_number: dict[int, int] = {}  # a stack's number -> its group
-        self._numbers: dict[tuple[int, int, int], int] = {}  # (caller's number, id(code), offset) -> number
         # the kept frames of the last stack, outermost first: (frame, offset, number, its caller's number);
         # id(frame) -> its index
         self._chain: list[tuple[FrameType, int, int, int]] = []
@@ -76,26 +90,30 @@ class CallStacks:
         k = -1 if frame is None else self._number(frame)
         idx = self._by_number.get(k)
         if idx is None:
-            idx = self._by_number[k] = self._group(frame)
+            idx = self._by_number[k] = self._group(k, frame)
         self.groups[idx][0].append(name)
 
-    def _group(self, frame: FrameType | None) -> int:
-        """The group of a stack whose number is new: by its line numbers, a new group if none matches."""
+    def _group(self, number: int, frame: FrameType | None) -> int:
+        """The group of a stack new in this step: by its line numbers, a new group if none matches."""
         tool = _TOOL_CODE
-        lines: list[tuple[int, int]] = []
-        f = frame
-        while f is not None:
-            if not tool[id(f.f_code)][1]:
-                lines.append((id(f.f_code), f.f_lineno or 0))
-            f = f.f_back
-        by_line = tuple(lines)
+        by_line = _LINES.get(number)
+        if by_line is None:
+            lines: list[tuple[int, int]] = []
+            f = frame
+            while f is not None:
+                if not tool[id(f.f_code)][1]:
+                    lines.append((id(f.f_code), f.f_lineno or 0))
+                f = f.f_back
+            by_line = _LINES[number] = tuple(lines)
         idx = self._by_lines.get(by_line)
         if idx is None:
-            frames = [
-                f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
-                f"{linecache.getline(c.co_filename, ln).strip()}"
-                for c, ln in ((tool[cid][0], ln) for cid, ln in by_line)
-            ]
+            frames = _TEXT.get(by_line)
+            if frames is None:
+                frames = _TEXT[by_line] = [
+                    f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
+                    f"{linecache.getline(c.co_filename, ln).strip()}"
+                    for c, ln in ((tool[cid][0], ln) for cid, ln in by_line)
+                ]
             idx = self._by_lines[by_line] = len(self.groups)
             self.groups.append(([], frames))
         return idx
@@ -103,7 +121,7 @@ class CallStacks:
     def _number(self, frame: FrameType) -> int:
         """The number of the stack whose innermost frame is ``frame`` (walks up to the first kept frame)."""
         chain, pos = self._chain, self._chain_pos
-        numbers = self._numbers
+        numbers = _NUMBERS
         tool = _TOOL_CODE
         walked: list[FrameType] = []
         number = -1  # the number of the outermost walked frame's caller
@@ -115,8 +133,7 @@ class CallStacks:
                 if f.f_lasti != lasti:  # moved on to another call: only its own pair changed
                     lasti = f.f_lasti
                     cid = id(f.f_code)
-                    number = caller if tool[cid][1] else numbers.setdefault((caller, cid, lasti),
-                                                                            len(numbers))  # fmt: skip
+                    number = caller if tool[cid][1] else _numbered(caller, cid, lasti)
                     chain[i] = (f, lasti, number, caller)
                 if i + 1 < len(chain):  # the frames it called before have returned
                     for gone in chain[i + 1 :]:
@@ -137,7 +154,7 @@ class CallStacks:
             lasti = f.f_lasti
             caller = number
             if not known[1]:
-                number = numbers.setdefault((caller, cid, lasti), len(numbers))
+                number = numbers.get((caller, cid, lasti)) or _numbered(caller, cid, lasti)
             if not code.co_flags & _RESUMABLE and cid not in _NOT_KEPT:
                 pos[id(f)] = len(chain)
                 chain.append((f, lasti, number, caller))
@@ -151,3 +168,12 @@ class CallStacks:
     def snapshot(self) -> Stacks:
         """A copy that later recording cannot change (it only appends names and groups)."""
         return [(list(names), frames) for names, frames in self.groups]
+
+
+def _numbered(caller: int, cid: int, lasti: int) -> int:
+    """The number of (caller's number, code, offset), a new one if it has none."""
+    key = (caller, cid, lasti)
+    number = _NUMBERS.get(key)
+    if number is None:
+        number = _NUMBERS[key] = next(_counter)
+    return number

@@ -82,13 +82,8 @@ class Hooked(nn.Module):
         return self.a(x)
 
 
-def test_cached_walk_groups_as_the_full_walk() -> None:
-    rec = Both()
-    model = nn.Sequential(Hooked(rec), Hooked(rec))
-    for m in model.modules():  # a forward pre-hook records its caller, nn.Module's ``inner``, as the recorder
-        m.register_forward_pre_hook(lambda *_: rec.record(sys._getframe(1)))
-    gen = _gen(rec)
-    for step in range(2):
+def _steps(rec: Both, model: nn.Module, gen: Iterator[None], steps: int) -> None:
+    for step in range(steps):
         _twice(rec, 2)
         next(gen)
         model(torch.ones(1, 2))
@@ -102,6 +97,19 @@ def test_cached_walk_groups_as_the_full_walk() -> None:
         inner()
         model(torch.ones(1, 2))
         rec.cached.release_frames()  # a flush between steps: the walk starts over
+
+
+def test_cached_walk_groups_as_the_full_walk() -> None:
+    rec = Both()
+    model = nn.Sequential(Hooked(rec), Hooked(rec))
+    for m in model.modules():  # a forward pre-hook records its caller, nn.Module's ``inner``, as the recorder
+        m.register_forward_pre_hook(lambda *_: rec.record(sys._getframe(1)))
+    gen = _gen(rec)
+    _steps(rec, model, gen, 2)
     assert rec.n > 100
     assert rec.cached.groups == rec.full.groups
     assert len(rec.cached.groups) > 10  # not everything in a group or two
+    # the next step's groups (numbers, lines and text kept from the steps before) are its own, complete
+    rec.cached, rec.full = CallStacks(), FullWalk()
+    _steps(rec, model, gen, 3)
+    assert rec.cached.groups == rec.full.groups
