@@ -36,7 +36,7 @@ import torch
 from parity.client.stats import quiet
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["ApiBackward", "InputNodes", "add_tensor_hook"]
+__all__ = ["ApiBackward", "InputNodes", "add_tensor_hook", "last_hook_key"]
 
 Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -65,25 +65,33 @@ def input_nodes(args: Sequence[Any], kwargs: dict[str, Any]) -> InputNodes:
     return found
 
 
-def add_tensor_hook(t: Tensor, hook: Callable[[Tensor], Any]) -> None:
+def add_tensor_hook(t: Tensor, hook: Callable[[Tensor], Any]) -> int:
     """``t.register_hook(hook)`` for good (the tool never removes its hooks), without the removable handle.
 
     The handle (a weak reference, a class counter, an import at every call) is most of ``register_hook``'s
     cost, and the tool adds a hook or two per recorded call. For a plain tensor this does what
     ``Tensor.register_hook`` does without it: the tensor's ``_backward_hooks`` dict, made once and handed to
     its node, holds the hook; the hooks run in the order they were added, as torch's do. A subclass (it may
-    override ``register_hook``) takes the public call. Callers pass tensors that require grad."""
+    override ``register_hook``) takes the public call. Callers pass tensors that require grad. Returns the
+    hook's key in ``t._backward_hooks``."""
     cls = type(t)
     if cls is not Tensor and cls is not _Parameter:
-        t.register_hook(hook)
-        return
+        return int(t.register_hook(hook).id)
     hooks = t._backward_hooks
     if hooks is None:
         hooks = t._backward_hooks = OrderedDict()
         node = t.grad_fn
         if node is not None:
             node._register_hook_dict(t)
-    hooks[next(_hook_keys)] = hook
+    key = next(_hook_keys)
+    hooks[key] = hook
+    return key
+
+
+def last_hook_key(t: Tensor) -> Any:
+    """The key of the hook added last to ``t`` (by anyone), or None."""
+    hooks = t._backward_hooks
+    return next(reversed(hooks)) if hooks else None
 
 
 def _anchor(out: Any) -> Tensor | None:

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any
 
 import torch
-from parity.client.api_backward import ApiBackward, InputNodes, add_tensor_hook, input_nodes
+from parity.client.api_backward import ApiBackward, InputNodes, add_tensor_hook, input_nodes, last_hook_key
 from parity.client.call_stacks import CallStacks, Stacks
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
@@ -54,19 +54,22 @@ def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
     return out
 
 
-def grads_hook(tensors: list[Tensor], fn: Callable[[Sequence[Tensor | None]], None]) -> None:
-    """``fn(grads)`` once the gradients of all ``tensors`` arrived (``register_multi_grad_hook``, mode all).
-
-    Most modules take and return one tensor: its own hook is the same event (it fires once per backward,
-    with that gradient) without the multi-hook's per-call closures, lock and graph-task bookkeeping."""
-    if len(tensors) == 1:
-        add_tensor_hook(tensors[0], partial(_one_grad, fn))
-    else:
-        register_multi_grad_hook(tensors, fn)
+GradsFn = Callable[[Sequence[Tensor | None]], None]
 
 
-def _one_grad(fn: Callable[[Sequence[Tensor | None]], None], grad: Tensor) -> None:
-    fn((grad,))
+class _GradFanout:
+    """One tensor hook that calls the recorder's gradient callbacks of that tensor in the order they were
+    added: a module's output is usually the next module's only input, and both want its gradient."""
+
+    __slots__ = ("fns",)
+
+    def __init__(self, fn: GradsFn) -> None:
+        self.fns = [fn]
+
+    def __call__(self, grad: Tensor) -> None:
+        grads = (grad,)
+        for fn in self.fns:
+            fn(grads)
 
 
 def own_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -164,6 +167,8 @@ class Recorder:
         self._stats_leaf = self.stats.leaf if self.writer is None else None
         self.api_backward = ApiBackward(self.api_gradients)
         self._stacks = CallStacks()
+        # (tensor, its hook, the hook's key) of the last single-tensor gradient hook added (see _grads_hook)
+        self._last_fanout: tuple[Tensor, _GradFanout, Any] | None = None
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
         self._dirty = False  # entries changed since the last flush
@@ -383,7 +388,7 @@ class Recorder:
                 if self.want_bwd_out and grad_on:
                     ins = grad_tensors(args, grad_tensors(kwargs, []))
                     if ins:
-                        grads_hook(ins, partial(self.module_input_grads, backward_of(name)))
+                        self._grads_hook(ins, partial(self.module_input_grads, backward_of(name)))
             if self._extra_info:
                 self._stacks.record(name, frame)
         # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
@@ -430,9 +435,28 @@ class Recorder:
                 outs = grad_tensors(output, [])
                 bname = backward_of(name)
                 if outs:
-                    grads_hook(outs, partial(self.module_output_grads, bname))
+                    self._grads_hook(outs, partial(self.module_output_grads, bname))
                 if len(outs) == 1 and outs[0]._is_view():  # its hook is lost if it is updated in place
                     self.api_backward.watch_view(outs[0], partial(self._module_rebased, bname))
+
+    def _grads_hook(self, tensors: list[Tensor], fn: GradsFn) -> None:
+        """``fn(grads)`` once the gradients of all ``tensors`` arrived (``register_multi_grad_hook``, mode
+        all).
+
+        Most modules take and return one tensor: its own hook is the same event (it fires once per backward,
+        with that gradient) without the multi-hook's per-call closures, lock and graph-task bookkeeping. When
+        the tool's own last hook is still the last one on that tensor (the previous module's output is this
+        module's input), ``fn`` joins it: one hook call instead of two, the callbacks in the same order."""
+        if len(tensors) != 1:
+            register_multi_grad_hook(tensors, fn)
+            return
+        t = tensors[0]
+        last = self._last_fanout
+        if last is not None and last[0] is t and last_hook_key(t) == last[2]:
+            last[1].fns.append(fn)
+            return
+        fanout = _GradFanout(fn)
+        self._last_fanout = (t, fanout, add_tensor_hook(t, fanout))
 
     def _module_entry(self, name: str) -> dict[str, Any]:
         self._dirty = True
@@ -524,6 +548,7 @@ class Recorder:
         """
         with self.lock, quiet():
             self._stacks.release_frames()  # held only while recording: frames keep their locals alive
+            self._last_fanout = None  # nor this tensor
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
