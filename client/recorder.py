@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], Stacks, dict[str, str | None]]
 _set_grad_enabled = torch._C._set_grad_enabled
+_is_grad_enabled = torch._C.is_grad_enabled
 _SCALARS = (bool, int, float, str)
 
 
@@ -286,11 +287,12 @@ class Recorder:
                 for i, g in enumerate(grads)]  # fmt: skip
 
     # ----------------------------------------------------------------------------------- stack / construct
-    def api_parent(self, fwd: str) -> None:
-        """mix: every API maps to the innermost active module, forward and backward (§4.5)."""
+    def api_parent(self, fwd: str, bwd: str | None = None) -> None:
+        """mix: every API maps to the innermost active module, forward and backward (§4.5); ``bwd``: the
+        backward name of ``fwd`` where the caller has it."""
         parent = self._module_stack[-1] if self._module_stack else None
         self._construct[fwd] = parent
-        self._construct[backward_of(fwd)] = backward_of(parent) if parent else None
+        self._construct[bwd or backward_of(fwd)] = backward_of(parent) if parent else None
 
     # ------------------------------------------------------------------------------------------ the API
     def record_api(self, prefix_api: str, func: Callable[..., Any], args: tuple[Any, ...],
@@ -302,9 +304,10 @@ class Recorder:
         from how ``func`` is called."""
         n = self._api_counts.get(prefix_api, 0)
         fwd = f"{prefix_api}.{n}.forward"
+        bwd = f"{prefix_api}.{n}.backward"  # backward_of(fwd)
         if self.mix:
-            self.api_parent(fwd)
-        grad_on = torch.is_grad_enabled()
+            self.api_parent(fwd, bwd)
+        grad_on = _is_grad_enabled()
         track = self.want_bwd and grad_on
         before: InputNodes = input_nodes(args, kwargs) if track else []
         if self.filtered and not self.selected(fwd):
@@ -326,7 +329,7 @@ class Recorder:
         out = func(*args, **kwargs)
         self._api_counts[prefix_api] = n + 1
         if self.want_fwd_out:
-            grad_now = torch.is_grad_enabled()  # the call may have changed it (torch.set_grad_enabled)
+            grad_now = _is_grad_enabled()  # the call may have changed it (torch.set_grad_enabled)
             _set_grad_enabled(False)
             try:
                 encoded = self.encode_output(fwd, out)
@@ -338,7 +341,7 @@ class Recorder:
         if entry is not None and self._extra_info:
             self._stacks.record(fwd, frame)
         if track:
-            self.api_backward.after_call(backward_of(fwd), out, before)
+            self.api_backward.after_call(bwd, out, before)
         return out
 
     def api_gradients(self, name: str, of_outputs: Any, of_inputs: Any) -> None:
