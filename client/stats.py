@@ -207,6 +207,8 @@ class StatsBuffer:
         self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
         # (device, stat dtype, kind, shape) -> the copies of small tensors, and per copy the leaves sharing it
         self._staged: dict[_StagedKey, _Staged] = {}
+        # copies of small CPU tensors that are not contiguous, with their strides, and the leaves sharing each
+        self._strided: list[tuple[torch.Tensor, list[dict[str, Any]]]] = []
         self._staged_numel = 0
         # id(tensor) -> see _Cached; holding the tensor keeps its id unique
         self._cache: OrderedDict[int, _Cached] = OrderedDict()
@@ -273,6 +275,13 @@ class StatsBuffer:
                     staged = self._staged[skey] = ([], [])
                 staged[0].append(copy)
                 staged[1].append(sharing)
+                self._staged_numel += numel
+            elif (numel <= self.SMALL and shape and plain and t.is_cpu
+                  and (strided := _strided_copy(t)) is not None):  # fmt: skip
+                # a small view (a slice, a transpose): its reductions would each set up a strided walk of
+                # its values here; a copy with its strides costs one, and its reductions, run at the flush,
+                # walk the same values in the same order as the tensor's own
+                self._strided.append((strided, sharing))
                 self._staged_numel += numel
             else:
                 kind, vals = _reductions(t)
@@ -353,9 +362,10 @@ class StatsBuffer:
                 synchronize(device)
         # the groups as they are: making their computations (a Python loop over every shape) is left to
         # _finish, off the training thread when it runs later
-        taken = self._groups, self._staged
+        taken = self._groups, self._staged, self._strided
         self._groups = {}
         self._staged = {}
+        self._strided = []
         self._staged_numel = 0
         self._cache.clear()
         self.pending = 0
@@ -365,9 +375,21 @@ class StatsBuffer:
             self._fill_later(partial(self._finish, *taken))
 
     def _finish(self, reduced: dict[tuple[torch.device, torch.dtype, int], _Group],
-                staged: dict[_StagedKey, _Staged]) -> None:  # fmt: skip
+                staged: dict[_StagedKey, _Staged],
+                strided: list[tuple[torch.Tensor, list[dict[str, Any]]]]) -> None:  # fmt: skip
         """Compute each group's statistics, bring them to the host and fill the leaves (the copies held by
         the groups are released after the devices were waited for: no stream still reads them)."""
+        with quiet():
+            for copy, sharing in strided:  # the reductions its tensor would have had when recorded
+                try:
+                    kind, vals = _reductions(copy)
+                except Exception as exc:
+                    self.unreadable += 1
+                    note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {copy.dtype} view")
+                    continue
+                group = reduced.setdefault((copy.device, vals[0].dtype, kind), ([], [], []))
+                group[1].extend(vals)
+                group[2].append(sharing)
         groups: list[_Pending] = [
             (device, kind, partial(_stack_chunks, chunks, pending), leaves)
             for (device, _, kind), (chunks, pending, leaves) in reduced.items()
@@ -430,6 +452,17 @@ def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
         return _SCALAR, [x.clone()]
     mn, mx = torch.aminmax(x)
     return _FULL, [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
+
+
+def _strided_copy(x: torch.Tensor) -> torch.Tensor | None:
+    """A copy of ``x`` with its sizes and strides (gaps included), or None where its elements overlap (an
+    expanded tensor): reducing the copy walks the same values in the same order as reducing ``x``."""
+    try:
+        copy = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        copy.copy_(x)
+    except RuntimeError:
+        return None
+    return copy
 
 
 def _staged_copy(x: torch.Tensor) -> tuple[int, torch.Tensor]:
