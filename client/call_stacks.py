@@ -66,7 +66,7 @@ _NUMBERS: dict[tuple[int, int, int], int] = {}  # (caller's number, id(code), of
 _LINES: dict[int, tuple[tuple[int, int], ...]] = {}  # a stack's number -> ((id(code), line), ...)
 _TEXT: dict[tuple[tuple[int, int], ...], list[str]] = {}  # line numbers -> the frames as text
 _counter = itertools.count()
-_MAX_NUMBERS = 200_000
+_MAX_NUMBERS = 50_000
 
 
 class CallStacks:
