@@ -26,6 +26,8 @@ reports the in-place calls it sees at L0, where no API is recorded (:meth:`ApiBa
 
 from __future__ import annotations
 
+import itertools
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -34,9 +36,12 @@ import torch
 from parity.client.stats import quiet
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["ApiBackward", "InputNodes"]
+__all__ = ["ApiBackward", "InputNodes", "add_tensor_hook", "last_hook_key"]
 
 Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+# keys of the hooks add_tensor_hook adds: negative, torch's own handles count up from 0 and never meet them
+_hook_keys = itertools.count(-1, -1)
 #: ``(tensor, its grad_fn)`` for every input tensor that requires grad, taken before the call.
 InputNodes = list[tuple[Tensor, Any]]
 #: ``(entry name, grads of the call's outputs, grads of its inputs)``; a side is None when not recorded.
@@ -58,6 +63,35 @@ def input_nodes(args: Sequence[Any], kwargs: dict[str, Any]) -> InputNodes:
                 if isinstance(v, Tensor) and v.requires_grad:
                     found.append((v, v.grad_fn))
     return found
+
+
+def add_tensor_hook(t: Tensor, hook: Callable[[Tensor], Any]) -> int:
+    """``t.register_hook(hook)`` for good (the tool never removes its hooks), without the removable handle.
+
+    The handle (a weak reference, a class counter, an import at every call) is most of ``register_hook``'s
+    cost, and the tool adds a hook or two per recorded call. For a plain tensor this does what
+    ``Tensor.register_hook`` does without it: the tensor's ``_backward_hooks`` dict, made once and handed to
+    its node, holds the hook; the hooks run in the order they were added, as torch's do. A subclass (it may
+    override ``register_hook``) takes the public call. Callers pass tensors that require grad. Returns the
+    hook's key in ``t._backward_hooks``."""
+    cls = type(t)
+    if cls is not Tensor and cls is not _Parameter:
+        return int(t.register_hook(hook).id)
+    hooks = t._backward_hooks
+    if hooks is None:
+        hooks = t._backward_hooks = OrderedDict()
+        node = t.grad_fn
+        if node is not None:
+            node._register_hook_dict(t)
+    key = next(_hook_keys)
+    hooks[key] = hook
+    return key
+
+
+def last_hook_key(t: Tensor) -> Any:
+    """The key of the hook added last to ``t`` (by anyone), or None."""
+    hooks = t._backward_hooks
+    return next(reversed(hooks)) if hooks else None
 
 
 def _anchor(out: Any) -> Tensor | None:
@@ -97,7 +131,7 @@ class ApiBackward:
         node = t.grad_fn
         if node is None or any(node is n for _, n in before):
             identity = any(t is x for x, _ in before)
-            t.register_hook(self._tensor_hook(name, identity))
+            add_tensor_hook(t, self._tensor_hook(name, identity))
             return
         node.register_hook(self._node_hook(name))
         if t._is_view():

@@ -37,6 +37,14 @@ _warned_compile = False
 _TENSOR_BACKWARD = torch.Tensor.backward
 # Cache per func object: (prefix, api, is_operator_candidate, "prefix.api") or None for an ignored call.
 _Name = tuple[str, str, bool, str] | None
+# Both caches live as long as the process, not one mode: ``start()`` makes a new mode every step, and naming
+# a function (``resolve_name``) costs about as much as recording its call.
+_NAMES: dict[Any, _Name] = {}
+# id(code) -> (the code, held so its id stays unique; it is a compiled graph's): a code object's own hash is
+# recomputed from its fields at every lookup
+_COMPILED_CODE: dict[int, tuple[CodeType, bool]] = {}
+#: past this many entries a cache starts over (functions and code made on the fly would otherwise pile up)
+_MAX_NAMES = 20000
 
 
 class ApiMode(TorchFunctionMode):
@@ -46,10 +54,8 @@ class ApiMode(TorchFunctionMode):
         super().__init__()
         self.recorder = recorder
         self.active = True  # False in a forked child (DataLoader workers): calls pass straight through
-        self._names: dict[Any, _Name] = {}
-        # id(code) -> (the code, held so its id stays unique; it is a compiled graph's): a code object's own
-        # hash is recomputed from its fields at every lookup
-        self._compiled_code: dict[int, tuple[CodeType, bool]] = {}
+        self._names = _NAMES
+        self._compiled_code = _COMPILED_CODE
         self._compiled_frame: FrameType | None = None
 
     def _resolve(self, func: Any) -> _Name:
@@ -61,6 +67,8 @@ class ApiMode(TorchFunctionMode):
         name: _Name = None if pa is None else (
             pa[0], pa[1], pa[0] == "Tensor" and pa[1] in OPERATOR_METHODS, f"{pa[0]}.{pa[1]}"
         )
+        if len(self._names) >= _MAX_NAMES:
+            self._names.clear()
         self._names[func] = name
         return name
 
@@ -82,6 +90,8 @@ class ApiMode(TorchFunctionMode):
         code = frame.f_code
         known = self._compiled_code.get(id(code))
         if known is None:
+            if len(self._compiled_code) >= _MAX_NAMES:
+                self._compiled_code.clear()
             known = self._compiled_code[id(code)] = (code, code.co_filename.startswith(_COMPILED_FILES) or (
                 "torchinductor" in code.co_filename
             ))  # fmt: skip

@@ -8,22 +8,19 @@ and writing the rank directory (§3) through :class:`parity.shared.dump.writer.R
 
 from __future__ import annotations
 
-import inspect
-import linecache
 import logging
-import os
-import sys
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
 import torch
-from parity.client.api_backward import ApiBackward, InputNodes, input_nodes
+from parity.client.api_backward import ApiBackward, InputNodes, add_tensor_hook, input_nodes, last_hook_key
+from parity.client.call_stacks import CallStacks, Stacks
 from parity.client.config import DebuggerConfig
 from parity.client.stats import StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
@@ -38,20 +35,10 @@ __all__ = ["Collective", "ModuleCall", "Recorder", "param_grad_name"]
 log = logging.getLogger(__name__)
 
 Tensor = torch.Tensor
-_Documents = tuple[dict[str, Any], list[tuple[list[str], list[str]]], dict[str, str | None]]
-_Stacks = list[tuple[list[str], list[str]]]
+_Documents = tuple[dict[str, Any], Stacks, dict[str, str | None]]
 _set_grad_enabled = torch._C._set_grad_enabled
-_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_is_grad_enabled = torch._C.is_grad_enabled
 _SCALARS = (bool, int, float, str)
-# id(code) -> (the code, it is the tool's own), cached per function. Keyed by id: a code object's own hash is
-# recomputed from its fields at every lookup (about 0.5 us for a large function, 20 frames a stack); the
-# code is held here, so its id is never reused.
-_TOOL_CODE: dict[int, tuple[CodeType, bool]] = {}
-# Frames of the tool itself are dropped from stack.json (the user wants their own code, not ours).
-_TOOL_DIRS = tuple(
-    os.path.dirname(os.path.abspath(p)) + os.sep
-    for p in (__file__, sys.modules["parity.shared.dump.writer"].__file__ or "")
-)
 
 
 def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
@@ -68,26 +55,32 @@ def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
     return out
 
 
-def grads_hook(tensors: list[Tensor], fn: Callable[[Sequence[Tensor | None]], None]) -> None:
-    """``fn(grads)`` once the gradients of all ``tensors`` arrived (``register_multi_grad_hook``, mode all).
-
-    Most modules take and return one tensor: its own hook is the same event (it fires once per backward,
-    with that gradient) without the multi-hook's per-call closures, lock and graph-task bookkeeping."""
-    if len(tensors) == 1:
-        tensors[0].register_hook(partial(_one_grad, fn))
-    else:
-        register_multi_grad_hook(tensors, fn)
+GradsFn = Callable[[Sequence[Tensor | None]], None]
 
 
-def _one_grad(fn: Callable[[Sequence[Tensor | None]], None], grad: Tensor) -> None:
-    fn((grad,))
+class _GradFanout:
+    """One tensor hook that calls the recorder's gradient callbacks of that tensor in the order they were
+    added: a module's output is usually the next module's only input, and both want its gradient."""
+
+    __slots__ = ("fns",)
+
+    def __init__(self, fn: GradsFn) -> None:
+        self.fns = [fn]
+
+    def __call__(self, grad: Tensor) -> None:
+        grads = (grad,)
+        for fn in self.fns:
+            fn(grads)
 
 
 def own_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """``module.named_parameters(recurse=False)`` without its generator machinery (called per forward)."""
+    own = module._parameters
+    if not own:
+        return []
     seen: set[int] = set()
     out = []
-    for name, p in module._parameters.items():
+    for name, p in own.items():
         if p is not None and id(p) not in seen:
             seen.add(id(p))
             out.append((name, p))
@@ -182,13 +175,9 @@ class Recorder:
         # statistics only (no tensor files to name): encoding a tensor is just its leaf
         self._stats_leaf = self.stats.leaf if self.writer is None else None
         self.api_backward = ApiBackward(self.api_gradients)
-        self._stack_index: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
-        self._stack_fast: dict[int, int] = {}  # a stack's number -> its group
-        self._callers: dict[tuple[int, int, int], int] = {}  # (caller's number, id(code), offset) -> number
-        # the frames of the last stack, outermost first: (frame, offset, number); id(frame) -> its index
-        self._chain: list[tuple[FrameType, int, int]] = []
-        self._chain_pos: dict[int, int] = {}
-        self._stacks: list[tuple[list[str], list[str]]] = []
+        self._stacks = CallStacks()
+        # (tensor, its hook, the hook's key) of the last single-tensor gradient hook added (see _grads_hook)
+        self._last_fanout: tuple[Tensor, _GradFanout, Any] | None = None
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
         self._dirty = False  # entries changed since the last flush
@@ -318,94 +307,12 @@ class Recorder:
                 for i, g in enumerate(grads)]  # fmt: skip
 
     # ----------------------------------------------------------------------------------- stack / construct
-    def record_stack(self, name: str, frame: FrameType | None) -> None:
-        """Add ``name`` to the deduplicated stack.json group of its call stack (tool frames dropped).
-
-        The hot path keys the stack by a number for its (code, instruction offset) pairs, cheap to read; only
-        a key not seen before computes line numbers (what the group is deduplicated by) and, for a new group,
-        the text."""
-        tool = _TOOL_CODE
-        k = -1 if frame is None else self._chain_number(frame)
-        idx = self._stack_fast.get(k)
-        if idx is None:
-            lines: list[tuple[int, int]] = []
-            f = frame
-            while f is not None:
-                if not tool[id(f.f_code)][1]:
-                    lines.append((id(f.f_code), f.f_lineno or 0))
-                f = f.f_back
-            by_line = tuple(lines)
-            idx = self._stack_index.get(by_line)
-            if idx is None:
-                frames = [
-                    f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
-                    f"{linecache.getline(c.co_filename, ln).strip()}"
-                    for c, ln in ((tool[cid][0], ln) for cid, ln in by_line)
-                ]
-                idx = self._stack_index[by_line] = len(self._stacks)
-                self._stacks.append(([], frames))
-            self._stack_fast[k] = idx
-        self._stacks[idx][0].append(name)
-
-    def _chain_number(self, frame: FrameType) -> int:
-        """A number for the (code, offset) pairs of ``frame`` and its callers (tool frames dropped).
-
-        Each number stands for (its caller's number, code, offset). The frames of the last stack are kept with
-        their offsets and numbers: while a frame runs its callers stay suspended at the same instructions,
-        so the walk up stops at the first kept frame still at its offset (a loop calling many ops, a forward
-        calling many modules walk one or two frames, not twenty). A generator's frame can be resumed from
-        elsewhere: the walk never stops at one. Only frames of the current stack are kept, until the next
-        call (their locals are alive anyway)."""
-        chain, pos = self._chain, self._chain_pos
-        last = len(chain) - 1
-        if last >= 0 and chain[last][0] is frame and pos.get(id(frame)) == last:
-            # the same frame again (a loop calling ops): its callers' number is the kept one before it
-            lasti = frame.f_lasti
-            if chain[last][1] == lasti:
-                return chain[last][2]
-            code = frame.f_code
-            caller = chain[last - 1][2] if last else -1
-            number = caller if _TOOL_CODE[id(code)][1] else self._callers.setdefault(
-                (caller, id(code), lasti), len(self._callers))  # fmt: skip
-            chain[last] = (frame, lasti, number)
-            return number
-        walked: list[FrameType] = []
-        number = -1
-        f: FrameType | None = frame
-        while f is not None:
-            i = pos.get(id(f))
-            if i is not None and chain[i][0] is f and chain[i][1] == f.f_lasti:
-                number = chain[i][2]
-                for gone in chain[i + 1 :]:
-                    pos.pop(id(gone[0]), None)
-                del chain[i + 1 :]
-                break
-            walked.append(f)
-            f = f.f_back
-        else:
-            chain.clear()
-            pos.clear()
-        tool = _TOOL_CODE
-        callers = self._callers
-        for f in reversed(walked):
-            code = f.f_code
-            cid = id(code)
-            known = tool.get(cid)
-            if known is None:
-                known = tool[cid] = (code, code.co_filename.startswith(_TOOL_DIRS))
-            lasti = f.f_lasti
-            if not known[1]:
-                number = callers.setdefault((number, cid, lasti), len(callers))
-            if not code.co_flags & _RESUMABLE:
-                pos[id(f)] = len(chain)
-            chain.append((f, lasti, number))
-        return number
-
-    def api_parent(self, fwd: str) -> None:
-        """mix: every API maps to the innermost active module, forward and backward (§4.5)."""
+    def api_parent(self, fwd: str, bwd: str | None = None) -> None:
+        """mix: every API maps to the innermost active module, forward and backward (§4.5); ``bwd``: the
+        backward name of ``fwd`` where the caller has it."""
         parent = self._module_stack[-1] if self._module_stack else None
         self._construct[fwd] = parent
-        self._construct[backward_of(fwd)] = backward_of(parent) if parent else None
+        self._construct[bwd or backward_of(fwd)] = backward_of(parent) if parent else None
 
     # ------------------------------------------------------------------------------------------ the API
     def record_api(self, prefix_api: str, func: Callable[..., Any], args: tuple[Any, ...],
@@ -417,9 +324,10 @@ class Recorder:
         from how ``func`` is called."""
         n = self._api_counts.get(prefix_api, 0)
         fwd = f"{prefix_api}.{n}.forward"
+        bwd = f"{prefix_api}.{n}.backward"  # backward_of(fwd)
         if self.mix:
-            self.api_parent(fwd)
-        grad_on = torch.is_grad_enabled()
+            self.api_parent(fwd, bwd)
+        grad_on = _is_grad_enabled()
         track = self.want_bwd and grad_on
         before: InputNodes = input_nodes(args, kwargs) if track else []
         if self.filtered and not self.selected(fwd):
@@ -441,7 +349,7 @@ class Recorder:
         out = func(*args, **kwargs)
         self._api_counts[prefix_api] = n + 1
         if self.want_fwd_out:
-            grad_now = torch.is_grad_enabled()  # the call may have changed it (torch.set_grad_enabled)
+            grad_now = _is_grad_enabled()  # the call may have changed it (torch.set_grad_enabled)
             _set_grad_enabled(False)
             try:
                 encoded = self.encode_output(fwd, out)
@@ -451,9 +359,9 @@ class Recorder:
                 entry = self._data[fwd] = {}
             entry["output"] = encoded
         if entry is not None and self._extra_info:
-            self.record_stack(fwd, frame)
+            self._stacks.record(fwd, frame)
         if track:
-            self.api_backward.after_call(backward_of(fwd), out, before)
+            self.api_backward.after_call(bwd, out, before)
         return out
 
     def api_gradients(self, name: str, of_outputs: Any, of_inputs: Any) -> None:
@@ -503,9 +411,9 @@ class Recorder:
                 if self.want_bwd_out and grad_on:
                     ins = grad_tensors(args, grad_tensors(kwargs, []))
                     if ins:
-                        grads_hook(ins, partial(self.module_input_grads, backward_of(name)))
-            if self.cfg.extra_info:
-                self.record_stack(name, frame)
+                        self._grads_hook(ins, partial(self.module_input_grads, backward_of(name)))
+            if self._extra_info:
+                self._stacks.record(name, frame)
         # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
         before = input_nodes(args, kwargs) if self.want_bwd and torch.is_grad_enabled() else []
         return ModuleCall(prefix, name, entry, selected, listed, before)
@@ -524,15 +432,17 @@ class Recorder:
         self._dirty = True  # a flush since module_enter (stop() in the forward) wrote the entry without it
         entry = call.entry
         grad_on = torch.is_grad_enabled()
+        params: list[tuple[str, nn.Parameter]] | None = None
         with quiet():
             if self.want_fwd_out:
                 if entry is None:
                     entry = {}
                 entry["output"] = self.encode_output(name, output)
                 params = own_parameters(module)
-                entry["parameters"] = {  # present, maybe empty, as msprobe writes it
-                    p: self.tensor_leaf(t, name, "parameters", (p,)) for p, t in params
-                }
+                leaf = self._stats_leaf
+                # present, maybe empty, as msprobe writes it
+                entry["parameters"] = ({p: leaf(t) for p, t in params} if leaf is not None else
+                                       {p: self.tensor_leaf(t, name, "parameters", (p,)) for p, t in params})
             if entry is not None:
                 self._data.pop(name, None)
                 self._data[name] = entry  # re-inserted at completion: a module follows its APIs (§4.4)
@@ -540,7 +450,7 @@ class Recorder:
             if self.want_bwd and grad_on and prefix not in self._param_grads:
                 # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
                 # ``[null]`` per trainable parameter, filled when the gradient arrives
-                slots = {p: [None] for p, t in own_parameters(module) if t.requires_grad}
+                slots = {p: [None] for p, t in (params or own_parameters(module)) if t.requires_grad}
                 if slots:
                     self._param_grads[prefix] = slots
                     self._data[param_grad_name(prefix)] = slots
@@ -548,9 +458,28 @@ class Recorder:
                 outs = grad_tensors(output, [])
                 bname = backward_of(name)
                 if outs:
-                    grads_hook(outs, partial(self.module_output_grads, bname))
+                    self._grads_hook(outs, partial(self.module_output_grads, bname))
                 if len(outs) == 1 and outs[0]._is_view():  # its hook is lost if it is updated in place
                     self.api_backward.watch_view(outs[0], partial(self._module_rebased, bname))
+
+    def _grads_hook(self, tensors: list[Tensor], fn: GradsFn) -> None:
+        """``fn(grads)`` once the gradients of all ``tensors`` arrived (``register_multi_grad_hook``, mode
+        all).
+
+        Most modules take and return one tensor: its own hook is the same event (it fires once per backward,
+        with that gradient) without the multi-hook's per-call closures, lock and graph-task bookkeeping. When
+        the tool's own last hook is still the last one on that tensor (the previous module's output is this
+        module's input), ``fn`` joins it: one hook call instead of two, the callbacks in the same order."""
+        if len(tensors) != 1:
+            register_multi_grad_hook(tensors, fn)
+            return
+        t = tensors[0]
+        last = self._last_fanout
+        if last is not None and last[0] is t and last_hook_key(t) == last[2]:
+            last[1].fns.append(fn)
+            return
+        fanout = _GradFanout(fn)
+        self._last_fanout = (t, fanout, add_tensor_hook(t, fanout))
 
     def _module_entry(self, name: str) -> dict[str, Any]:
         self._dirty = True
@@ -588,15 +517,16 @@ class Recorder:
         with self.lock, quiet():
             # One entry per module and step, as msprobe 8.3.3 names it; a later accumulation (another
             # micro-batch) overwrites the leaf, so the entry ends with the gradient the optimizer sees.
-            entry_name = param_grad_name(prefix)
             entry = self._param_grads.get(prefix)
             if entry is None:
                 entry = self._param_grads[prefix] = {}
-                self._data[entry_name] = entry
+                self._data[param_grad_name(prefix)] = entry
             data_name = None
-            if self.writer is not None and (self._file_list is None or self._wants_file(entry_name)):
-                data_name = param_grad_file(entry_name, pname)
-                self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
+            if self.writer is not None:
+                entry_name = param_grad_name(prefix)
+                if self._file_list is None or self._wants_file(entry_name):
+                    data_name = param_grad_file(entry_name, pname)
+                    self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
             entry[pname] = [self.stats.leaf(grad, data_name)]
             self._dirty = True
 
@@ -642,8 +572,8 @@ class Recorder:
         writer thread after the files are completely written, and only if they were.
         """
         with self.lock, quiet():
-            self._chain.clear()  # held only while recording: frames keep their locals alive
-            self._chain_pos.clear()
+            self._stacks.release_frames()  # held only while recording: frames keep their locals alive
+            self._last_fanout = None  # nor this tensor
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
@@ -664,25 +594,20 @@ class Recorder:
         parameter's grad) or adds entries, stack names and construct keys; the values it stores are new
         objects and resolved leaves are final. So one level of entry copies is a complete snapshot."""
         data = {k: dict(v) if type(v) is dict else v for k, v in self._data.items()}
-        stacks = [(list(names), frames) for names, frames in self._stacks]
-        return data, stacks, dict(self._construct)
+        return data, self._stacks.snapshot(), dict(self._construct)
 
     def _take_documents(self) -> _Documents:
         """The live containers, replaced by fresh ones (what late hooks of this step may still touch)."""
-        docs = self._data, self._stacks, self._construct
+        self._stacks.release_frames()
+        docs = self._data, self._stacks.groups, self._construct
         self.handed_over = True
         self._data = {}
         self._param_grads = {}  # its dicts are entries of the data handed off
         self._construct = {}
-        self._stacks = []
-        self._stack_index = {}
-        self._stack_fast = {}
-        self._callers = {}
-        self._chain.clear()
-        self._chain_pos.clear()
+        self._stacks = CallStacks()
         return docs
 
-    def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: _Stacks,
+    def _write(self, dir_writer: RankDirWriter, data: dict[str, Any], stacks: Stacks,
                construct: dict[str, str | None]) -> None:  # fmt: skip
         """Writer thread: the rank directory's JSON files (tensor files queued before are already saved)."""
         extra = self.cfg.extra_info

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -33,10 +34,32 @@ __all__ = ["StatsBuffer", "crc32_hex", "grad_off", "quiet"]
 
 log = logging.getLogger(__name__)
 
-_DTYPE_STR: dict[torch.dtype, str] = {}
 _FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 _SKIP_DTYPES = {getattr(torch, n) for n in _FP8
                 if hasattr(torch, n)}  # fmt: skip
+#: dtypes whose scalar's value is read as a Python number (no quantized, complex or fp8 dtype)
+_PLAIN_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8,
+                 torch.int16, torch.int32, torch.int64, torch.bool}  # fmt: skip
+#: dtype -> (its name in dump.json, floating point, no statistics, a plain number): read per dtype once, not
+#: per tensor
+_DTYPES: dict[torch.dtype, tuple[str, bool, bool, bool]] = {}
+
+
+def _dtype_info(dtype: torch.dtype) -> tuple[str, bool, bool, bool]:
+    info = _DTYPES[dtype] = (str(dtype), dtype.is_floating_point, dtype in _SKIP_DTYPES,
+                             dtype in _PLAIN_DTYPES)  # fmt: skip
+    return info
+
+
+_is_grad_enabled = torch._C.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+# torch-function handling switched off and back by its thread-local state, where torch exposes it: what
+# DisableTorchFunction does, without making a guard object each time (the recorder does this a few hundred
+# times a step)
+_get_tf_state = getattr(torch._C, "_get_torch_function_state", None)
+_set_tf_state = getattr(torch._C, "_set_torch_function_state", None)
+_TF_STATE = getattr(torch._C, "_TorchFunctionState", None)
+_TF_OFF = getattr(_TF_STATE, "ALL_DISABLED", None)
 
 
 class _GradOff:
@@ -46,14 +69,30 @@ class _GradOff:
     __slots__ = ("_prev",)
 
     def __enter__(self) -> None:
-        self._prev = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
+        self._prev = _is_grad_enabled()
+        _set_grad_enabled(False)
 
     def __exit__(self, *exc: object) -> None:
-        torch._C._set_grad_enabled(self._prev)
+        _set_grad_enabled(self._prev)
 
 
-class _Quiet(_GradOff):
+class _Quiet:
+    __slots__ = ("_prev", "_tf")
+
+    def __enter__(self) -> None:
+        self._tf = _get_tf_state()  # type: ignore[misc]
+        _set_tf_state(_TF_OFF)  # type: ignore[misc]
+        self._prev = _is_grad_enabled()
+        _set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        _set_grad_enabled(self._prev)
+        _set_tf_state(self._tf)  # type: ignore[misc]
+
+
+class _QuietGuard(_GradOff):
+    """:class:`_Quiet` for a torch without the state functions."""
+
     __slots__ = ("_off",)
 
     def __enter__(self) -> None:
@@ -66,14 +105,19 @@ class _Quiet(_GradOff):
         self._off.__exit__(None, None, None)
 
 
+_QUIET: type[_Quiet] | type[_QuietGuard] = (
+    _Quiet if _get_tf_state is not None and _set_tf_state is not None and _TF_OFF is not None else _QuietGuard
+)
+
+
 def grad_off() -> _GradOff:
     """Grad off for the tool's own tensor work (cheaper than ``torch.no_grad()``)."""
     return _GradOff()
 
 
-def quiet() -> _Quiet:
+def quiet() -> _Quiet | _QuietGuard:
     """Run the tool's own torch calls unseen by any torch-function mode (ours included) and without grad."""
-    return _Quiet()
+    return _QUIET()
 
 
 def crc32_hex(t: torch.Tensor) -> str:
@@ -115,6 +159,10 @@ def note_unreadable(reason: str, where: str) -> None:
 _Pending = tuple[torch.device, int, Callable[[], torch.Tensor], list[list[dict[str, Any]]]]
 #: (tensor, version, the leaves it feeds, md5 or its box, shape)
 _Cached = tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None, torch.Size]
+#: (device, stat dtype, kind, shape) of small tensors copied for their statistics
+_StagedKey = tuple[torch.device, torch.dtype, int, torch.Size]
+#: the copies of one _StagedKey, and per copy the leaves sharing its statistics
+_Staged = tuple[list[torch.Tensor], list[list[dict[str, Any]]]]
 #: (stacked chunks of statistics, 0-d statistics not stacked yet, per tensor the leaves sharing them)
 _Group = tuple[list[torch.Tensor], list[torch.Tensor], list[list[dict[str, Any]]]]
 
@@ -158,11 +206,12 @@ class StatsBuffer:
         # tensor), and per tensor the leaves that share them
         self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
         # (device, stat dtype, kind, shape) -> the copies of small tensors, and per copy the leaves sharing it
-        self._staged: dict[tuple[torch.device, torch.dtype, int, torch.Size],
-                           tuple[list[torch.Tensor], list[list[dict[str, Any]]]]] = {}  # fmt: skip
+        self._staged: dict[_StagedKey, _Staged] = {}
+        # copies of small CPU tensors that are not contiguous, with their strides, and the leaves sharing each
+        self._strided: list[tuple[torch.Tensor, list[dict[str, Any]]]] = []
         self._staged_numel = 0
         # id(tensor) -> see _Cached; holding the tensor keeps its id unique
-        self._cache: dict[int, _Cached] = {}
+        self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self.pending = 0
         self.unreadable = 0  # leaves left null because their values could not be read
 
@@ -172,53 +221,68 @@ class StatsBuffer:
         The same tensor object at the same version (a call's output, the next call's input) gets the same
         leaf dict back, written wherever it is recorded: its values are those of that one leaf (type, dtype,
         shape and requires_grad checked; a leaf naming a tensor file is never shared)."""
+        # Every attribute of ``t`` is read once (each read is a call into torch): this runs for every tensor
+        # recorded, a few thousand times a step.
+        version = t._version
+        shape = t.shape
         hit = self._cache.get(id(t))
-        if (hit is not None and data_name is None and hit[0] is t and hit[1] == t._version
-                and hit[4] == t.shape and hit[2][0]["requires_grad"] is t.requires_grad
+        if hit is not None and (hit[0] is not t or hit[1] != version):
+            hit = None  # another tensor at a reused address, or this one changed in place since
+        if (hit is not None and data_name is None and hit[4] == shape
+                and hit[2][0]["requires_grad"] is t.requires_grad
                 and "data_name" not in hit[2][0]):  # fmt: skip  (a planned dump: a file for one call only)
             return hit[2][0]
         dtype = t.dtype
-        dstr = _DTYPE_STR.get(dtype)
-        if dstr is None:
-            dstr = _DTYPE_STR[dtype] = str(dtype)
+        info = _DTYPES.get(dtype) or _dtype_info(dtype)
         cls = type(t)
+        plain = cls is _Tensor or cls is _Parameter
         leaf: dict[str, Any] = {
-            "type": "torch.Tensor" if cls is _Tensor or cls is _Parameter else _type_name(t), "dtype": dstr,
-            "shape": list(t.shape),
+            "type": "torch.Tensor" if plain else _type_name(t), "dtype": info[0], "shape": list(shape),
             "Max": None, "Min": None, "Mean": None, "Norm": None, "requires_grad": t.requires_grad,
         }  # fmt: skip
         if data_name is not None:
             leaf["data_name"] = data_name
-        # the same tensor object at the same version was readable and non-empty when it was cached
-        version = t._version
-        if hit is not None and hit[0] is t and hit[1] == version:
+        if hit is not None:  # the same tensor object at the same version, readable and non-empty when cached
             hit[2].append(leaf)
             if hit[3] is not None:
                 self._set_md5(leaf, hit[3])
             return leaf
-        plain = cls is _Tensor or cls is _Parameter
         if not plain or t.is_meta or _is_functional(t):
             reason = unreadable(t)
             if reason is not None:
                 self.unreadable += 1
                 leaf["note"] = f"{reason}: values not readable, statistics null"
-                note_unreadable(reason, f"a {dstr} tensor of shape {list(t.shape)}")
+                note_unreadable(reason, f"a {info[0]} tensor of shape {list(shape)}")
                 return leaf
         numel = t.numel()
-        if numel == 0 or dtype in _SKIP_DTYPES or t.layout is not _STRIDED:
+        if numel == 0 or info[2] or t.layout is not _STRIDED:
             if self.md5 and t.layout is _STRIDED:
                 leaf["md5"] = crc32_hex(t)
             return leaf
+        dstr = info[0]
         sharing = [leaf]
         try:
-            if numel <= self.SMALL and t.dim() and plain and t.is_contiguous():
-                kind, copy = (_FULL, t.clone()) if t.is_floating_point() else _staged_copy(t)
-                skey = (t.device, copy.dtype, kind, t.shape)
+            if not shape and info[3] and plain and t.is_cpu:
+                return self._scalar_leaf(t, leaf)
+            if numel <= self.SMALL and shape and plain and t.is_contiguous():  # not 0-d
+                if info[1]:
+                    kind, copy, copy_dtype = _FULL, t.clone(), dtype
+                else:
+                    kind, copy = _staged_copy(t)
+                    copy_dtype = copy.dtype
+                skey = (t.device, copy_dtype, kind, shape)
                 staged = self._staged.get(skey)
                 if staged is None:
                     staged = self._staged[skey] = ([], [])
                 staged[0].append(copy)
                 staged[1].append(sharing)
+                self._staged_numel += numel
+            elif (numel <= self.SMALL and shape and plain and t.is_cpu
+                  and (strided := _strided_copy(t)) is not None):  # fmt: skip
+                # a small view (a slice, a transpose): its reductions would each set up a strided walk of
+                # its values here; a copy with its strides costs one, and its reductions, run at the flush,
+                # walk the same values in the same order as the tensor's own
+                self._strided.append((strided, sharing))
                 self._staged_numel += numel
             else:
                 kind, vals = _reductions(t)
@@ -240,11 +304,25 @@ class StatsBuffer:
         if digest is not None:
             self._set_md5(leaf, digest)
         if len(self._cache) >= self.CACHE_SIZE:
-            del self._cache[next(iter(self._cache))]
-        self._cache[id(t)] = (t, version, sharing, digest, t.shape)
+            self._cache.popitem(last=False)  # the oldest (a plain dict's first key is found by a scan)
+        self._cache[id(t)] = (t, version, sharing, digest, shape)
         self.pending += 1
         if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
             self.resolve(later=False)  # here and now: a long step never holds more than this many copies
+        return leaf
+
+    def _scalar_leaf(self, t: torch.Tensor, leaf: dict[str, Any]) -> dict[str, Any]:
+        """A CPU scalar (AdamW's step counts, a loss, a clamp bound...): its value, read now, is all four
+        statistics (the norm too, sign included, as msprobe writes it; any and all for a bool), the numbers
+        the flush would give it (its float64 value), with no copy to stage. A CPU tensor's value is read
+        without waiting for any device."""
+        value = t.item()
+        if type(value) is bool:
+            leaf["Max"] = leaf["Min"] = value
+        else:
+            leaf["Max"] = leaf["Min"] = leaf["Mean"] = leaf["Norm"] = float(value)
+        if self.md5:
+            self._set_md5(leaf, self._md5(t))
         return leaf
 
     def _md5(self, t: torch.Tensor) -> _Digest:
@@ -283,25 +361,42 @@ class StatsBuffer:
         for device in {key[0] for key in self._groups} | {key[0] for key in self._staged}:
             with contextlib.suppress(Exception):
                 synchronize(device)
-        groups: list[_Pending] = [
-            (device, kind, partial(_stack_chunks, chunks, pending), leaves)
-            for (device, _, kind), (chunks, pending, leaves) in self._groups.items()
-        ]
-        groups += [(device, kind, partial(_row_statistics, kind, copies), leaves)
-                   for (device, _, kind, _), (copies, leaves) in self._staged.items()]  # fmt: skip
+        # the groups as they are: making their computations (a Python loop over every shape) is left to
+        # _finish, off the training thread when it runs later
+        taken = self._groups, self._staged, self._strided
         self._groups = {}
         self._staged = {}
+        self._strided = []
         self._staged_numel = 0
         self._cache.clear()
         self.pending = 0
         if self._fill_later is None or not later:
-            self._finish(groups)
+            self._finish(*taken)
         else:
-            self._fill_later(partial(self._finish, groups))
+            self._fill_later(partial(self._finish, *taken))
 
-    def _finish(self, groups: list[_Pending]) -> None:
+    def _finish(self, reduced: dict[tuple[torch.device, torch.dtype, int], _Group],
+                staged: dict[_StagedKey, _Staged],
+                strided: list[tuple[torch.Tensor, list[dict[str, Any]]]]) -> None:  # fmt: skip
         """Compute each group's statistics, bring them to the host and fill the leaves (the copies held by
-        ``groups`` are released after the devices were waited for: no stream still reads them)."""
+        the groups are released after the devices were waited for: no stream still reads them)."""
+        with quiet():
+            for copy, sharing in strided:  # the reductions its tensor would have had when recorded
+                try:
+                    kind, vals = _reductions(copy)
+                except Exception as exc:
+                    self.unreadable += 1
+                    note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {copy.dtype} view")
+                    continue
+                group = reduced.setdefault((copy.device, vals[0].dtype, kind), ([], [], []))
+                group[1].extend(vals)
+                group[2].append(sharing)
+        groups: list[_Pending] = [
+            (device, kind, partial(_stack_chunks, chunks, pending), leaves)
+            for (device, _, kind), (chunks, pending, leaves) in reduced.items()
+        ]
+        groups += [(device, kind, partial(_row_statistics, kind, copies), leaves)
+                   for (device, _, kind, _), (copies, leaves) in staged.items()]  # fmt: skip
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         # per device: (offset into its host vector, kind, leaves) of each group
         layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
@@ -358,6 +453,17 @@ def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
         return _SCALAR, [x.clone()]
     mn, mx = torch.aminmax(x)
     return _FULL, [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
+
+
+def _strided_copy(x: torch.Tensor) -> torch.Tensor | None:
+    """A copy of ``x`` with its sizes and strides (gaps included), or None where its elements overlap (an
+    expanded tensor): reducing the copy walks the same values in the same order as reducing ``x``."""
+    try:
+        copy = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        copy.copy_(x)
+    except RuntimeError:
+        return None
+    return copy
 
 
 def _staged_copy(x: torch.Tensor) -> tuple[int, torch.Tensor]:
