@@ -30,6 +30,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "rustpy_xlsxwriter": "compare",
     "orjson": "compare",
     "msgspec": "compare",
+    "yaml": "compare",
     "fastapi": "server",
     "starlette": "server",
     "uvicorn": "server",

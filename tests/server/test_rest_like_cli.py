@@ -27,7 +27,9 @@ EXPECTED = {
     "Torch.relu.0.forward.input.0": "pass", "Torch.relu.0.forward.output.0": "pass",
     "Torch.mul.0.forward.input.0": "pass", "Torch.mul.0.forward.output.0": "warning",  # requires_grad differs
     "Torch.add.0.forward.input.0": "pass", "Torch.add.0.forward.output.0": "fail",
-    "Torch.Sub_x.0.forward.input.0": "unmatched", "Torch.Sub_x.0.forward.output.0": "unmatched",
+    # Sub_x has no partner: a gap at the end of the target (#24), whose input crosses the gap's boundary and is
+    # paired with the bench tensor it came from; its output stays unmatched.
+    "Torch.Sub_x.0.forward.input.0": "pass", "Torch.Sub_x.0.forward.output.0": "unmatched",
 }  # fmt: skip
 
 
@@ -153,11 +155,11 @@ def test_rows_filter_by_status_failing_and_name(api: httpx.Client, tmp_path: Pat
     bad = api.get(f"/comparisons/{cid}/rows", params={"status": "fail,red"})
     assert bad.status_code == 400 and "status=red" in bad.json()["detail"]
     # Substring search ignores case and takes "_" and "%" literally, on both backends.
-    assert rows(api, cid, name="SUB_X") == having("unmatched")
+    assert rows(api, cid, name="SUB_X") == {k: v for k, v in EXPECTED.items() if "Sub_x" in k}
     assert rows(api, cid, name="m_l") == {} and rows(api, cid, name="%") == {}
     assert rows(api, cid, name="MUL.0", failing="true") == {"Torch.mul.0.forward.output.0": "warning"}
     page = api.get(f"/comparisons/{cid}/rows", params={"status": "pass", "limit": 2, "offset": 1}).json()
-    assert page["count"] == 4 and [r["status"] for r in page["data"]] == ["pass", "pass"]
+    assert page["count"] == 5 and [r["status"] for r in page["data"]] == ["pass", "pass"]
 
 
 def test_asking_again_returns_the_comparison_and_retries_a_failed_one(
