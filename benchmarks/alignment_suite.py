@@ -246,14 +246,14 @@ def judge(family: str, level: str, target: Path, bench: Path,
     """Pairing accuracy against the truth, and whether the top suspect is the fault (or its gap, or at
     mix the module right around it)."""
     from parity.shared.compare.alignment import BASIS_GAP, pair_calls
-    from parity.shared.compare.engine import compare_dumps
+    from parity.shared.compare.engine import call_modules, compare_dumps
     from parity.shared.compare.options import CompareOptions
     from parity.shared.compare.pairing import pair_exact
     from parity.shared.compare.rows import side_rows
     from parity.shared.dump.reader import load_construct, load_dump
 
     npu, ref = side_rows(load_dump(target), tensor_mode=True), side_rows(load_dump(bench), tensor_mode=True)
-    pairing, aligned = pair_calls(npu, ref)
+    pairing, aligned = pair_calls(npu, ref, modules=call_modules(target, bench))  # as the engine pairs
     partner: dict[str, str | None] = {}
     for r, (api, j) in enumerate(zip(npu.apis, pairing.bench_index, strict=True)):
         in_gap = aligned is not None and aligned.basis[r] == BASIS_GAP

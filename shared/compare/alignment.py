@@ -5,8 +5,10 @@ extra or missing call on one side shifts every later counter of that API, and a 
 with the wrong partners without a word. Here the calls of the two runs, in execution (dump) order, are
 aligned instead:
 
-* each call gets a key: its API without the counter and the shapes and dtype families of its tensors
-  (``Tensor.transpose.forward`` taking ``[4, 8, 2, 16]`` is not the one taking ``[4, 2, 8, 16]``);
+* each call gets a key: its API without the counter, the shapes and dtype families of its tensors
+  (``Tensor.transpose.forward`` taking ``[4, 8, 2, 16]`` is not the one taking ``[4, 2, 8, 16]``) and, where
+  both sides have a construct.json with modules (mix), its module scope (``module_scopes``): a call inside
+  module M pairs only with a call inside M's partner, so no window pairs across a module boundary;
 * runs of equal keys pair in order; where the keys part, the nearest point from which RESYNC keys agree
   again closes the difference (looked up in an index of the bench's key runs, so the walk stays linear in
   the calls: near first, then far, then on the API alone; two calls of one API whose shapes differ all
@@ -17,7 +19,8 @@ aligned instead:
   softmax, matmul``. A gap is judged as one call: its boundary inputs and outputs (the tensors crossing
   it: inputs not produced inside it, outputs not consumed inside it) are paired with the bench's, first
   by provenance (the target tensor equals, value for value, a paired tensor outside the gap, whose bench
-  partner the bench's gap reads or writes), else by shape and values. Its other rows are internal. A gap of
+  partner the bench's gap reads or writes), else by shape and values. Its other rows are internal. A gap
+  never spans two module scopes: one that would is cut where the scope changes. A gap of
   more than MAX_GAP_CALLS calls on a side is where the traces parted: its rows stay unmatched.
 
 The fast path: two traces whose calls have the same names pair by name (``pairing.pair_exact``) as
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parity.shared.compare.mapping import BASIS_MAPPED, DataMapping
+from parity.shared.compare.module_scopes import CallModules, Modules, module_scopes, split_by_scope
 from parity.shared.compare.pairing import FLOAT_FAMILY, Pairing, fuzzy_entry_name, pair_exact, pair_fuzzy
 from parity.shared.compare.rows import SideRows
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
@@ -44,6 +48,7 @@ __all__ = [
     "BASIS_NAME",
     "STATE_GAP",
     "Gap",
+    "Modules",
     "align_rows",
     "pair_calls",
     "gap_label",
@@ -139,15 +144,17 @@ def _op(entry: str) -> str:
     return f"{op}.{direction}"
 
 
-def _keys(rows: SideRows, calls: _Calls) -> tuple[list[tuple[Any, ...]], list[str], list[str]]:
-    """Each call's fine key (API without counter, tensor shapes and dtype families), kind and op."""
+def _keys(rows: SideRows, calls: _Calls,
+          scopes: Sequence[str | None]) -> tuple[list[tuple[Any, ...]], list[str], list[str]]:  # fmt: skip
+    """Each call's fine key (API without counter, tensor shapes and dtype families, module scope), kind
+    and op."""
     cols = rows.columns
     fine: list[tuple[Any, ...]] = []
     kinds = [fuzzy_entry_name(name) for name in calls.names]
-    for kind, start, stop in zip(kinds, calls.starts, calls.stops, strict=True):
+    for kind, start, stop, scope in zip(kinds, calls.starts, calls.stops, scopes, strict=True):
         sig = tuple((cols.states[r][:1], cols.shapes[r], _family(cols.dtypes[r]))
                     for r in range(start, stop) if cols.is_tensor[r])  # fmt: skip
-        fine.append((kind, sig))
+        fine.append((kind, sig, scope))
     return fine, kinds, [_op(name) for name in calls.names]
 
 
@@ -200,13 +207,15 @@ class _Scorer:
 
     def __call__(self, x: int, y: int) -> float:
         t, b = self.t, self.b
-        if t.ops[x] != b.ops[y]:
-            return 0.0
+        if t.ops[x] != b.ops[y] or t.modules.scopes[x] != b.modules.scopes[y]:
+            return 0.0  # another op, or a call in another module: never partners
         score = 1.0
         if t.kinds[x] == b.kinds[y]:
             score += 2.0
         if t.fine[x] == b.fine[y]:
             score += 2.0
+        if t.modules.paths[x] is not None and t.modules.paths[x] == b.modules.paths[y]:
+            score += 1.0  # the same place in the model (a module only one side has is in no scope)
         if t.sites and b.sites and t.sites.get(t.calls.names[x]) == b.sites.get(b.calls.names[y]) is not None:
             score += 1.0
         vx, vy = t.out_norm(x), b.out_norm(y)
@@ -256,6 +265,7 @@ class _Side:
     kinds: list[str]
     ops: list[str]
     sites: Mapping[str, str] | None
+    modules: CallModules
 
     def out_norm(self, k: int) -> float | None:
         cols = self.rows.columns
@@ -266,16 +276,28 @@ class _Side:
         return None
 
 
-def _side(rows: SideRows, sites: Mapping[str, str] | None) -> _Side:
-    calls = _calls(rows)
-    fine, kinds, ops = _keys(rows, calls)
-    return _Side(rows, calls, fine, kinds, ops, sites)
+def _sides(npu: SideRows, bench: SideRows, sites: Sites | None,
+           modules: Modules | None) -> tuple[_Side, _Side]:  # fmt: skip
+    """Both sides' calls and keys; each call's module scope and path where both sides have modules, else
+    none (the whole-sequence alignment)."""
+    t_calls, b_calls = _calls(npu), _calls(bench)
+    scoped = module_scopes(t_calls.names, b_calls.names, modules)
+    if scoped is None:
+        scoped = (CallModules([None] * len(t_calls.names), [None] * len(t_calls.names)),
+                  CallModules([None] * len(b_calls.names), [None] * len(b_calls.names)))  # fmt: skip
+    out = []
+    for rows, calls, side_sites, side_modules in zip((npu, bench), (t_calls, b_calls),
+                                                     sites or (None, None), scoped, strict=True):  # fmt: skip
+        fine, kinds, ops = _keys(rows, calls, side_modules.scopes)
+        out.append(_Side(rows, calls, fine, kinds, ops, side_sites, side_modules))
+    return out[0], out[1]
 
 
 def align_calls(t: _Side, b: _Side) -> list[tuple[int, int]]:
     """Paired call indexes ``(target, bench)``, increasing on both sides."""
     a_fine, b_fine = _codes(t.fine, b.fine)
-    a_kind, b_kind = _codes(t.kinds, b.kinds)
+    a_kind, b_kind = _codes(list(zip(t.kinds, t.modules.scopes, strict=True)),
+                            list(zip(b.kinds, b.modules.scopes, strict=True)))
     n, m = len(a_fine), len(b_fine)
     head = 0
     while head < min(n, m) and a_fine[head] == b_fine[head]:
@@ -509,17 +531,19 @@ def _gaps(pairs: Sequence[tuple[int, int]], n: int, m: int) -> list[tuple[int, i
     return out
 
 
-def align_rows(npu: SideRows, bench: SideRows, *, sites: Sites | None = None) -> tuple[Pairing, Aligned]:
+def align_rows(npu: SideRows, bench: SideRows, *, sites: Sites | None = None,
+               modules: Modules | None = None) -> tuple[Pairing, Aligned]:  # fmt: skip
     """Pair the rows of two sides whose calls differ (see the module docstring). ``sites``: each side's
-    call site per entry (from stack.json), where known."""
-    t = _side(npu, sites[0] if sites else None)
-    b = _side(bench, sites[1] if sites else None)
+    call site per entry (from stack.json), where known; ``modules``: each side's construct.json, where
+    known."""
+    t, b = _sides(npu, bench, sites, modules)
     pairs = align_calls(t, b)
     index = [-1] * len(npu)
     aligned = Aligned([""] * len(npu), [], {}, {}, {}, {})
     for x, y in pairs:
         _paired_rows(t, b, x, y, index, aligned.basis)
-    gaps = _gaps(pairs, len(t.calls.names), len(b.calls.names))
+    gaps = [part for gap in _gaps(pairs, len(t.calls.names), len(b.calls.names))
+            for part in split_by_scope(gap, t.modules.scopes, b.modules.scopes)]
     if gaps:
         tv, bv = _Values(npu), _Values(bench)
         for number, gap in enumerate(gaps):
@@ -548,10 +572,12 @@ Sites = tuple[Mapping[str, str], Mapping[str, str]]
 
 def pair_calls(npu: SideRows, bench: SideRows, *, fuzzy: bool = False, mapping: DataMapping | None = None,
                sites: Callable[[], Sites | None] | None = None,
+               modules: Callable[[], Modules | None] | None = None,
                ) -> tuple[Pairing, Aligned | None]:  # fmt: skip
     """The engine's pairing: msprobe's fuzzy scan with ``fuzzy``; by name when both runs called the same
     calls (the fast path); else by alignment. ``mapping`` (``-dm``) then overrides the pairs it names.
-    ``sites`` gives each side's call site per entry (stack.json), read only when the calls are aligned.
+    ``sites`` gives each side's call site per entry (stack.json), ``modules`` each side's construct.json,
+    both read only when the calls are aligned (the fast path reads neither).
     The ``Aligned`` facts are None on the fast path without a mapping (every paired row pairs by name)."""
     aligned: Aligned | None = None
     if fuzzy:
@@ -559,7 +585,8 @@ def pair_calls(npu: SideRows, bench: SideRows, *, fuzzy: bool = False, mapping: 
     elif _entries(npu.apis) == _entries(bench.apis):
         pairing = pair_exact(npu, bench)
     else:
-        pairing, aligned = align_rows(npu, bench, sites=sites() if sites is not None else None)
+        pairing, aligned = align_rows(npu, bench, sites=sites() if sites is not None else None,
+                                      modules=modules() if modules is not None else None)
     if mapping is not None:
         if aligned is None:
             aligned = Aligned(_basis_fast(pairing.bench_index), [], {}, {}, {}, {})

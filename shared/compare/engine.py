@@ -16,7 +16,7 @@ from parity.shared.compare import md5 as md5_mode
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
-from parity.shared.compare.alignment import Aligned, Sites, pair_calls
+from parity.shared.compare.alignment import Aligned, Modules, Sites, pair_calls
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
@@ -125,7 +125,8 @@ def compare_part(
     stacks = stacks_of(npu_dump_json, stack_path)
     stack_mode = options.stack_mode if stack_path is not None else stacks is not None
     table = _table_part(npu, bench, mode, options, stacks, stack_mode, progress, part,
-                        call_sites(npu_dump_json, bench_dump_json))
+                        call_sites(npu_dump_json, bench_dump_json),
+                        call_modules(npu_dump_json, bench_dump_json))
     table.parents = module_parents(npu_dump_json, table.rows)
     return table
 
@@ -172,6 +173,23 @@ def call_sites(npu_dump_json: Path, bench_dump_json: Path) -> Callable[[], Sites
     return read
 
 
+def call_modules(npu_dump_json: Path, bench_dump_json: Path) -> Callable[[], Modules | None]:
+    """Each side's construct.json (beside each dump.json), for the alignment's module scopes; read when
+    asked, None unless both sides have a readable one (a hint: a broken file is none, with a warning)."""
+
+    def read() -> Modules | None:
+        paths = [p.parent / "construct.json" for p in (npu_dump_json, bench_dump_json)]
+        if not all(p.is_file() for p in paths):
+            return None
+        try:
+            return load_construct(paths[0]), load_construct(paths[1])
+        except DumpError as exc:
+            logger.warning("construct.json not used for the alignment's module scopes: %s", exc)
+            return None
+
+    return read
+
+
 def part_tensor_files(
     npu_dump_json: Path,
     bench_dump_json: Path,
@@ -188,7 +206,8 @@ def part_tensor_files(
     npu_rows = side_rows(npu, tensor_mode=True)
     bench_rows = side_rows(bench, tensor_mode=True)
     bench_index = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match, mapping=options.data_mapping,
-                             sites=call_sites(npu_dump_json, bench_dump_json))[0].bench_index
+                             sites=call_sites(npu_dump_json, bench_dump_json),
+                             modules=call_modules(npu_dump_json, bench_dump_json))[0].bench_index
     start, stop, _ = part.rows(npu_rows.apis)
     n_leaf, b_leaf = npu.columns.leaf, bench.columns.leaf
     npu_files: list[str] = []
@@ -228,6 +247,7 @@ def _table_part(
     progress: Progress | None,
     part: CallSlice | None,
     sites: Callable[[], Sites | None] | None = None,
+    modules: Callable[[], Modules | None] | None = None,
 ) -> TablePart:
     """The rows: pairing, cells, tensor metrics, highlights and statuses, for the calls of ``part``.
 
@@ -250,7 +270,7 @@ def _table_part(
     bench_rows = side_rows(bench, tensor_mode=tensor)
     phase_done()
     pairing, aligned = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match,
-                                  mapping=options.data_mapping, sites=sites)
+                                  mapping=options.data_mapping, sites=sites, modules=modules)
     phase_done()
     stack = stack_cells(npu_rows.apis, stacks) if stack_mode else None
     if mode is CompareMode.STATISTICS:

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 from parity.shared.compare.alignment import align_rows, pair_calls
-from parity.shared.compare.engine import compare_dumps, compare_part
+from parity.shared.compare.engine import call_modules, compare_dumps, compare_part
 from parity.shared.compare.localization import _modules_round_as_their_calls
 from parity.shared.compare.mapping import load_data_mapping, parse_data_mapping
+from parity.shared.compare.module_scopes import pair_modules, split_by_scope
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import CompareResult, RowStatus
 from parity.shared.compare.rows import side_rows
-from parity.shared.dump.reader import load_dump
+from parity.shared.dump.reader import load_construct, load_dump
 from parity.shared.errors import CompareInputError
 from parity.shared.replay.engine import GAP_REFUSAL
 from parity.shared.report.advisor import suspect_lines
@@ -270,3 +271,89 @@ def test_the_part_carries_each_calls_modules_from_construct_json(tmp_path: Path)
     assert part.parents == {"Torch.sin.0.forward": "Module.m.M.forward.0"}
     (tmp_path / "npu" / "construct.json").write_text("[")  # broken: a hint lost, never a failed compare
     assert compare_part(paths[0], paths[1], CompareOptions(replay_top=0)).parents == {}
+
+
+# ------------------------------------------------------------------------------------------------------
+# module scopes (construct.json): a call pairs only inside its module's partner
+
+
+def _module_pair(tmp_path: Path, *, construct: bool = True) -> tuple[Path, Path]:
+    """Modules ``a`` then ``b``: the target makes an extra ``exp`` at the end of ``a``, the bench one at the
+    start of ``b`` (each module has a call the other side's lacks). ``b``'s output differs (the fault)."""
+    x = _t(6, seed=20)
+    y = x.sin().cos()
+    a, b = "Module.a.A.forward.0", "Module.b.B.forward.0"
+    common = [(a, [x], [y]), ("Torch.sin.0.forward", [x], [x.sin()]), ("Torch.cos.0.forward", [x.sin()], [y])]
+    exp = ("Torch.exp.0.forward", [x], [x.exp()])
+    tanh = ("Torch.tanh.0.forward", [y], [y.tanh()])
+    sides = {"npu": [*common, exp, (b, [y], [y.tanh() * 1.5]), tanh,
+                     ("Torch.mul.0.forward", [y.tanh()], [y.tanh() * 1.5])],
+             "bench": [*common, (b, [y], [y.tanh()]), exp, tanh,
+                       ("Torch.mul.0.forward", [y.tanh()], [y.tanh()])]}
+    inside = {"npu": {"Torch.exp.0.forward": a}, "bench": {"Torch.exp.0.forward": b}}
+    paths = []
+    for side, calls in sides.items():
+        builder = DumpBuilder("tensor", level="mix" if construct else "L1")
+        for name, inputs, outputs in calls:
+            builder.api(name, inputs=inputs, outputs=outputs)
+        builder.construct = ({a: None, b: None, "Torch.sin.0.forward": a, "Torch.cos.0.forward": a,
+                              "Torch.tanh.0.forward": b, "Torch.mul.0.forward": b, **inside[side]}
+                             if construct else {})  # fmt: skip
+        paths.append(builder.write(tmp_path / side))
+    return paths[0], paths[1]
+
+
+def _gaps_of(npu_json: Path, bench_json: Path, modules: Any) -> tuple[list[str], dict[str, str | None]]:
+    npu = side_rows(load_dump(npu_json), tensor_mode=True)
+    ref = side_rows(load_dump(bench_json), tensor_mode=True)
+    pairing, aligned = align_rows(npu, ref, modules=modules)
+    partner = {name: (ref.names[j] if j >= 0 else None) for name, j in zip(npu.names, pairing.bench_index,
+                                                                            strict=True)}  # fmt: skip
+    return [g.label for g in aligned.gaps], partner
+
+
+def test_a_call_pairs_only_inside_its_modules_partner(tmp_path: Path) -> None:
+    npu, bench = _module_pair(tmp_path)
+    # module-blind, the target's exp (module a) pairs with the bench's (module b), and module b's own
+    # rows are left without a partner on either side
+    labels, partner = _gaps_of(npu, bench, None)
+    assert partner["Torch.exp.0.forward.output.0"] == "Torch.exp.0.forward.output.0"
+    assert labels == ["target (no call) ~ bench Module.b.B.forward.0",
+                      "target Module.b.B.forward.0 ~ bench (no call)"]
+    # with each side's construct.json, each exp is a gap of its own module, and the modules pair
+    modules = (load_construct(npu.parent / "construct.json"), load_construct(bench.parent / "construct.json"))
+    labels, partner = _gaps_of(npu, bench, modules)
+    assert labels == ["target Torch.exp.0.forward ~ bench (no call)",
+                      "target (no call) ~ bench Torch.exp.0.forward"]
+    assert partner["Torch.exp.0.forward.output.0"] is None
+    assert partner["Module.b.B.forward.0.output.0"] == "Module.b.B.forward.0.output.0"
+    # the engine reads both construct.json files
+    result = compare_dumps(npu, bench, CompareOptions(replay_top=0))
+    assert {g for g in _col(result, "Parity Gap") if g} == set(labels)
+
+
+def test_without_modules_the_alignment_is_the_whole_sequence(tmp_path: Path) -> None:
+    """L1 (construct.json ``{}``) or no construct.json at all: the module-blind alignment."""
+    npu, bench = _module_pair(tmp_path, construct=False)
+    blind = _gaps_of(npu, bench, None)
+    assert _gaps_of(npu, bench, ({}, {})) == blind
+    result = compare_dumps(npu, bench, CompareOptions(replay_top=0))
+    assert {g for g in _col(result, "Parity Gap") if g} == set(blind[0])
+    (npu.parent / "construct.json").unlink()
+    assert call_modules(npu, bench)() is None
+
+
+def test_modules_pair_by_name_then_by_path_and_a_gap_is_cut_at_a_module_boundary() -> None:
+    target = {"Module.ln.FusedLayerNorm.forward.0": None, "Module.a.A.forward.0": None,
+              "Module.a.A.forward.1": None, "Torch.add.0.forward": "Module.a.A.forward.0"}
+    bench = {"Module.ln.LayerNorm.forward.0": None, "Module.a.A.forward.0": None,
+             "Module.a.X.forward.1": None, "Module.a.Y.forward.1": None}
+    # by name, then by path (a renamed class); Module.a.*.forward.1 is two nodes on the bench: no partner
+    assert pair_modules(target, bench) == {
+        "Module.ln.FusedLayerNorm.forward.0": "Module.ln.LayerNorm.forward.0",
+        "Module.a.A.forward.0": "Module.a.A.forward.0",
+    }
+    # target calls 0-3 in scopes a, a, b, b; bench calls 0-2 in b, c, b
+    cut = split_by_scope((0, 4, 0, 3), ["a", "a", "b", "b"], ["b", "c", "b"])
+    assert cut == [(0, 2, 0, 0), (2, 4, 0, 1), (4, 4, 1, 2), (4, 4, 2, 3)]
+    assert split_by_scope((0, 2, 0, 1), [None, None], [None]) == [(0, 2, 0, 1)]
