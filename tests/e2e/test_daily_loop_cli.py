@@ -10,6 +10,7 @@ holds, not a race it hopes to win.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -141,6 +142,13 @@ def test_compare_runs_lists_the_worse_regression_first(
     assert "2 worse, 0 new, 0 fixed, 0 known" in lines[1]
     assert lines[3].startswith("  worse Functional.linear.1.forward: ")
     assert lines[4].startswith("comparison ") and "Top suspects" in "\n".join(lines[5:])  # suspects after
+    # The saved summary names the reports saved beside it, not the server's download names.
+    out = tmp_path / "out"
+    (summary,) = out.glob("compare_summary_*.json")
+    (rank,) = json.loads(summary.read_text())["ranks"]
+    assert (out / rank["files"]["xlsx"]).is_file() and (out / rank["files"]["advisor"]).is_file()
+    assert rank["files"]["xlsx"].startswith("compare_result_")
+    assert rank["files"]["advisor"].startswith("advisor_")
     api = loop.api()
     between = api.create_comparison(api.resolve_run("nightly-2", project="mlp").id,
                                     api.resolve_run("nightly-1", project="mlp").id)  # fmt: skip
