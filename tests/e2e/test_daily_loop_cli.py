@@ -65,12 +65,12 @@ def two_nightlies(tmp_path: Path) -> None:
         assert upload(tmp_path / name, name, "--wait", "0") == 0
 
 
-def compared(loop: Loop, target: str = "nightly-1") -> None:
+def compared(loop: Loop, target: str = "nightly-1", bench: str = "base") -> str:
     """The nightly compared with the baseline, its tasks run here: an API is accepted only once a comparison
-    of the project has called it (the server answers 422 otherwise)."""
+    of the project has called it (the server answers 422 otherwise). Returns the comparison's id."""
     api = loop.api()
     c = api.create_comparison(api.resolve_run(target, project="mlp").id,
-                              api.resolve_run("base", project="mlp").id)  # fmt: skip
+                              api.resolve_run(bench, project="mlp").id)  # fmt: skip
     runner = TaskRunner(loop.settings, worker="test")
     try:
         while runner.run_next():
@@ -78,6 +78,7 @@ def compared(loop: Loop, target: str = "nightly-1") -> None:
     finally:
         runner.close()
     assert api.get_comparison(c.id).status == "succeeded"
+    return c.id
 
 
 def test_compare_runs_waits_for_validation_and_names_the_step(
@@ -128,7 +129,7 @@ def test_compare_runs_lists_the_worse_regression_first(
     validate_waiting(loop.settings)
     assert main(["runs", "baseline", "base", "--project", "mlp", "--server", URL]) == 0
     compared(loop, "nightly-1")
-    compared(loop, "nightly-2")  # the CLI below finds this comparison and prints it
+    worse = compared(loop, "nightly-2")  # the CLI below finds this comparison and prints it
     capsys.readouterr()
     argv = ["compare-runs", "nightly-2", "base", "--project", "mlp", "--server", URL, "--wait",
             "-o", str(tmp_path / "out"), "--timeout", "60"]  # fmt: skip
@@ -149,10 +150,19 @@ def test_compare_runs_lists_the_worse_regression_first(
     assert (out / rank["files"]["xlsx"]).is_file() and (out / rank["files"]["advisor"]).is_file()
     assert rank["files"]["xlsx"].startswith("compare_result_")
     assert rank["files"]["advisor"].startswith("advisor_")
+    # The same lines for the comparison by its id; none for one not against the baseline or not finished.
+    capsys.readouterr()
+    assert main(["regressions", worse, "--server", URL]) == 0
+    assert capsys.readouterr().out.splitlines() == lines[1:4]
+    between = compared(loop, "nightly-2", "nightly-1")
     api = loop.api()
-    between = api.create_comparison(api.resolve_run("nightly-2", project="mlp").id,
-                                    api.resolve_run("nightly-1", project="mlp").id)  # fmt: skip
-    assert not between.against_baseline and changed_lines(api, between) == []  # nightly vs nightly
+    assert changed_lines(api, api.get_comparison(between)) == []
+    assert main(["regressions", between, "--server", URL]) == 1
+    assert "was not against its project's baseline" in capsys.readouterr().err
+    queued = api.create_comparison(api.resolve_run("nightly-1", project="mlp").id,
+                                   api.resolve_run("nightly-2", project="mlp").id)  # fmt: skip
+    assert main(["regressions", queued.id, "--server", URL]) == 2
+    assert f"comparison {queued.id} is queued" in capsys.readouterr().err
 
 
 def test_compare_runs_without_wait_says_the_run_is_validating(
