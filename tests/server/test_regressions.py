@@ -199,6 +199,7 @@ def test_a_tensor_run_is_compared_with_a_statistics_baseline_in_statistics_mode(
     assert api.get("/comparisons", params={"run": md5["id"]}).json()["count"] == 0
     page = httpx.get(f"{server.url}/runs/{md5['id']}").text
     assert 'id="baseline-unfit"' in page and "same summary_mode" in page  # the form is not prefilled either
+    assert '<dd id="dump-task">md5</dd>' in page
 
     # A run that shares no step with the baseline: no comparison, and the run says why.
     other = upload_run(api, mlp_dump(tmp_path / "s5", steps=(5,)), project=project, name="step5")
