@@ -11,17 +11,20 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from parity.client.rest import ApiError, ParityClient
 from parity.shared.compare.options import TOP_SUSPECTS
 from parity.shared.contract import ComparisonPublic, SuspectPublic
+from parity.shared.report import write_text_atomically
 from parity.shared.report.advisor import excel_where, suspect_lines
 
-__all__ = ["download_reports", "report_names", "summary_lines"]
+__all__ = ["download_reports", "report_names", "saved_files", "summary_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +38,46 @@ def report_names(ranks: Sequence[int], stamp: str) -> list[tuple[int | None, str
 
 def download_reports(api: ParityClient, info: ComparisonPublic, out_dir: Path) -> list[Path]:
     """Download every report and advisor of a succeeded comparison, then its summary JSON
-    (``compare_summary_{ts}.json``), into ``out_dir``; returns their paths."""
+    (``compare_summary_{ts}.json``), into ``out_dir``; returns their paths. The summary's ``files`` name the
+    reports saved beside it, not the server's download names (``saved_files``)."""
     ranks = info.summary.ranks if info.summary is not None else (info.ranks or [])
     stamp = time.strftime("%Y%m%d%H%M%S")
+    names = report_names(ranks, stamp)
     paths: list[Path] = []
-    for rank, xlsx, advisor in report_names(ranks, stamp):
+    for rank, xlsx, advisor in names:
         paths.append(api.download(info.id, "report.xlsx", out_dir / xlsx, rank=rank))
         paths.append(api.download(info.id, "advisor.txt", out_dir / advisor, rank=rank))
     try:
-        paths.append(api.download(info.id, "summary.json", out_dir / f"compare_summary_{stamp}.json"))
+        summary = api.download(info.id, "summary.json", out_dir / f"compare_summary_{stamp}.json")
+        doc = json.loads(summary.read_text(encoding="utf-8"))
+        write_text_atomically(summary, json.dumps(saved_files(doc, names), indent=2) + "\n")
+        paths.append(summary)
     except ApiError as exc:
         if exc.status_code != 404:
             raise
         # A server from before summaries were stored (or a comparison it finished then): the reports suffice.
         log.warning("no summary JSON: %s", exc.detail)
     return paths
+
+
+def saved_files(doc: dict[str, Any], names: Sequence[tuple[int | None, str, str]]) -> dict[str, Any]:
+    """The summary document with each rank's ``files`` naming the reports saved beside it (``names`` from
+    :func:`report_names`; a None rank: the only one), so a script reading the summary opens the files that
+    are there. A kind the server had no file for stays None; a rank not saved keeps the server's names."""
+    saved = {rank: {"xlsx": xlsx, "advisor": advisor} for rank, xlsx, advisor in names}
+
+    def renamed(rank_doc: dict[str, Any]) -> dict[str, Any]:
+        files = rank_doc.get("files")
+        ours = saved.get(None) or saved.get(rank_doc.get("rank"))
+        if not isinstance(files, dict) or ours is None:
+            return rank_doc
+        return {**rank_doc, "files": {kind: ours.get(kind, name) if name else name
+                                      for kind, name in files.items()}}  # fmt: skip
+
+    out = dict(renamed(doc))
+    if isinstance(doc.get("ranks"), list):
+        out["ranks"] = [renamed(r) if isinstance(r, dict) else r for r in doc["ranks"]]
+    return out
 
 
 def summary_lines(info: ComparisonPublic, limit: int = TOP_SUSPECTS) -> list[str]:

@@ -49,6 +49,7 @@ from parity.shared.contract import (
     FilesPublic,
     Health,
     PlanPublic,
+    RegressionsPublic,
     RowsPublic,
     RunCreate,
     RunPublic,
@@ -467,6 +468,12 @@ class ParityClient:
                 params.append((key, value))
         page = self._call(ComparisonsPublic, "GET", "/comparisons", params=params)
         return page.data, page.count
+
+    def regressions(self, comparison_id: str) -> RegressionsPublic:
+        """``GET /comparisons/{id}/regressions``: each failing API of a comparison against its project's
+        baseline as new, worse, known or fixed, new and worse first (``against_baseline`` false otherwise)."""
+        path = f"/comparisons/{quote(comparison_id, safe='')}/regressions"
+        return self._call(RegressionsPublic, "GET", path)
 
     def comparison_rows(
         self,

@@ -90,6 +90,9 @@ class Run(Base):
     planned_by: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     # Revision 0014: why completing the run queued no comparison against the baseline (its page says so).
     auto_compare_note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Revision 0015: what its dump holds (``shared.dump.sidecar.dump_task``), recorded at validation; NULL
+    # before. Auto-compare skips a baseline whose dump cannot be compared with it.
+    dump_task: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
     __table_args__ = (Index("ix_runs_project_baseline", "project", "baseline"),)
 

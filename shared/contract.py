@@ -231,6 +231,9 @@ class RunPublic(_Response):
     planned_by: str | None = None  # the comparison whose plan this run followed (revision 0013)
     # Why completing it queued no comparison against the project's baseline (None: one was, or none was due).
     auto_compare_note: str | None = None
+    # What its dump holds: tensor, statistics, md5 (statistics with checksums), another msprobe task, or
+    # mixed; None until validated (or validated before revision 0015).
+    dump_task: str | None = None
 
 
 class RunsPublic(_Response):

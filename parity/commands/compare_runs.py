@@ -5,9 +5,12 @@ candidate ids). Without ``--wait`` the command queues the comparison and prints 
 first waits for a run the server is still validating (just uploaded), then polls until the comparison is
 done, downloads ``report.xlsx`` and ``advisor.txt`` into OUT under msprobe's names
 (``compare_result_{ts}.xlsx``, or ``compare_result_rank{R}_{ts}.xlsx`` per rank when there are several) and
-the summary JSON as ``compare_summary_{ts}.json`` (as ``parity compare`` names it), and prints the top
-suspects. Both say which step was compared and which other steps both runs hold (a comparison covers
-one step; ``--step`` picks it). Asking for a comparison that exists returns it (a failed one is retried).
+the summary JSON as ``compare_summary_{ts}.json`` (as ``parity compare`` names it), and prints, when BENCH
+is its project's baseline, what changed since the previous comparison against it (``new`` and ``worse``
+first, each with its error before and after), then the top suspects. Both say which step was compared and
+which other steps both runs hold (a comparison covers one step; ``--step`` picks it). Asking for a
+comparison that exists returns it (a failed one is retried), so ``compare-runs TARGET BENCH --wait`` again
+prints an existing comparison's regressions and suspects.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from pathlib import Path
 
 from parity.client.errors import ClientError
 from parity.client.reports import download_reports, summary_lines
-from parity.client.rest import ParityClient
+from parity.client.rest import ApiError, ParityClient
 from parity.client.upload import wait_validated
 from parity.commands import server_args
 from parity.shared.contract import ComparisonPublic, RunPublic
+from parity.shared.report.regressions import regression_lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +70,19 @@ def step_line(info: ComparisonPublic, target: RunPublic, bench: RunPublic) -> st
            f"(--step N compares another)"
 
 
+def changed_lines(api: ParityClient, info: ComparisonPublic) -> list[str]:
+    """What changed since the previous comparison against the baseline (``regression_lines``); empty when
+    the comparison is not against its project's baseline, or the server predates the regressions route."""
+    if not info.against_baseline:
+        return []
+    try:
+        return regression_lines(api.regressions(info.id))
+    except ApiError as exc:
+        if exc.status_code != 404:
+            raise
+        return []
+
+
 def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     with server_args.connect(args) as api:
@@ -95,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
         if info.status != "succeeded":
             raise ClientError(f"comparison {info.id} failed: {info.error or 'no reason given'}")
         paths = download_reports(api, info, args.output)
-    sys.stdout.writelines(f"{line}\n" for line in [step_line(info, target, bench), *summary_lines(info)])
+        changed = changed_lines(api, info)
+    lines = [step_line(info, target, bench), *changed, *summary_lines(info)]
+    sys.stdout.writelines(f"{line}\n" for line in lines)
     for path in paths:
         sys.stdout.write(f"wrote {path}\n")
     return 0

@@ -27,6 +27,7 @@ from parity.server.models import Run, RunFile, utcnow
 from parity.server.settings import Settings
 from parity.server.store import BlobStore, sidecar_key
 from parity.shared.dump.layout import DUMP_JSON
+from parity.shared.dump.sidecar import sidecar_task
 from sqlalchemy import select
 
 __all__ = ["ValidationTask", "record_outcome"]
@@ -45,19 +46,21 @@ class ValidationTask:
 
     def run(self, run_id: str, attempt: int, lease: Lease) -> None:
         """Validate the claimed run and record the outcome; raises what the caller records."""
-        problem, sidecars = self._validate(run_id, lease)
+        problem, sidecars, task = self._validate(run_id, lease)
         lease.check()
         lease.stop()  # the finishing write is guarded by its attempt; the baseline compare after may be slow
-        self.finish(run_id, attempt, problem, sidecars)
+        self.finish(run_id, attempt, problem, sidecars, dump_task=task)
 
-    def _validate(self, run_id: str, lease: Lease) -> tuple[str | None, list[str]]:
+    def _validate(self, run_id: str, lease: Lease) -> tuple[str | None, list[str], str | None]:
+        """(the first problem, the sidecars stored, what the dump holds: ``sidecar.dump_task`` of its files,
+        ``mixed`` when they disagree)."""
         with self.db.read() as session:
             files = session.scalars(
                 select(RunFile).where(RunFile.run_id == run_id).order_by(RunFile.path)
             ).all()
             dumps = [(f.path, f.blob, f.size) for f in files if f.path.rsplit("/", 1)[-1] == DUMP_JSON]
         if not dumps:
-            return f"run {run_id}: no dump.json uploaded", []
+            return f"run {run_id}: no dump.json uploaded", [], None
         tmp_root = self.settings.resolved_data_dir / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
         with (
@@ -68,18 +71,21 @@ class ValidationTask:
             problem = validate_dumps(local, Path(tmp))
             lease.check()
             if problem is not None:
-                return problem, []
+                return problem, [], None
             # Published before the run is complete (a compare job may only start then), and only now that
             # every file parsed.
-            stored = []
+            stored, tasks = [], set()
             for i, (_, blob, _) in enumerate(dumps):
+                tasks.add(sidecar_task(Path(tmp) / f"{i}.columns"))
                 self.store.put_file(Path(tmp) / f"{i}.columns", sidecar_key(blob))
                 stored.append(sidecar_key(blob))
-        return None, stored
+        return None, stored, tasks.pop() if len(tasks) == 1 else "mixed"
 
-    def finish(self, run_id: str, attempt: int, problem: str | None, sidecars: Sequence[str] = ()) -> None:
-        """Finish the job and the run: ``complete`` without a ``problem``, else ``invalid`` saying it."""
-        if not record_outcome(self.db, run_id, attempt, problem):
+    def finish(self, run_id: str, attempt: int, problem: str | None, sidecars: Sequence[str] = (), *,
+               dump_task: str | None = None) -> None:  # fmt: skip
+        """Finish the job and the run: ``complete`` without a ``problem`` (holding ``dump_task``), else
+        ``invalid`` saying it."""
+        if not record_outcome(self.db, run_id, attempt, problem, dump_task=dump_task):
             logger.warning("validation of run %s: attempt %d is stale or the run is gone; dropped", run_id,
                            attempt)  # fmt: skip
             if self._run_gone(run_id):  # deleted while validated: its sidecars stored since are removed
@@ -108,9 +114,11 @@ class ValidationTask:
         BaselineService(self.db, runs, comparisons).compare_with_baseline(run_id)
 
 
-def record_outcome(db: Database, run_id: str, attempt: int, problem: str | None) -> bool:
+def record_outcome(db: Database, run_id: str, attempt: int, problem: str | None, *,
+                   dump_task: str | None = None) -> bool:  # fmt: skip
     """In one transaction guarded by ``attempt``: the validation job finished and the run ``complete``
-    (no ``problem``) or ``invalid`` (saying it). False: the attempt is stale or the run gone; nothing done."""
+    (no ``problem``; its ``dump_task`` recorded) or ``invalid`` (saying it). False: the attempt is stale or
+    the run gone; nothing done."""
     with db.write() as session:
         job = JobRepository(session).held(validation_id(run_id), attempt)
         run = session.get(Run, run_id, with_for_update=True) if job is not None else None
@@ -120,6 +128,7 @@ def record_outcome(db: Database, run_id: str, attempt: int, problem: str | None)
         JobRepository.finish(job, status, error=problem, now=now)
         if problem is None:
             run.status, run.error, run.completed_at = "complete", None, now
+            run.dump_task = dump_task
         else:
             run.status, run.error = "invalid", problem[:4000]
     return True

@@ -132,7 +132,9 @@ class BaselineService:
         comparison was not queued is kept on the run (``auto_compare_note``, shown on its page).
 
         A tensor dump against a statistics baseline is compared in statistics mode (the engine's
-        ``detect_mode``: a tensor dump carries the statistics too)."""
+        ``detect_mode``: a tensor dump carries the statistics too). Dumps that could not be compared (md5
+        checksums against statistics without; another task) are skipped up front, from what validation
+        recorded of each (``Run.dump_task``, :func:`task_mismatch`), not queued to fail in a worker."""
         with self.db.read() as session:
             run = session.get(Run, run_id)
             if run is None or not run.auto_compare or run.baseline or run.status != "complete":
@@ -143,8 +145,13 @@ class BaselineService:
             if baseline is None:
                 return None
             baseline_id, baseline_name, baseline_status = baseline.id, baseline.name, baseline.status
+            mismatch = task_mismatch(run.dump_task, baseline.dump_task)
         if baseline_status != "complete":
             self._note(run_id, f"not compared with baseline {baseline_name}: it is {baseline_status}")
+            return None
+        if mismatch is not None:
+            logger.info("run %s: not compared with baseline %s: %s", run_id, baseline_id, mismatch)
+            self._note(run_id, f"not compared with baseline {baseline_name}: {mismatch}")
             return None
         try:
             comparison = self.comparisons.create(ComparisonCreate(target_run=run_id, bench_run=baseline_id))
@@ -314,6 +321,28 @@ class BaselineService:
             target, bench = session.get(Run, c.target_run_id), session.get(Run, c.bench_run_id)
             return environment_diff(dict(target.meta or {}) if target else {},
                                     dict(bench.meta or {}) if bench else {})  # fmt: skip
+
+
+#: Dump tasks that compare with each other: equal ones, and a tensor dump with a statistics one (with or
+#: without md5 checksums), compared in statistics mode.
+_COMPARABLE = frozenset({"tensor", "statistics", "md5"})
+_TASK_WORDS = {"md5": "statistics with md5 checksums (summary_mode md5)",
+               "statistics": "statistics without md5 checksums"}  # fmt: skip
+
+
+def task_mismatch(target: str | None, baseline: str | None) -> str | None:
+    """Why a run whose dump holds ``target`` cannot be compared with a baseline holding ``baseline``
+    (``Run.dump_task``), or None when it can, as the engine's ``detect_mode`` judges with mixed tasks allowed.
+    Not known (validated before revision 0015) or ``mixed`` (the worker judges each step): None."""
+    if target is None or baseline is None or "mixed" in (target, baseline):
+        return None
+    pair = {target, baseline}
+    if pair <= _COMPARABLE and (target == baseline or "tensor" in pair):
+        return None  # a tensor dump against statistics: statistics mode (it records each tensor's too)
+    why = ("dump both with the same summary_mode" if pair == {"statistics", "md5"}
+           else "dumps of these tasks cannot be compared")  # fmt: skip
+    return (f"its dump is {_TASK_WORDS.get(target, f'task {target}')}, the baseline's "
+            f"{_TASK_WORDS.get(baseline, f'task {baseline}')}: {why}")  # fmt: skip
 
 
 def history_series(point: ApiHistoryPoint) -> str:

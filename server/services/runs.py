@@ -50,7 +50,7 @@ def run_public(run: Run, stats: RunStats) -> RunPublic:
         file_count=stats.file_count, total_bytes=stats.total_bytes,
         steps=sorted(stats.steps), ranks=sorted(stats.ranks), baseline=bool(run.baseline),
         auto_compare=bool(run.auto_compare), auto_compare_note=run.auto_compare_note,
-        planned_by=run.planned_by,
+        planned_by=run.planned_by, dump_task=run.dump_task,
     )  # fmt: skip
 
 

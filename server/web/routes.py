@@ -33,7 +33,7 @@ from parity.server.schemas import (
     RunUpdate,
 )
 from parity.server.security.sessions import SessionStore
-from parity.server.services.baselines import history_series
+from parity.server.services.baselines import history_series, task_mismatch
 from parity.server.services.comparisons import RowFilter
 from parity.server.services.plans import plan_chain
 from parity.server.web.auth import (
@@ -201,14 +201,16 @@ def run_page(
 
 def _unfit_baseline(run: Any, baseline: Any) -> str | None:
     """Why the project's baseline cannot be compared with ``run`` (the compare form is then left empty), or
-    None when it can: a baseline that is the run itself, not complete, or shares no step with it."""
+    None when it can: a baseline that is the run itself, not complete, shares no step with it, or holds a
+    dump task it cannot be compared with (``baselines.task_mismatch``)."""
     if baseline is None or baseline.id == run.id:
         return "it is the baseline itself" if baseline is not None else None
     if baseline.status != "complete":
         return f"baseline {baseline.name} is {baseline.status}"
     if run.steps and baseline.steps and not set(run.steps) & set(baseline.steps):
         return f"baseline {baseline.name} has steps {baseline.steps}, this run {run.steps}: none in both"
-    return None
+    mismatch = task_mismatch(run.dump_task, baseline.dump_task)
+    return f"baseline {baseline.name}: {mismatch}" if mismatch else None
 
 
 def _run_names(runs: Any, ids: set[str]) -> dict[str, str]:

@@ -69,6 +69,27 @@ def decode_sidecar(raw: bytes, dump_json: Path) -> Dump:
                 columns=DumpColumns.from_wire(wire), has_md5=has_md5)  # fmt: skip
 
 
+def dump_task(task: str, has_md5: bool) -> str:
+    """What a dump holds, in one word: its task, or ``md5`` for statistics with checksums (msprobe's
+    ``summary_mode: md5``), which compare only with checksums (``compare.engine.detect_mode``)."""
+    return "md5" if task == "statistics" and has_md5 else task
+
+
+def sidecar_task(path: Path) -> str:
+    """:func:`dump_task` of the dump whose sidecar is the file ``path``, from its header alone (the columns
+    are not read); ``DumpError`` if it is not a sidecar of this format."""
+    try:
+        with open(path, "rb") as stream:
+            first = marshal.load(stream)
+        header = first[0] if len(first) == 2 else first  # version 1: (header, wire) in one blob
+        magic, _version, task, _level, _framework, _data_dir, has_md5 = header
+    except (EOFError, ValueError, TypeError) as exc:
+        raise DumpError(path, f"unreadable {SIDECAR_NAME}: {exc}") from None
+    if magic != _MAGIC:
+        raise DumpError(path, f"{SIDECAR_NAME} of another format ({magic!r})")
+    return dump_task(str(task), bool(has_md5))
+
+
 def read_dump(dump_json: Path) -> Dump:
     """The dump from its sidecar when one lies beside it (``dump.columns``), else parsed from the file."""
     sidecar = Path(dump_json).with_name(SIDECAR_NAME)

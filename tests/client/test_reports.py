@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parity.client.reports import summary_lines
+from parity.client.reports import report_names, saved_files, summary_lines
 from parity.shared.compare.result import Suspect
 from parity.shared.contract import ComparisonPublic
 from parity.shared.report.advisor import suspect_lines
@@ -60,3 +60,18 @@ def test_a_limit_says_how_many_more_and_no_suspects_says_none() -> None:
     assert summary_lines(comparison([]))[1].startswith("Top suspects: none")
     unfinished = comparison([]).model_copy(update={"summary": None, "status": "running"})
     assert summary_lines(unfinished) == ["comparison c1: running, no summary"]
+
+
+def test_the_saved_summary_names_the_files_saved_beside_it() -> None:
+    served = {"kind": "multi-rank", "compared_ranks": [0, 1], "ranks": [
+        {"rank": r, "files": {"xlsx": f"report_c1_rank{r}.xlsx", "advisor": None if r else "advisor_c1.txt"}}
+        for r in (0, 1)]}  # fmt: skip
+    doc = saved_files(served, report_names([0, 1], "20261204"))
+    assert [r["files"] for r in doc["ranks"]] == [
+        {"xlsx": "compare_result_rank0_20261204.xlsx", "advisor": "advisor_rank0_20261204.txt"},
+        {"xlsx": "compare_result_rank1_20261204.xlsx", "advisor": None},  # the server had no advisor
+    ]
+    assert served["ranks"][0]["files"]["xlsx"] == "report_c1_rank0.xlsx"  # the server's document is untouched
+    one = {"kind": "single-rank", "rank": None, "files": {"xlsx": "report_c1_rank0.xlsx", "advisor": "a.txt"}}
+    assert saved_files(one, report_names([0], "ts"))["files"] == {"xlsx": "compare_result_ts.xlsx",
+                                                                  "advisor": "advisor_ts.txt"}

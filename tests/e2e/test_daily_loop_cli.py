@@ -1,6 +1,7 @@
 """The team's daily loop from the command line, by name, against the real app in process: ``parity runs
 baseline``, ``compare-runs --wait`` right after ``parity upload --wait 0`` (the runs still validating), its
-word on the step compared, ``parity accept --note`` / ``--revoke``, and ``parity gc --dry-run``.
+word on the step compared, the regression it lists first against the baseline, ``parity accept --note`` /
+``--revoke``, and ``parity gc --dry-run``.
 
 The app runs with no worker of its own: the test validates the runs and runs the comparison's tasks in this
 process when it chooses (``validate_waiting``, ``TaskRunner``), so "still validating" is a state the test
@@ -9,6 +10,7 @@ holds, not a race it hopes to win.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from parity.server.main import create_app
 from parity.server.settings import Settings
 
 from parity.cli import main
+from parity.commands.compare_runs import changed_lines
 from tests.e2e.app_wire import URL, AppWire
 from tests.e2e.conftest import write_model_dump
 from tests.workers import validate_waiting
@@ -62,12 +65,12 @@ def two_nightlies(tmp_path: Path) -> None:
         assert upload(tmp_path / name, name, "--wait", "0") == 0
 
 
-def compared(loop: Loop) -> None:
+def compared(loop: Loop, target: str = "nightly-1", bench: str = "base") -> str:
     """The nightly compared with the baseline, its tasks run here: an API is accepted only once a comparison
-    of the project has called it (the server answers 422 otherwise)."""
+    of the project has called it (the server answers 422 otherwise). Returns the comparison's id."""
     api = loop.api()
-    c = api.create_comparison(api.resolve_run("nightly-1", project="mlp").id,
-                              api.resolve_run("base", project="mlp").id)  # fmt: skip
+    c = api.create_comparison(api.resolve_run(target, project="mlp").id,
+                              api.resolve_run(bench, project="mlp").id)  # fmt: skip
     runner = TaskRunner(loop.settings, worker="test")
     try:
         while runner.run_next():
@@ -75,6 +78,7 @@ def compared(loop: Loop) -> None:
     finally:
         runner.close()
     assert api.get_comparison(c.id).status == "succeeded"
+    return c.id
 
 
 def test_compare_runs_waits_for_validation_and_names_the_step(
@@ -111,6 +115,54 @@ def test_compare_runs_waits_for_validation_and_names_the_step(
     assert lines[0] == "step 0 compared; both runs also hold step 1 (--step N compares another)"
     assert f"[forward] {GELU} (score " in out.out
     assert "step 0 compared; both runs also hold step 1" in out.err
+
+
+def test_compare_runs_lists_the_worse_regression_first(
+    tmp_path: Path, loop: Loop, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Baseline, a nightly with a small gelu drift, then one whose gelu is 40x worse: the drift is known
+    in the second comparison against the baseline, yet ``compare-runs`` prints it first as ``worse``,
+    with its error before and after, above the suspects."""
+    for name, noise in (("base", 0.0), ("nightly-1", 0.01), ("nightly-2", 0.4)):
+        write_model_dump(tmp_path / name, gelu_noise=noise)
+        assert upload(tmp_path / name, name, "--wait", "0") == 0
+    validate_waiting(loop.settings)
+    assert main(["runs", "baseline", "base", "--project", "mlp", "--server", URL]) == 0
+    compared(loop, "nightly-1")
+    worse = compared(loop, "nightly-2")  # the CLI below finds this comparison and prints it
+    capsys.readouterr()
+    argv = ["compare-runs", "nightly-2", "base", "--project", "mlp", "--server", URL, "--wait",
+            "-o", str(tmp_path / "out"), "--timeout", "60"]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("Against the baseline (since comparison ")
+    verdict = lines[2].split()
+    assert verdict[:2] == ["worse", f"{GELU}:"], lines
+    before, after = float(verdict[2]), float(verdict[4].rstrip(";"))
+    assert after > 3 * before > 0
+    assert "2 worse, 0 new, 0 fixed, 0 known" in lines[1]
+    assert lines[3].startswith("  worse Functional.linear.1.forward: ")
+    assert lines[4].startswith("comparison ") and "Top suspects" in "\n".join(lines[5:])  # suspects after
+    # The saved summary names the reports saved beside it, not the server's download names.
+    out = tmp_path / "out"
+    (summary,) = out.glob("compare_summary_*.json")
+    (rank,) = json.loads(summary.read_text())["ranks"]
+    assert (out / rank["files"]["xlsx"]).is_file() and (out / rank["files"]["advisor"]).is_file()
+    assert rank["files"]["xlsx"].startswith("compare_result_")
+    assert rank["files"]["advisor"].startswith("advisor_")
+    # The same lines for the comparison by its id; none for one not against the baseline or not finished.
+    capsys.readouterr()
+    assert main(["regressions", worse, "--server", URL]) == 0
+    assert capsys.readouterr().out.splitlines() == lines[1:4]
+    between = compared(loop, "nightly-2", "nightly-1")
+    api = loop.api()
+    assert changed_lines(api, api.get_comparison(between)) == []
+    assert main(["regressions", between, "--server", URL]) == 1
+    assert "was not against its project's baseline" in capsys.readouterr().err
+    queued = api.create_comparison(api.resolve_run("nightly-1", project="mlp").id,
+                                   api.resolve_run("nightly-2", project="mlp").id)  # fmt: skip
+    assert main(["regressions", queued.id, "--server", URL]) == 2
+    assert f"comparison {queued.id} is queued" in capsys.readouterr().err
 
 
 def test_compare_runs_without_wait_says_the_run_is_validating(

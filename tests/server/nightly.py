@@ -18,16 +18,16 @@ CALLS = ("Functional.linear.0.forward", "Functional.gelu.0.forward", "Functional
 
 
 def mlp_dump(root: Path, *, bf16: bool = False, gelu_off: float = 0.0, task: str = "statistics",
-             steps: tuple[int, ...] = (0,)) -> Path:  # fmt: skip
+             steps: tuple[int, ...] = (0,), md5: bool = False) -> Path:  # fmt: skip
     """``root/step{N}/rank0`` for each of ``steps``: linear → gelu → linear → gelu → linear on the same
     data each time, each output centred (mean about 0). ``bf16`` casts every output to bfloat16 (the
     nightlies' drift); ``gelu_off`` scales the second GELU's output by ``1 + gelu_off`` (the regression),
-    which the last linear carries on."""
+    which the last linear carries on; ``md5`` adds checksums (``summary_mode: md5``)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(16, 32, generator=gen)
     weights = [torch.randn(32, 32, generator=gen) / 6 for _ in range(3)]
     for step in steps:
-        builder = DumpBuilder(task)
+        builder = DumpBuilder(task, md5=md5)
         h = x
         for k, w in enumerate(weights):
             y = torch.nn.functional.linear(h, w)

@@ -51,10 +51,10 @@ def test_upgrade_empty_database(backend: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "parity", "db", "upgrade"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert revision(url) == head_revision() == "0014"
+    assert revision(url) == head_revision() == "0015"
     assert_matches_models(url)
     upgrade(url)  # a second upgrade is a no-op
-    assert revision(url) == "0014"
+    assert revision(url) == "0015"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -79,7 +79,7 @@ def test_upgrade_from_first_revision_keeps_data(backend: str, tmp_path: Path) ->
         ), {"sha": "0" * 64})  # fmt: skip
     engine.dispose()
     upgrade(url)
-    assert revision(url) == "0014"
+    assert revision(url) == "0015"
     assert_matches_models(url)
     engine = create_engine(url)
     with engine.connect() as conn:

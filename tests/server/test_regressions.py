@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import httpx
 from parity.server.models import ApiAcceptance
-from parity.server.services.baselines import WORSE_FACTOR, judge
+from parity.server.services.baselines import WORSE_FACTOR, judge, task_mismatch
 
 from tests.server.conftest import ServerProcess, upload_run, wait_comparison
 from tests.server.nightly import CALLS, GELU, mlp_dump
@@ -186,19 +186,50 @@ def test_a_tensor_run_is_compared_with_a_statistics_baseline_in_statistics_mode(
     assert c["status"] == "succeeded" and c["summary"]["mode"] == "statistics", c
     assert GELU in c["summary"]["failing_apis"]
     assert api.get(f"/runs/{tensor['id']}").json()["auto_compare_note"] is None
+    assert base["dump_task"] == "statistics"
+    assert api.get(f"/runs/{tensor['id']}").json()["dump_task"] == "tensor"
+
+    # Statistics with md5 checksums against statistics without: skipped up front, not failed in a worker.
+    md5 = upload_run(api, mlp_dump(tmp_path / "m", md5=True), project=project, name="md5")
+    note = wait_note(api, md5["id"])
+    assert md5["dump_task"] == "md5"
+    assert note == ("not compared with baseline base: its dump is statistics with md5 checksums "
+                    "(summary_mode md5), the baseline's statistics without md5 checksums: dump both with the "
+                    "same summary_mode")  # fmt: skip
+    assert api.get("/comparisons", params={"run": md5["id"]}).json()["count"] == 0
+    page = httpx.get(f"{server.url}/runs/{md5['id']}").text
+    assert 'id="baseline-unfit"' in page and "same summary_mode" in page  # the form is not prefilled either
+    assert '<dd id="dump-task">md5</dd>' in page
 
     # A run that shares no step with the baseline: no comparison, and the run says why.
     other = upload_run(api, mlp_dump(tmp_path / "s5", steps=(5,)), project=project, name="step5")
-    deadline = time.monotonic() + 30
-    note = None
-    while note is None and time.monotonic() < deadline:
-        note = api.get(f"/runs/{other['id']}").json()["auto_compare_note"]
-        time.sleep(0.1)
+    note = wait_note(api, other["id"])
     assert note is not None and "not compared with baseline base" in note and "no step in both" in note
     assert api.get("/comparisons", params={"run": other["id"]}).json()["count"] == 0
     page = httpx.get(f"{server.url}/runs/{other['id']}")
     assert "no step in both" in page.text and 'id="baseline-unfit"' in page.text
     assert f'value="{base["id"]}"' not in page.text  # the compare form is not prefilled with it
+
+
+def wait_note(api: httpx.Client, run_id: str) -> str | None:
+    """The run's ``auto_compare_note`` once set (completing a run sets it just after), or None after 30 s."""
+    deadline = time.monotonic() + 30
+    note = None
+    while note is None and time.monotonic() < deadline:
+        note = api.get(f"/runs/{run_id}").json()["auto_compare_note"]
+        time.sleep(0.1)
+    return note
+
+
+def test_auto_compare_skips_only_the_tasks_the_engine_refuses() -> None:
+    comparable = (("tensor", "statistics"), ("md5", "tensor"), ("md5", "md5"), (None, "md5"),
+                  ("mixed", "statistics"))  # fmt: skip
+    assert [task_mismatch(t, b) for t, b in comparable] == [None] * 5
+    assert "same summary_mode" in (task_mismatch("statistics", "md5") or "")
+    assert task_mismatch("overflow_check", "statistics") == (
+        "its dump is task overflow_check, the baseline's statistics without md5 checksums: dumps of these "
+        "tasks cannot be compared")  # fmt: skip
+    assert "cannot be compared" in (task_mismatch("overflow_check", "overflow_check") or "")
 
 
 def test_a_legacy_name_holding_a_slash_is_addressed_escaped(tmp_path: Path) -> None:

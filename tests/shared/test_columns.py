@@ -219,3 +219,21 @@ def test_a_version_1_sidecar_is_still_read(tmp_path: Path) -> None:
     assert_same_columns(old.columns, parsed.columns)
     write_sidecar(parsed, tmp_path / "new.columns")
     assert_same_columns(decode_sidecar((tmp_path / "new.columns").read_bytes(), path).columns, parsed.columns)
+
+
+def test_a_sidecars_header_says_what_its_dump_holds(tmp_path: Path) -> None:
+    """What validation records of a run (``runs.dump_task``), from the header alone, in versions 1 and 2."""
+    from parity.shared.dump.sidecar import sidecar_task, write_sidecar
+    from parity.shared.errors import DumpError
+
+    parsed = load_dump(_odd_dump(tmp_path))
+    write_sidecar(parsed, tmp_path / "a.columns")
+    assert (parsed.task, parsed.has_md5) == ("statistics", True)
+    assert sidecar_task(tmp_path / "a.columns") == "md5"  # statistics with checksums
+    for task, md5 in (("statistics", False), ("tensor", False)):
+        header = ("parity-dump-columns", 1, task, parsed.level, parsed.framework, None, md5)
+        (tmp_path / "v1.columns").write_bytes(marshal.dumps((header, parsed.columns.to_wire())))
+        assert sidecar_task(tmp_path / "v1.columns") == task
+    (tmp_path / "bad.columns").write_bytes(b"garbage")
+    with pytest.raises(DumpError, match="unreadable dump.columns"):
+        sidecar_task(tmp_path / "bad.columns")
