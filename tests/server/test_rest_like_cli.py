@@ -27,8 +27,8 @@ EXPECTED = {
     "Torch.relu.0.forward.input.0": "pass", "Torch.relu.0.forward.output.0": "pass",
     "Torch.mul.0.forward.input.0": "pass", "Torch.mul.0.forward.output.0": "warning",  # requires_grad differs
     "Torch.add.0.forward.input.0": "pass", "Torch.add.0.forward.output.0": "fail",
-    # Sub_x has no partner: a gap at the end of the target (#24), whose input crosses the gap's boundary and is
-    # paired with the bench tensor it came from; its output stays unmatched.
+    # Sub_x has no partner: a gap at the end of the target (#24), whose input crosses the gap's boundary
+    # and is paired with the bench tensor it came from; its output stays unmatched.
     "Torch.Sub_x.0.forward.input.0": "pass", "Torch.Sub_x.0.forward.output.0": "unmatched",
 }  # fmt: skip
 
