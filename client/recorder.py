@@ -39,6 +39,7 @@ _Documents = tuple[dict[str, Any], Stacks, dict[str, str | None]]
 _set_grad_enabled = torch._C._set_grad_enabled
 _is_grad_enabled = torch._C.is_grad_enabled
 _SCALARS = (bool, int, float, str)
+_TENSORS = (torch.Tensor, torch.nn.Parameter)  # plain classes: no subclass that could hide a tensor inside
 
 
 def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
@@ -389,33 +390,39 @@ class Recorder:
     def module_enter(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                      frame: FrameType | None) -> ModuleCall:  # fmt: skip
         """A module's forward starts: its name, construct parent, inputs and input-gradient hooks."""
-        n = self._module_counts.get(prefix, 0)
-        self._module_counts[prefix] = n + 1
+        counts = self._module_counts
+        n = counts.get(prefix, 0)
+        counts[prefix] = n + 1
         name = f"{prefix}.forward.{n}"
-        self._construct[name] = self._module_stack[-1] if self._module_stack else None
-        self._module_stack.append(name)
-        selected = self.selected(name)
-        api_list = self.cfg.api_list
-        listed = bool(self.mix and api_list and any(i == name or i in name for i in api_list))
-        if listed:
-            self._list_depth += 1
+        stack = self._module_stack
+        self._construct[name] = stack[-1] if stack else None
+        stack.append(name)
+        selected = self.selected(name) if self.filtered else True
+        listed = False
+        if self.mix:
+            api_list = self.cfg.api_list
+            listed = bool(api_list) and any(i == name or i in name for i in api_list)
+            if listed:
+                self._list_depth += 1
+        grad_on = _is_grad_enabled()
+        # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
+        before = input_nodes(args, kwargs) if self.want_bwd and grad_on else []
         entry: dict[str, Any] | None = None
         if selected:
             self._dirty = True
             self._selected_modules.add(prefix)
-            grad_on = torch.is_grad_enabled()  # read before quiet(), which turns grad off
             with quiet():
                 if self.want_fwd_in:
                     entry = self.encode_inputs(name, args, kwargs)
                     self._data[name] = entry
                 if self.want_bwd_out and grad_on:
-                    ins = grad_tensors(args, grad_tensors(kwargs, []))
+                    # the usual call, tensors only: its grad-requiring inputs are those just found
+                    ins = ([t for t, _ in before] if not kwargs and all(type(a) in _TENSORS for a in args)
+                           else grad_tensors(args, grad_tensors(kwargs, [])))  # fmt: skip
                     if ins:
                         self._grads_hook(ins, partial(self.module_input_grads, backward_of(name)))
             if self._extra_info:
                 self._stacks.record(name, frame)
-        # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
-        before = input_nodes(args, kwargs) if self.want_bwd and torch.is_grad_enabled() else []
         return ModuleCall(prefix, name, entry, selected, listed, before)
 
     def module_exit(self, call: ModuleCall, module: nn.Module, output: Any) -> None:
@@ -431,7 +438,7 @@ class Recorder:
             return
         self._dirty = True  # a flush since module_enter (stop() in the forward) wrote the entry without it
         entry = call.entry
-        grad_on = torch.is_grad_enabled()
+        grad_on = _is_grad_enabled()
         params: list[tuple[str, nn.Parameter]] | None = None
         with quiet():
             if self.want_fwd_out:

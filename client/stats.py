@@ -53,13 +53,10 @@ def _dtype_info(dtype: torch.dtype) -> tuple[str, bool, bool, bool]:
 
 _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
-# torch-function handling switched off and back by its thread-local state, where torch exposes it: what
-# DisableTorchFunction does, without making a guard object each time (the recorder does this a few hundred
-# times a step)
-_get_tf_state = getattr(torch._C, "_get_torch_function_state", None)
-_set_tf_state = getattr(torch._C, "_set_torch_function_state", None)
-_TF_STATE = getattr(torch._C, "_TorchFunctionState", None)
-_TF_OFF = getattr(_TF_STATE, "ALL_DISABLED", None)
+# torch's own guard (C++): ALL_DISABLED on enter, the previous state back on exit (nesting safe). Making one
+# is cheaper than reading the state (``_get_torch_function_state`` builds an enum object, ~0.5 us) and
+# setting it twice: the recorder does this several hundred times a step.
+_DisableTorchFunction = torch._C.DisableTorchFunction
 
 
 class _GradOff:
@@ -77,37 +74,22 @@ class _GradOff:
 
 
 class _Quiet:
-    __slots__ = ("_prev", "_tf")
+    """Torch-function handling off (modes and subclasses) and grad off, both restored on exit. Grad is set
+    only where it is on: in a backward hook (most of the recorder's calls at L0) it already is off."""
+
+    __slots__ = ("_grad", "_tf")
 
     def __enter__(self) -> None:
-        self._tf = _get_tf_state()  # type: ignore[misc]
-        _set_tf_state(_TF_OFF)  # type: ignore[misc]
-        self._prev = _is_grad_enabled()
-        _set_grad_enabled(False)
+        self._tf = tf = _DisableTorchFunction()
+        tf.__enter__()
+        self._grad = grad = _is_grad_enabled()
+        if grad:
+            _set_grad_enabled(False)
 
     def __exit__(self, *exc: object) -> None:
-        _set_grad_enabled(self._prev)
-        _set_tf_state(self._tf)  # type: ignore[misc]
-
-
-class _QuietGuard(_GradOff):
-    """:class:`_Quiet` for a torch without the state functions."""
-
-    __slots__ = ("_off",)
-
-    def __enter__(self) -> None:
-        self._off = torch._C.DisableTorchFunction()
-        self._off.__enter__()
-        _GradOff.__enter__(self)
-
-    def __exit__(self, *exc: object) -> None:
-        _GradOff.__exit__(self)
-        self._off.__exit__(None, None, None)
-
-
-_QUIET: type[_Quiet] | type[_QuietGuard] = (
-    _Quiet if _get_tf_state is not None and _set_tf_state is not None and _TF_OFF is not None else _QuietGuard
-)
+        if self._grad:
+            _set_grad_enabled(True)
+        self._tf.__exit__(None, None, None)
 
 
 def grad_off() -> _GradOff:
@@ -115,9 +97,9 @@ def grad_off() -> _GradOff:
     return _GradOff()
 
 
-def quiet() -> _Quiet | _QuietGuard:
+def quiet() -> _Quiet:
     """Run the tool's own torch calls unseen by any torch-function mode (ours included) and without grad."""
-    return _QUIET()
+    return _Quiet()
 
 
 def crc32_hex(t: torch.Tensor) -> str:
