@@ -49,7 +49,7 @@ def test_bytes_equal_torch_save_and_load_back(name: str, tensor: torch.Tensor) -
     assert again == first, name
     assert len(files._archives) == 1 and None not in files._archives.values()  # the fast path, not torch.save
     loaded = torch.load(io.BytesIO(again), weights_only=True)
-    assert loaded.dtype == tensor.dtype and loaded.shape == tensor.shape and loaded.stride() == tensor.stride()
+    assert (loaded.dtype, loaded.shape, loaded.stride()) == (tensor.dtype, tensor.shape, tensor.stride())
     assert torch.equal(_raw(loaded), _raw(tensor))
 
 
