@@ -4,8 +4,10 @@ The training thread only clones a tensor (so later in-place updates cannot chang
 over a step's finished documents, and puts the job on a bounded queue; one daemon thread runs the jobs in
 order. CPU copies go in batches (one job a batch: a wake-up of the writer a file cost more CPU than a
 small file), and any other job first queues the batch so far, so the queue keeps submission order. The
-files hold ``torch.save``'s bytes, serialized by :mod:`parity.client.tensor_file` at a third of its cost. Order is the contract the recorder relies on: a step's tensor files are queued before its dump.json,
-and the uploader hand-off is queued after it, so the uploader only ever sees complete directories.
+files hold ``torch.save``'s bytes, serialized by :mod:`parity.client.tensor_file` at a third of its cost.
+
+Order is the contract the recorder relies on: a step's tensor files are queued before its dump.json, and
+the uploader hand-off is queued after it, so the uploader only ever sees complete directories.
 
 A tensor on an accelerator is snapshotted on the device (a copy at device bandwidth, so later in-place updates
 cannot reach it) and the snapshot is transferred into a page-locked host buffer on a side stream, overlapping
