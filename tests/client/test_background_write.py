@@ -218,3 +218,27 @@ def test_tensor_files_are_synced_once_before_the_dump_json_names_them(
     assert calls == [(files, False)] and files
     monkeypatch.setattr(tensor_writer, "_SYNCFS", None)
     tensor_writer.sync_files(sorted((root / "step0" / "rank0" / "dump_tensor_data").iterdir()))
+
+
+def test_batched_files_are_written_before_the_next_job(tmp_path: Path) -> None:
+    """CPU copies are queued in batches; any other job still runs after every file submitted before it,
+    and each file holds the tensor as it was at submission (a later in-place update does not reach it)."""
+    from parity.client.tensor_writer import _BATCH_FILES
+
+    writer = BackgroundWriter()
+    seen: list[int] = []
+    n = _BATCH_FILES + 3  # one full batch and a partial one
+    try:
+        t = torch.zeros(4)
+        for i in range(n):
+            t.fill_(i)
+            writer.submit(tmp_path / f"{i}.pt", t)
+        writer.submit_call(lambda: seen.append(len(list(tmp_path.glob("*.pt")))), document=True)
+        writer.submit(tmp_path / "last.pt", t)
+        writer.drain()
+        assert (tmp_path / "last.pt").exists()
+    finally:
+        writer.close()
+    assert seen == [n] and writer.errors == 0
+    for i in range(n):
+        assert torch.equal(torch.load(tmp_path / f"{i}.pt", weights_only=True), torch.full((4,), float(i)))
