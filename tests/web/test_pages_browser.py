@@ -36,7 +36,7 @@ def test_walk_from_runs_to_a_comparison(seeded: Seeded, open_page: Any) -> None:
     p.wait_for_load_state("networkidle")
     assert p.url.endswith(f"/comparisons/{seeded.comparison['id']}")
     chart = p.locator("#chart")
-    p.wait_for_function("document.getElementById('chart').dataset.drawn === '1'")
+    p.locator("#chart[data-drawn='1']").wait_for()  # a selector: the CSP allows no eval
     assert int(chart.get_attribute("data-points") or 0) >= 3
     assert chart.get_attribute("data-divergence") == "1"  # Torch.relu.0.forward, the second call
     assert "Torch.relu.0.forward" in p.locator("#suspects .first-divergence").inner_text()
@@ -104,7 +104,7 @@ def test_several_ranks_get_a_heatmap(seeded: Seeded, open_page: Any) -> None:
     assert "Torch.relu.0.forward" in heat.locator("thead").inner_text()
     p.locator("#chart-card .ranks a", has_text="2").click()
     p.wait_for_url(re.compile(r"rank=2"))
-    p.wait_for_function("document.getElementById('chart').dataset.drawn === '1'")
+    p.locator("#chart[data-drawn='1']").wait_for()  # a selector: the CSP allows no eval
     assert_clean(page)
 
 
@@ -146,7 +146,7 @@ def test_baseline_regressions_accept_and_history(seeded: Seeded, open_page: Any)
 
     relu.get_by_role("link", name="Torch.relu.0.forward").click()
     p.wait_for_url(re.compile(r"/apis/history"))
-    p.wait_for_function("document.getElementById('history-chart').dataset.drawn === '1'")
+    p.locator("#history-chart[data-drawn='1']").wait_for()  # a selector: the CSP allows no eval
     assert p.locator("#history tbody tr").count() == 1
     assert_clean(page)
 
