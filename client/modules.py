@@ -58,7 +58,8 @@ class ModuleHooks:
         for idx, root in roots:
             if root in self._attached:
                 continue
-            handles = self._attached[root] = []
+            # the forward is over when the model returns: the recorder reads its parameters' statistics then
+            handles = self._attached[root] = [root.register_forward_hook(self._root_done, always_call=True)]
             for path, mod in root.named_modules():
                 if not path or type(mod).__name__ == "FullyShardedDataParallel":
                     continue
@@ -95,6 +96,11 @@ class ModuleHooks:
             return
         rec, call = active
         rec.module_exit(call, module, output)
+
+    def _root_done(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        rec: Recorder | None = self._get()
+        if rec is not None and not _is_compiling():
+            rec.forward_done()
 
     def _param_grad(self, prefix: str, pname: str, param: torch.Tensor) -> None:
         rec: Recorder | None = self._get()

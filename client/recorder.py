@@ -22,7 +22,7 @@ import torch
 from parity.client.api_backward import ApiBackward, InputNodes, add_tensor_hook, input_nodes, last_hook_key
 from parity.client.call_stacks import CallStacks, Stacks
 from parity.client.config import DebuggerConfig
-from parity.client.stats import StatsBuffer, quiet
+from parity.client.stats import Later, StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
 from parity.shared.dump.naming import backward_of, param_grad_file, parse_entry, tensor_file
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], Stacks, dict[str, str | None]]
 _set_grad_enabled = torch._C._set_grad_enabled
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+_graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: 0)
 _is_grad_enabled = torch._C.is_grad_enabled
 _SCALARS = (bool, int, float, str)
 _TENSORS = (torch.Tensor, torch.nn.Parameter)  # plain classes: no subclass that could hide a tensor inside
@@ -165,6 +167,12 @@ class Recorder:
         self._api_counts: dict[str, int] = {}
         self._module_counts: dict[str, int] = {}
         self._param_grads: dict[str, dict[str, Any]] = {}  # module prefix -> its parameters_grad entry
+        # parameter gradients whose statistics wait for their backward's end: (prefix, name) -> (grad, leaf)
+        self._late_grads: dict[tuple[str, str], Later] = {}
+        self._late_task: int | None = None  # the graph task whose end callback is queued
+        # parameters recorded in forward entries, read when the forward is over, and their versions then
+        self._late_params: list[Later] = []
+        self._late_versions: list[int] = []
         self._construct: dict[str, str | None] = {}
         self._module_stack: list[str] = []
         self._list_depth = 0  # > 0 while inside a module that matched ``list`` (mix: dump all inside)
@@ -432,8 +440,9 @@ class Recorder:
         if call.listed:  # leaving a module that matched ``list`` at mix: APIs after it are filtered again
             self._list_depth -= 1
         name = call.name
-        if self._module_stack and self._module_stack[-1] == name:
-            self._module_stack.pop()
+        stack = self._module_stack
+        if stack and stack[-1] == name:
+            stack.pop()
         if not call.selected:
             return
         self._dirty = True  # a flush since module_enter (stop() in the forward) wrote the entry without it
@@ -448,7 +457,7 @@ class Recorder:
                 params = own_parameters(module)
                 leaf = self._stats_leaf
                 # present, maybe empty, as msprobe writes it
-                entry["parameters"] = ({p: leaf(t) for p, t in params} if leaf is not None else
+                entry["parameters"] = ({p: self._param_leaf(t) for p, t in params} if leaf is not None else
                                        {p: self.tensor_leaf(t, name, "parameters", (p,)) for p, t in params})
             if entry is not None:
                 self._data.pop(name, None)
@@ -468,6 +477,38 @@ class Recorder:
                     self._grads_hook(outs, partial(self.module_output_grads, bname))
                 if len(outs) == 1 and outs[0]._is_view():  # its hook is lost if it is updated in place
                     self.api_backward.watch_view(outs[0], partial(self._module_rebased, bname))
+
+    def forward_done(self) -> None:
+        """A model given to ``start()`` returned from its forward: the statistics of the parameters its
+        modules recorded are read now (one stack per shape for all of them)."""
+        if self._late_params:
+            with self.lock, quiet():
+                self._take_late_params()
+
+    def _param_leaf(self, t: Tensor) -> dict[str, Any]:
+        """A parameter's leaf in a module's forward entry, its statistics read when the forward is over
+        (:meth:`forward_done`; or when the backward starts or the step is flushed, for a module called on
+        its own). Nothing writes a parameter during a forward; an in-place write would show in its version
+        and is noted on the leaf (see _take_late_params). A ``.data`` write does not show: it goes unseen."""
+        late = self.stats.later(t)
+        if late is None:
+            return self.stats.leaf(t)
+        self._late_params.append(late)
+        self._late_versions.append(t._version)
+        return late[2]
+
+    def _take_late_params(self) -> None:
+        late = self._late_params
+        if not late:
+            return
+        versions = self._late_versions
+        self._late_params, self._late_versions = [], []
+        for (t, _, leaf), version in zip(late, versions, strict=True):
+            if t._version != version:
+                leaf["note"] = "written in place later in the forward: statistics of the value after that"
+                log.warning("parity: a parameter was written in place during the forward; its statistics in "
+                            "the forward entry are those after the write")  # fmt: skip
+        self.stats.take_later(late)
 
     def _grads_hook(self, tensors: list[Tensor], fn: GradsFn) -> None:
         """``fn(grads)`` once the gradients of all ``tensors`` arrived (``register_multi_grad_hook``, mode
@@ -490,6 +531,8 @@ class Recorder:
 
     def _module_entry(self, name: str) -> dict[str, Any]:
         self._dirty = True
+        if self._late_params:  # the backward started: the forward is over
+            self._take_late_params()
         entry: dict[str, Any] | None = self._data.get(name)
         if entry is None:
             entry = {}
@@ -528,14 +571,48 @@ class Recorder:
             if entry is None:
                 entry = self._param_grads[prefix] = {}
                 self._data[param_grad_name(prefix)] = entry
+            self._dirty = True
             data_name = None
             if self.writer is not None:
                 entry_name = param_grad_name(prefix)
                 if self._file_list is None or self._wants_file(entry_name):
                     data_name = param_grad_file(entry_name, pname)
                     self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
+            elif (late := self.stats.later(grad)) is not None and self._grads_later():
+                # read when this backward ends (one stack per shape for all of them), as the optimizer
+                # will see it; a later accumulation in the same backward replaces it
+                self._late_grads[(prefix, pname)] = late
+                entry[pname] = [late[2]]
+                return
             entry[pname] = [self.stats.leaf(grad, data_name)]
-            self._dirty = True
+
+    def _grads_later(self) -> bool:
+        """Whether the statistics of parameter gradients can wait for the end of the running backward: a
+        callback queued once per backward (graph task) takes them; none can be queued outside one."""
+        task = _graph_task_id()
+        if task == self._late_task:
+            return True
+        self._take_late_params()  # the forward is over
+        if self._late_grads:  # a backward that ended without running the callback (it raised)
+            self._take_late_grads()
+        try:
+            _queue_callback(partial(self._end_of_backward, task))
+        except RuntimeError:
+            return False
+        self._late_task = task
+        return True
+
+    def _end_of_backward(self, task: int) -> None:
+        with self.lock:
+            if task == self._late_task:
+                self._late_task = None
+            self._take_late_grads()
+
+    def _take_late_grads(self) -> None:
+        if self._late_grads:
+            pairs = list(self._late_grads.values())
+            self._late_grads.clear()
+            self.stats.take_later(pairs)
 
     # -------------------------------------------------------------------------------------- collectives
     def collective_enter(self, prefix_api: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Collective:
@@ -581,6 +658,8 @@ class Recorder:
         with self.lock, quiet():
             self._stacks.release_frames()  # held only while recording: frames keep their locals alive
             self._last_fanout = None  # nor this tensor
+            self._take_late_grads()  # a flush inside the backward: the gradients as they are now
+            self._take_late_params()  # or inside a forward
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
@@ -145,6 +146,12 @@ _Cached = tuple[torch.Tensor, int, list[dict[str, Any]], _Digest | None, torch.S
 _StagedKey = tuple[torch.device, torch.dtype, int, torch.Size]
 #: the copies of one _StagedKey, and per copy the leaves sharing its statistics
 _Staged = tuple[list[torch.Tensor], list[list[dict[str, Any]]]]
+#: a tensor whose statistics wait (StatsBuffer.later): the tensor, its _StagedKey, its leaf
+Later = tuple[torch.Tensor, _StagedKey, dict[str, Any]]
+# id(parameter) -> (a weak reference to it, its data_ptr and shape when seen, its leaf but requires_grad, its
+# _StagedKey): what StatsBuffer.later checks once per parameter, not at every forward
+_PARAMS: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Size, dict[str, Any], _StagedKey]] = {}
+_MAX_PARAMS = 1 << 20
 #: (stacked chunks of statistics, 0-d statistics not stacked yet, per tensor the leaves sharing them)
 _Group = tuple[list[torch.Tensor], list[torch.Tensor], list[list[dict[str, Any]]]]
 
@@ -189,6 +196,8 @@ class StatsBuffer:
         self._groups: dict[tuple[torch.device, torch.dtype, int], _Group] = {}
         # (device, stat dtype, kind, shape) -> the copies of small tensors, and per copy the leaves sharing it
         self._staged: dict[_StagedKey, _Staged] = {}
+        # the same, as stacked blocks of several tensors (take_later)
+        self._blocks: dict[_StagedKey, _Staged] = {}
         # copies of small CPU tensors that are not contiguous, with their strides, and the leaves sharing each
         self._strided: list[tuple[torch.Tensor, list[dict[str, Any]]]] = []
         self._staged_numel = 0
@@ -293,6 +302,63 @@ class StatsBuffer:
             self.resolve(later=False)  # here and now: a long step never holds more than this many copies
         return leaf
 
+    def later(self, t: torch.Tensor) -> Later | None:
+        """The leaf of ``t`` with its statistics left to :meth:`take_later`, or None where ``t`` is not a
+        tensor that path takes (the caller uses :meth:`leaf`).
+
+        For a tensor whose values do not change until a known point (a parameter until its forward is over,
+        its gradient until the backward that accumulated it ends): no copy now, one ``stack`` per shape
+        then, for all of them. Only what :meth:`leaf` would stage as a copy qualifies (plain, small,
+        contiguous, floating point, no md5), so the statistics are the same, bit for bit. A parameter's
+        checks are kept for the process, keyed by its storage and shape (``.data =`` and ``.to()``
+        change the storage)."""
+        if self.md5:
+            return None
+        cls = type(t)
+        if cls is _Parameter:
+            known = _PARAMS.get(id(t))
+            if known is not None and known[0]() is t and known[1] == t.data_ptr() and known[2] == t.shape:
+                leaf = known[3].copy()
+                leaf["requires_grad"] = t.requires_grad
+                return t, known[4], leaf
+        elif cls is not _Tensor:
+            return None
+        if t.layout is not _STRIDED or t.is_meta or _is_functional(t):
+            return None
+        dtype = t.dtype
+        info = _DTYPES.get(dtype) or _dtype_info(dtype)
+        shape = t.shape
+        if not (info[1] and not info[2] and shape and 0 < t.numel() <= self.SMALL and t.is_contiguous()):
+            return None
+        leaf = {"type": "torch.Tensor", "dtype": info[0], "shape": list(shape), "Max": None, "Min": None,
+                "Mean": None, "Norm": None, "requires_grad": t.requires_grad}  # fmt: skip
+        key = (t.device, dtype, _FULL, shape)
+        if cls is _Parameter:
+            if len(_PARAMS) > _MAX_PARAMS:
+                _PARAMS.clear()
+            _PARAMS[id(t)] = (weakref.ref(t), t.data_ptr(), shape, dict(leaf), key)
+        return t, key, leaf
+
+    def take_later(self, pending: list[Later]) -> None:
+        """The statistics of the tensors given :meth:`later` leaves, as they are now: one stacked copy per
+        (device, dtype, shape), reduced row by row at :meth:`resolve` like the copies :meth:`leaf` stages."""
+        by_key: dict[_StagedKey, _Staged] = {}
+        for t, key, leaf in pending:
+            group = by_key.get(key)
+            if group is None:
+                group = by_key[key] = ([], [])
+            group[0].append(t)
+            group[1].append([leaf])
+        with quiet():
+            for key, (tensors, leaves) in by_key.items():
+                block = self._blocks.get(key)
+                if block is None:
+                    block = self._blocks[key] = ([], [])
+                block[0].append(torch.stack(tensors))
+                block[1].extend(leaves)
+                self._staged_numel += len(tensors) * tensors[0].numel()
+        self.pending += len(pending)
+
     def _scalar_leaf(self, t: torch.Tensor, leaf: dict[str, Any]) -> dict[str, Any]:
         """A CPU scalar (AdamW's step counts, a loss, a clamp bound...): its value, read now, is all four
         statistics (the norm too, sign included, as msprobe writes it; any and all for a bool), the numbers
@@ -340,14 +406,16 @@ class StatsBuffer:
         """
         # statistics may have been queued on any stream of their device (the user's side streams): wait for
         # the whole device once, so that any stream (and thread) may read them
-        for device in {key[0] for key in self._groups} | {key[0] for key in self._staged}:
+        devices = {key[0] for key in self._groups} | {key[0] for key in self._staged}
+        for device in devices | {key[0] for key in self._blocks}:
             with contextlib.suppress(Exception):
                 synchronize(device)
         # the groups as they are: making their computations (a Python loop over every shape) is left to
         # _finish, off the training thread when it runs later
-        taken = self._groups, self._staged, self._strided
+        taken = self._groups, self._staged, self._strided, self._blocks
         self._groups = {}
         self._staged = {}
+        self._blocks = {}
         self._strided = []
         self._staged_numel = 0
         self._cache.clear()
@@ -359,7 +427,8 @@ class StatsBuffer:
 
     def _finish(self, reduced: dict[tuple[torch.device, torch.dtype, int], _Group],
                 staged: dict[_StagedKey, _Staged],
-                strided: list[tuple[torch.Tensor, list[dict[str, Any]]]]) -> None:  # fmt: skip
+                strided: list[tuple[torch.Tensor, list[dict[str, Any]]]],
+                blocks: dict[_StagedKey, _Staged]) -> None:  # fmt: skip
         """Compute each group's statistics, bring them to the host and fill the leaves (the copies held by
         the groups are released after the devices were waited for: no stream still reads them)."""
         with quiet():
@@ -379,6 +448,8 @@ class StatsBuffer:
         ]
         groups += [(device, kind, partial(_row_statistics, kind, copies), leaves)
                    for (device, _, kind, _), (copies, leaves) in staged.items()]  # fmt: skip
+        groups += [(device, kind, partial(_row_statistics, kind, stacked, blocks=True), leaves)
+                   for (device, _, kind, _), (stacked, leaves) in blocks.items()]  # fmt: skip
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         # per device: (offset into its host vector, kind, leaves) of each group
         layout: dict[torch.device, list[tuple[int, int, list[list[dict[str, Any]]]]]] = {}
@@ -460,10 +531,12 @@ def _staged_copy(x: torch.Tensor) -> tuple[int, torch.Tensor]:
     return _FULL, x.clone()
 
 
-def _row_statistics(kind: int, copies: list[torch.Tensor]) -> torch.Tensor:
+def _row_statistics(kind: int, copies: list[torch.Tensor], blocks: bool = False) -> torch.Tensor:
     """The statistics of same-shape copies, flat in :func:`_fill`'s order: one row each, four kernels in all
-    (max, min, mean, norm; any and all for bool), the values :func:`_reductions` computes one by one."""
-    rows = torch.stack(copies).view(len(copies), -1)
+    (max, min, mean, norm; any and all for bool), the values :func:`_reductions` computes one by one.
+    ``blocks``: the copies are stacks of several (``take_later``), joined rather than stacked."""
+    joined = (copies[0] if len(copies) == 1 else torch.cat(copies)) if blocks else torch.stack(copies)
+    rows = joined.view(joined.shape[0], -1)
     if kind == _BOOL:
         return torch.stack((rows.any(1), rows.all(1)), 1).view(-1)
     return torch.stack((rows.amax(1), rows.amin(1), rows.mean(1), torch.linalg.vector_norm(rows, dim=1)),
