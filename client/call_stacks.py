@@ -32,10 +32,12 @@ __all__ = ["CallStacks", "Stacks"]
 Stacks = list[tuple[list[str], list[str]]]
 
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-# id(code) -> (the code, it is the tool's own), cached per function. Keyed by id: a code object's own hash is
-# recomputed from its fields at every lookup (about 0.5 us for a large function, 20 frames a stack); the
-# code is held here, so its id is never reused.
-_TOOL_CODE: dict[int, tuple[CodeType, bool]] = {}
+#: a code object, whether it is the tool's own, whether its frames may be kept, its id
+_Code = tuple[CodeType, bool, bool, int]
+# id(code) -> _Code, cached per function. Keyed by id: a code object's own hash is recomputed from its fields
+# at every lookup (about 0.5 us for a large function, 20 frames a stack); the code is held here, so its id is
+# never reused.
+_CODES: dict[int, _Code] = {}
 _TOOL_DIRS = tuple(
     os.path.dirname(os.path.abspath(p)) + os.sep
     for p in (__file__, dump_writer.__file__ or "")
@@ -57,6 +59,15 @@ def _module_call_codes() -> tuple[CodeType, ...]:
 
 _MODULE_CALL_CODES = _module_call_codes()  # held: their ids below stay unique
 _NOT_KEPT = frozenset(id(c) for c in _MODULE_CALL_CODES)
+
+
+def _code_info(code: CodeType) -> _Code:
+    """What a stack walk needs to know of ``code``, looked up once: whether it is the tool's own, and whether
+    its frames may be kept (not a generator's or coroutine's, not nn.Module's call machinery)."""
+    cid = id(code)
+    known = _CODES[cid] = (code, code.co_filename.startswith(_TOOL_DIRS),
+                           not code.co_flags & _RESUMABLE and cid not in _NOT_KEPT, cid)  # fmt: skip
+    return known
 
 # A stack's number, its line numbers and its text are the same in every step: they are kept for the process
 # (a step only groups its calls), so a stack seen in an earlier step is neither walked whole nor spelled
@@ -95,13 +106,13 @@ class CallStacks:
 
     def _group(self, number: int, frame: FrameType | None) -> int:
         """The group of a stack new in this step: by its line numbers, a new group if none matches."""
-        tool = _TOOL_CODE
+        codes = _CODES
         by_line = _LINES.get(number)
         if by_line is None:
             lines: list[tuple[int, int]] = []
             f = frame
             while f is not None:
-                if not tool[id(f.f_code)][1]:
+                if not codes[id(f.f_code)][1]:
                     lines.append((id(f.f_code), f.f_lineno or 0))
                 f = f.f_back
             by_line = _LINES[number] = tuple(lines)
@@ -112,7 +123,7 @@ class CallStacks:
                 frames = _TEXT[by_line] = [
                     f"File {c.co_filename}, line {ln}, in {c.co_name}, \n "
                     f"{linecache.getline(c.co_filename, ln).strip()}"
-                    for c, ln in ((tool[cid][0], ln) for cid, ln in by_line)
+                    for c, ln in ((codes[cid][0], ln) for cid, ln in by_line)
                 ]
             idx = self._by_lines[by_line] = len(self.groups)
             self.groups.append(([], frames))
@@ -122,40 +133,37 @@ class CallStacks:
         """The number of the stack whose innermost frame is ``frame`` (walks up to the first kept frame)."""
         chain, pos = self._chain, self._chain_pos
         numbers = _NUMBERS
-        tool = _TOOL_CODE
-        walked: list[FrameType] = []
+        codes = _CODES
+        walked: list[tuple[FrameType, _Code]] = []
         number = -1  # the number of the outermost walked frame's caller
         f: FrameType | None = frame
         while f is not None:
-            i = pos.get(id(f))
-            if i is not None and chain[i][0] is f:  # kept and still running: its callers are unchanged
-                _, lasti, number, caller = chain[i]
-                if f.f_lasti != lasti:  # moved on to another call: only its own pair changed
-                    lasti = f.f_lasti
-                    cid = id(f.f_code)
-                    number = caller if tool[cid][1] else _numbered(caller, cid, lasti)
-                    chain[i] = (f, lasti, number, caller)
-                if i + 1 < len(chain):  # the frames it called before have returned
-                    for gone in chain[i + 1 :]:
-                        pos.pop(id(gone[0]), None)
-                    del chain[i + 1 :]
-                break
-            walked.append(f)
+            code = f.f_code
+            known = codes.get(id(code)) or _code_info(code)
+            if known[2]:  # only a frame that can be kept is looked for among the kept ones
+                i = pos.get(id(f))
+                if i is not None and chain[i][0] is f:  # kept and still running: its callers are unchanged
+                    _, lasti, number, caller = chain[i]
+                    if f.f_lasti != lasti:  # moved on to another call: only its own pair changed
+                        lasti = f.f_lasti
+                        number = caller if known[1] else _numbered(caller, known[3], lasti)
+                        chain[i] = (f, lasti, number, caller)
+                    if i + 1 < len(chain):  # the frames it called before have returned
+                        for gone in chain[i + 1 :]:
+                            pos.pop(id(gone[0]), None)
+                        del chain[i + 1 :]
+                    break
+            walked.append((f, known))
             f = f.f_back
         else:
             chain.clear()
             pos.clear()
-        for f in reversed(walked):
-            code = f.f_code
-            cid = id(code)
-            known = tool.get(cid)
-            if known is None:
-                known = tool[cid] = (code, code.co_filename.startswith(_TOOL_DIRS))
+        for f, (_, tool, keep, cid) in reversed(walked):
             lasti = f.f_lasti
             caller = number
-            if not known[1]:
+            if not tool:
                 number = numbers.get((caller, cid, lasti)) or _numbered(caller, cid, lasti)
-            if not code.co_flags & _RESUMABLE and cid not in _NOT_KEPT:
+            if keep:
                 pos[id(f)] = len(chain)
                 chain.append((f, lasti, number, caller))
         return number

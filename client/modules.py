@@ -104,5 +104,5 @@ class ModuleHooks:
 
     def _param_grad(self, prefix: str, pname: str, param: torch.Tensor) -> None:
         rec: Recorder | None = self._get()
-        if rec is not None and param.grad is not None:
-            rec.param_gradient(prefix, pname, param.grad)
+        if rec is not None and (grad := param.grad) is not None:
+            rec.param_gradient(prefix, pname, grad, param)

@@ -38,6 +38,7 @@ Tensor = torch.Tensor
 _Documents = tuple[dict[str, Any], Stacks, dict[str, str | None]]
 _set_grad_enabled = torch._C._set_grad_enabled
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+_tf_mode_on = torch._C._is_torch_function_mode_enabled
 _graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: 0)
 _is_grad_enabled = torch._C.is_grad_enabled
 _SCALARS = (bool, int, float, str)
@@ -466,7 +467,8 @@ class Recorder:
             if self.want_bwd and grad_on and prefix not in self._param_grads:
                 # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
                 # ``[null]`` per trainable parameter, filled when the gradient arrives
-                slots = {p: [None] for p, t in (params or own_parameters(module)) if t.requires_grad}
+                own = params if params is not None else own_parameters(module)
+                slots = {p: [None] for p, t in own if t.requires_grad}
                 if slots:
                     self._param_grads[prefix] = slots
                     self._data[param_grad_name(prefix)] = slots
@@ -560,11 +562,11 @@ class Recorder:
             self._data.pop(name, None)
             self._data[name] = entry
 
-    def param_gradient(self, prefix: str, pname: str, grad: Tensor) -> None:
+    def param_gradient(self, prefix: str, pname: str, grad: Tensor, param: Tensor | None = None) -> None:
         """A parameter's gradient was accumulated (``.grad``, what the optimizer sees)."""
         if not self.want_bwd or (self.filtered and prefix not in self._selected_modules):
             return
-        with self.lock, quiet():
+        with self.lock:
             # One entry per module and step, as msprobe 8.3.3 names it; a later accumulation (another
             # micro-batch) overwrites the leaf, so the entry ends with the gradient the optimizer sees.
             entry = self._param_grads.get(prefix)
@@ -572,19 +574,25 @@ class Recorder:
                 entry = self._param_grads[prefix] = {}
                 self._data[param_grad_name(prefix)] = entry
             self._dirty = True
-            data_name = None
-            if self.writer is not None:
-                entry_name = param_grad_name(prefix)
-                if self._file_list is None or self._wants_file(entry_name):
-                    data_name = param_grad_file(entry_name, pname)
-                    self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
-            elif (late := self.stats.later(grad)) is not None and self._grads_later():
-                # read when this backward ends (one stack per shape for all of them), as the optimizer
-                # will see it; a later accumulation in the same backward replaces it
+            # statistics only, no torch-function mode to hide from (later() runs no operator): read when
+            # this backward ends (one stack per shape for all of them), as the optimizer will see it; a
+            # later accumulation in the same backward replaces it
+            if self.writer is None and not _tf_mode_on():
+                late = self.stats.later(grad) if param is None else self.stats.later_grad(grad, param)
+            else:
+                late = None
+            if late is not None and self._grads_later():
                 self._late_grads[(prefix, pname)] = late
                 entry[pname] = [late[2]]
                 return
-            entry[pname] = [self.stats.leaf(grad, data_name)]
+            with quiet():
+                data_name = None
+                if self.writer is not None:
+                    entry_name = param_grad_name(prefix)
+                    if self._file_list is None or self._wants_file(entry_name):
+                        data_name = param_grad_file(entry_name, pname)
+                        self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
+                entry[pname] = [self.stats.leaf(grad, data_name)]
 
     def _grads_later(self) -> bool:
         """Whether the statistics of parameter gradients can wait for the end of the running backward: a

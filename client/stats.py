@@ -339,6 +339,22 @@ class StatsBuffer:
             _PARAMS[id(t)] = (weakref.ref(t), t.data_ptr(), shape, dict(leaf), key)
         return t, key, leaf
 
+    def later_grad(self, grad: torch.Tensor, param: torch.Tensor) -> Later | None:
+        """:meth:`later` for ``param``'s gradient: by torch's layout contract a gradient has its parameter's
+        dtype, shape, device and layout, so the parameter's cached checks serve once these few match (else
+        the gradient is looked at as any tensor)."""
+        known = _PARAMS.get(id(param))
+        if (known is None or self.md5 or type(grad) is not _Tensor or grad.layout is not _STRIDED
+                or known[0]() is not param):  # fmt: skip
+            return self.later(grad)
+        key = known[4]
+        if (grad.dtype is not key[1] or grad.shape != known[2] or not grad.is_contiguous()
+                or grad.device != key[0]):  # fmt: skip
+            return self.later(grad)
+        leaf = known[3].copy()
+        leaf["requires_grad"] = grad.requires_grad
+        return grad, key, leaf
+
     def take_later(self, pending: list[Later]) -> None:
         """The statistics of the tensors given :meth:`later` leaves, as they are now: one stacked copy per
         (device, dtype, shape), reduced row by row at :meth:`resolve` like the copies :meth:`leaf` stages."""
