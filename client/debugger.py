@@ -93,6 +93,9 @@ class PrecisionDebugger:
     _lock = threading.Lock()
     _initialised: bool
 
+    #: the collector's youngest-generation threshold while recording (see _freeze_heap)
+    GC_YOUNG = 20000
+
     def __new__(cls, *args: Any, **kwargs: Any) -> PrecisionDebugger:
         with cls._lock:
             if cls._instance is None:
@@ -136,6 +139,7 @@ class PrecisionDebugger:
         self._submitted: set[tuple[int, int]] = set()  # touched on the writer thread only
         self._writer: BackgroundWriter | None = None  # started with the first recorder
         self._froze = False  # start() froze the heap (gc.freeze) and stop() thaws it
+        self._gc_thresholds: tuple[int, ...] | None = None  # the collector's thresholds before start()
         if self.config.server:
             try:
                 self._uploader = self._start_uploader(self.config)
@@ -247,15 +251,27 @@ class PrecisionDebugger:
         so the collector's full passes come every few thousand entries, and each walks every object of the
         process (a torch import alone is ~170k): that was the largest single host cost of capture (~25 us an
         entry on CPU). Frozen objects are only skipped, never freed, and return to the collector at
-        ``stop()``; a process that froze its own heap (``gc.freeze()`` before forking) is left alone."""
+        ``stop()``; a process that froze its own heap (``gc.freeze()`` before forking) is left alone.
+
+        The youngest generation's threshold is raised to GC_YOUNG meanwhile: a recorded call leaves a few
+        objects that live until its backward or the flush, and at the default 700 the collector walked them
+        again and again (about 5% of the host cost at L0). Cyclic garbage of the step waits a little longer
+        for its collection; the user's thresholds are back at ``stop()``."""
         self._froze = gc.get_freeze_count() == 0
         if self._froze:
             gc.freeze()
+        self._gc_thresholds = gc.get_threshold()
+        young, *older = self._gc_thresholds
+        if 0 < young < self.GC_YOUNG:
+            gc.set_threshold(self.GC_YOUNG, *older)
 
     def _thaw_heap(self) -> None:
         if self._froze:
             self._froze = False
             gc.unfreeze()
+        if self._gc_thresholds is not None:
+            gc.set_threshold(*self._gc_thresholds)
+            self._gc_thresholds = None
 
     def _settle(self) -> None:
         """``async_dump`` false (the default, as msprobe): wait until what was flushed is on disk.

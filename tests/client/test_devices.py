@@ -340,6 +340,31 @@ def test_heap_frozen_while_recording_and_thawed_after(tmp_path: Path) -> None:
     assert "Torch.relu.0.forward" in load_data(tmp_path)
 
 
+def test_young_generation_threshold_raised_while_recording_and_restored_after(tmp_path: Path) -> None:
+    import gc
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, 11, 12)
+    try:
+        PrecisionDebugger(dump_path=str(tmp_path), level="L1")
+        PrecisionDebugger.start()
+        assert gc.get_threshold() == (PrecisionDebugger.GC_YOUNG, 11, 12)
+        torch.relu(torch.ones(2))
+        PrecisionDebugger.stop()
+        assert gc.get_threshold() == (700, 11, 12)
+        gc.set_threshold(50_000, 11, 12)  # a process that set a higher one keeps it
+        PrecisionDebugger.start()
+        assert gc.get_threshold() == (50_000, 11, 12)
+        PrecisionDebugger.stop()
+        gc.set_threshold(0)  # nor is a disabled collector turned on
+        PrecisionDebugger.start()
+        assert gc.get_threshold()[0] == 0
+        PrecisionDebugger.stop()
+        PrecisionDebugger.step()
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_md5_of_device_tensors_comes_from_the_writer_thread() -> None:
     """md5 off the CPU: the CRC of a host copy taken when the call was recorded, filled in by the writer
     thread before any document written after it (forced on CPU, where it would be computed at once)."""
