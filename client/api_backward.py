@@ -27,6 +27,7 @@ reports the in-place calls it sees at L0, where no API is recorded (:meth:`ApiBa
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -34,7 +35,6 @@ from typing import Any
 
 import torch
 from parity.client.stats import quiet
-from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["ApiBackward", "InputNodes", "add_tensor_hook", "last_hook_key"]
 
@@ -117,10 +117,10 @@ class ApiBackward:
     def __init__(self, record: Record) -> None:
         self._record = record
         # view outputs whose entries hang on the view's node: moved if the view is changed in place
-        self._views: WeakIdKeyDictionary = WeakIdKeyDictionary()  # view -> [(its node, OnRebased)]
-        # ids of every view ever watched: a plain set lookup before the weak dictionary's (which makes a weak
-        # reference per lookup); an id reused by another tensor only costs that lookup
-        self._view_ids: set[int] = set()
+        # id(view) -> (a weak reference to the view, [(its node, OnRebased)]): a plain dictionary, checked
+        # against the reference (torch's WeakIdKeyDictionary makes a Python weak reference object per
+        # lookup); the entries of views that died stay until the step ends, with this object
+        self._views: dict[int, tuple[weakref.ref[Tensor], list[tuple[Any, OnRebased]]]] = {}
 
     def after_call(self, name: str, out: Any, before: InputNodes) -> None:
         """Attach ``name``'s backward to the call's outputs; ``before``: its inputs' nodes before it ran."""
@@ -140,8 +140,10 @@ class ApiBackward:
     def watch_view(self, view: Tensor, on_rebased: OnRebased) -> None:
         """Call ``on_rebased`` with the gradients if a later in-place update drops ``view``'s node."""
         if view.grad_fn is not None:
-            self._views.setdefault(view, []).append((view.grad_fn, on_rebased))
-            self._view_ids.add(id(view))
+            entry = self._views.get(id(view))
+            if entry is None or entry[0]() is not view:
+                entry = self._views[id(view)] = (weakref.ref(view), [])
+            entry[1].append((view.grad_fn, on_rebased))
 
     def _rebased(self, name: str, g_view: Tensor | None, g_base: Tensor | None) -> None:
         # what the lost view node would have recorded: the view's gradient in, the base's out
@@ -149,16 +151,15 @@ class ApiBackward:
 
     def follow_inplace(self, before: InputNodes) -> None:
         """Move the entries of remembered views that a call just changed in place (their node is gone)."""
-        if not self._views:
+        views = self._views
+        if not views:
             return
-        ids = self._view_ids
         for x, node in before:
-            if id(x) not in ids:
+            entry = views.get(id(x))
+            if entry is None or entry[0]() is not x or x.grad_fn is node:
                 continue
-            watchers = self._views.get(x)
-            if watchers is None or x.grad_fn is node:
-                continue
-            del self._views[x]
+            del views[id(x)]
+            watchers = entry[1]
             base = x._base
             if base is None or base.grad_fn is None:
                 continue

@@ -229,9 +229,12 @@ class PrecisionDebugger:
             self._mode.__exit__(None, None, None)
             self._mode = None
         self._dist.restore()
-        if self.recorder is not None:
-            self.recorder.flush()
-            self._settle()
+        try:
+            if self.recorder is not None:
+                self.recorder.flush()
+                self._settle()
+        finally:
+            self._restore_gc()
 
     @classmethod
     def drain(cls) -> None:
@@ -269,6 +272,10 @@ class PrecisionDebugger:
         if self._froze:
             self._froze = False
             gc.unfreeze()
+
+    def _restore_gc(self) -> None:
+        """The user's thresholds back, once the step's documents are written (without ``async_dump``) and
+        its objects mostly freed: the collection the old threshold then triggers has little to walk."""
         if self._gc_thresholds is not None:
             gc.set_threshold(*self._gc_thresholds)
             self._gc_thresholds = None

@@ -23,7 +23,6 @@ import contextlib
 import logging
 import weakref
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -202,7 +201,7 @@ class StatsBuffer:
         self._strided: list[tuple[torch.Tensor, list[dict[str, Any]]]] = []
         self._staged_numel = 0
         # id(tensor) -> see _Cached; holding the tensor keeps its id unique
-        self._cache: OrderedDict[int, _Cached] = OrderedDict()
+        self._cache: dict[int, _Cached] = {}
         self.pending = 0
         self.unreadable = 0  # leaves left null because their values could not be read
 
@@ -294,9 +293,10 @@ class StatsBuffer:
             return leaf
         if digest is not None:
             self._set_md5(leaf, digest)
-        if len(self._cache) >= self.CACHE_SIZE:
-            self._cache.popitem(last=False)  # the oldest (a plain dict's first key is found by a scan)
-        self._cache[id(t)] = (t, version, sharing, digest, shape)
+        cache = self._cache
+        if len(cache) >= self.CACHE_SIZE:  # started over (what is shared is a call's output and the next
+            cache.clear()  # call's input: recent tensors), cheaper than dropping the oldest one by one
+        cache[id(t)] = (t, version, sharing, digest, shape)
         self.pending += 1
         if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
             self.resolve(later=False)  # here and now: a long step never holds more than this many copies
