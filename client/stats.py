@@ -97,9 +97,12 @@ def grad_off() -> _GradOff:
     return _GradOff()
 
 
-def quiet() -> _Quiet:
-    """Run the tool's own torch calls unseen by any torch-function mode (ours included) and without grad."""
-    return _Quiet()
+def quiet() -> contextlib.AbstractContextManager[None]:
+    """Run the tool's own torch calls unseen by any torch-function mode (ours included) and without grad.
+
+    Where grad is already off (a backward hook: most of the recorder's calls at L0) torch's own guard does
+    it all, with no Python frame to enter and leave."""
+    return _Quiet() if _is_grad_enabled() else _DisableTorchFunction()
 
 
 def crc32_hex(t: torch.Tensor) -> str:
