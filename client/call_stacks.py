@@ -61,6 +61,15 @@ _MODULE_CALL_CODES = _module_call_codes()  # held: their ids below stay unique
 _NOT_KEPT = frozenset(id(c) for c in _MODULE_CALL_CODES)
 
 
+def _named(name: str) -> CodeType | None:
+    return next((c for c in _MODULE_CALL_CODES if c.co_name == name), None)
+
+
+# nn.Module's call machinery as a module's hooks see it: ``_wrapped_call_impl`` calls ``_call_impl``, which
+# calls ``inner``, which runs the hooks (None where this torch version has none: the walk takes those frames)
+_WRAPPED_CODE, _IMPL_CODE, _HOOKS_CODE = _named("_wrapped_call_impl"), _named("_call_impl"), _named("inner")
+
+
 def _code_info(code: CodeType) -> _Code:
     """What a stack walk needs to know of ``code``, looked up once: whether it is the tool's own, and whether
     its frames may be kept (not a generator's or coroutine's, not nn.Module's call machinery)."""
@@ -77,6 +86,7 @@ _NUMBERS: dict[tuple[int, int, int], int] = {}  # (caller's number, id(code), of
 _LINES: dict[int, tuple[tuple[int, int], ...]] = {}  # a stack's number -> ((id(code), line), ...)
 _TEXT: dict[tuple[tuple[int, int], ...], list[str]] = {}  # line numbers -> the frames as text
 _counter = itertools.count()
+_MODULE_CALLS: dict[tuple[int, int, int, int], int] = {}  # (caller's number, 3 offsets) -> number
 _MAX_NUMBERS = 50_000
 
 
@@ -88,6 +98,7 @@ class CallStacks:
             _NUMBERS.clear()
             _LINES.clear()
             _TEXT.clear()
+            _MODULE_CALLS.clear()
         self.groups: Stacks = []
         self._by_lines: dict[tuple[tuple[int, int], ...], int] = {}  # ((id(code), line), ...) -> group
         self._by_number: dict[int, int] = {}  # a stack's number -> its group
@@ -112,8 +123,9 @@ class CallStacks:
             lines: list[tuple[int, int]] = []
             f = frame
             while f is not None:
-                if not codes[id(f.f_code)][1]:
-                    lines.append((id(f.f_code), f.f_lineno or 0))
+                code = f.f_code
+                if not (codes.get(id(code)) or _code_info(code))[1]:
+                    lines.append((id(code), f.f_lineno or 0))
                 f = f.f_back
             by_line = _LINES[number] = tuple(lines)
         idx = self._by_lines.get(by_line)
@@ -131,6 +143,24 @@ class CallStacks:
 
     def _number(self, frame: FrameType) -> int:
         """The number of the stack whose innermost frame is ``frame`` (walks up to the first kept frame)."""
+        if frame.f_code is _HOOKS_CODE:
+            # a module's hook: nn.Module's three call frames, then the caller's (usually kept). The three are
+            # new at every call but always the same code at a few offsets: their number over the caller's is
+            # looked up at once, the number the walk below gives them.
+            impl = frame.f_back
+            wrapped = None if impl is None else impl.f_back
+            if (impl is not None and wrapped is not None and impl.f_code is _IMPL_CODE
+                    and wrapped.f_code is _WRAPPED_CODE):  # fmt: skip
+                outer = wrapped.f_back
+                top = -1 if outer is None else self._number(outer)
+                key = (top, wrapped.f_lasti, impl.f_lasti, frame.f_lasti)
+                number = _MODULE_CALLS.get(key)
+                if number is None:
+                    number = top
+                    for machinery in (wrapped, impl, frame):
+                        number = _numbered(number, id(machinery.f_code), machinery.f_lasti)
+                    _MODULE_CALLS[key] = number
+                return number
         chain, pos = self._chain, self._chain_pos
         numbers = _NUMBERS
         codes = _CODES
