@@ -207,9 +207,9 @@ def test_tensor_files_are_synced_once_before_the_dump_json_names_them(
     calls: list[tuple[set[str], bool]] = []
     real = tensor_writer.sync_files
 
-    def recording(paths: list[Path]) -> None:
-        dump_json = paths[0].parent.parent / "dump.json"
-        calls.append(({p.name for p in paths}, dump_json.exists()))
+    def recording(paths: list[str | Path]) -> None:
+        dump_json = Path(paths[0]).parent.parent / "dump.json"
+        calls.append(({Path(p).name for p in paths}, dump_json.exists()))
         real(paths)
 
     monkeypatch.setattr(tensor_writer, "sync_files", recording)
