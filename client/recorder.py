@@ -595,7 +595,8 @@ class Recorder:
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
-                self.background.submit_call(partial(self._write, self.dir_writer, *docs), document=True)
+                self.background.submit_call(partial(self._write, self.dir_writer, *docs), document=True,
+                                            syncs_files=True)  # fmt: skip
                 self._dirty = False
                 self.flushed = True
             if not self.flushed:  # unchanged since the last flush and never written: nothing to hand on
@@ -637,6 +638,7 @@ class Recorder:
                 tensors=self.tensors,
                 stacks=stacks if extra else None,
                 construct=(construct if self.modules_on else {}) if extra else None,
+                before_commit=self.background.files_synced,  # the tensor files it names are durable first
             )
         except Exception:
             self._failed.add(dir_writer.rank_dir)
