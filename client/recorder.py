@@ -9,6 +9,7 @@ and writing the rank directory (§3) through :class:`parity.shared.dump.writer.R
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -158,6 +159,8 @@ class Recorder:
         self._file_names = frozenset(i for i in cfg.api_list if parse_entry(i) is not None)
         self._file_parts = tuple(i for i in cfg.api_list if i not in self._file_names)
         self._file_entry: tuple[str, bool] = ("", False)  # the last entry asked about, and the answer
+        # a plan lists full names only: whether an entry writes files is one set lookup, no list scan
+        self._names_only = not self._file_parts
         self.filtered = bool(cfg.scope or self._select_list)
         self._extra_info = cfg.extra_info
         self._reset()
@@ -184,12 +187,16 @@ class Recorder:
                                  fill_later=self.background.submit_call)  # fmt: skip
         # statistics only (no tensor files to name): encoding a tensor is just its leaf
         self._stats_leaf = self.stats.leaf if self.writer is None else None
+        # a planned dump's unlisted calls: the same leaf, the method bound once
+        self._unlisted_leaf = self.stats.leaf if self._file_list is not None else None
         self.api_backward = ApiBackward(self.api_gradients)
         self._stacks = CallStacks()
         # (tensor, its hook, the hook's key) of the last single-tensor gradient hook added (see _grads_hook)
         self._last_fanout: tuple[Tensor, _GradFanout, Any] | None = None
         self.rank_dir = rank_dir_path(self.cfg.dump_path, self.step, self.rank)
         self.dir_writer = RankDirWriter(self.rank_dir)
+        # tensor files' paths joined as strings: a Path a file costs more than the rest of its submission
+        self._tensor_dir = f"{self.dir_writer.tensor_dir}{os.sep}"
         self._dirty = False  # entries changed since the last flush
         self.flushed = False
         self.handed_over = False  # the step's live containers went to the writer (final flush)
@@ -225,6 +232,8 @@ class Recorder:
         """A planned dump: whether ``entry`` is listed, by its full name or, for an item that is no entry
         name (``"gelu"``), as msprobe matches: a substring. A full name matches itself only, where msprobe
         would also take ``Module.m.M.forward.10`` for ``...forward.1``."""
+        if self._names_only:
+            return entry in self._file_names
         last, answer = self._file_entry
         if entry != last:
             answer = entry in self._file_names or any(item in entry for item in self._file_parts)
@@ -238,7 +247,7 @@ class Recorder:
         data_name = None
         if self.writer is not None and (self._file_list is None or self._wants_file(entry)):
             data_name = tensor_file(entry, category, path)
-            self.writer.submit(self.dir_writer.tensor_dir / data_name, t)
+            self.writer.submit(self._tensor_dir + data_name, t)
         self._dirty = True
         return self.stats.leaf(t, data_name)
 
@@ -283,7 +292,9 @@ class Recorder:
         a planned dump's unlisted calls take it, at a statistics dump's cost."""
         if self._file_list is None:
             return self._stats_leaf
-        return None if self._wants_file(entry) else self.stats.leaf
+        if self._names_only:
+            return None if entry in self._file_names else self._unlisted_leaf
+        return None if self._wants_file(entry) else self._unlisted_leaf
 
     def encode_inputs(self, entry: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         enc, leaf = self.encode, self._leaf_for(entry)
@@ -591,7 +602,7 @@ class Recorder:
                     entry_name = param_grad_name(prefix)
                     if self._file_list is None or self._wants_file(entry_name):
                         data_name = param_grad_file(entry_name, pname)
-                        self.writer.submit(self.dir_writer.tensor_dir / data_name, grad)
+                        self.writer.submit(self._tensor_dir + data_name, grad)
                 entry[pname] = [self.stats.leaf(grad, data_name)]
 
     def _grads_later(self) -> bool:
@@ -671,7 +682,8 @@ class Recorder:
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
-                self.background.submit_call(partial(self._write, self.dir_writer, *docs), document=True)
+                self.background.submit_call(partial(self._write, self.dir_writer, *docs), document=True,
+                                            syncs_files=True)  # fmt: skip
                 self._dirty = False
                 self.flushed = True
             if not self.flushed:  # unchanged since the last flush and never written: nothing to hand on
@@ -713,6 +725,7 @@ class Recorder:
                 tensors=self.tensors,
                 stacks=stacks if extra else None,
                 construct=(construct if self.modules_on else {}) if extra else None,
+                before_commit=self.background.files_synced,  # the tensor files it names are durable first
             )
         except Exception:
             self._failed.add(dir_writer.rank_dir)

@@ -25,12 +25,13 @@ not exist, so jobs there are dropped rather than queued forever.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,19 +67,20 @@ class BackgroundWriter:
         # CPU copies submitted and not yet queued: queued as one job per _BATCH_FILES files (or bytes), or
         # before any other job, since a job a file cost a wake-up of the writer thread (and a GIL hand-over)
         # each, more CPU than writing a small file
-        self._pending: list[tuple[torch.Tensor, Path]] = []
+        self._pending: list[tuple[torch.Tensor, str | Path]] = []
         self._pending_bytes = 0
         self._pending_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="parity-writer", daemon=True)
         self._thread.start()
         self.errors = 0
         self.written = 0
-        self._unsynced: list[Path] = []  # tensor files written and not yet synced (writer thread only)
+        self._unsynced: list[str | Path] = []  # tensor files written, not yet synced (writer thread only)
+        self._syncing: threading.Thread | None = None  # their sync in progress (see _start_sync)
 
     def _usable(self) -> bool:
         return os.getpid() == self._pid and self._thread.is_alive()
 
-    def submit(self, path: Path, tensor: torch.Tensor, *, staged: bool | None = None) -> None:
+    def submit(self, path: str | Path, tensor: torch.Tensor, *, staged: bool | None = None) -> None:
         """Queue a private copy of ``tensor`` to be saved at ``path`` (blocks while the queue is full).
 
         ``staged`` (default: the tensor is not on the CPU) copies into a bounded host buffer instead of
@@ -109,31 +111,44 @@ class BackgroundWriter:
             self._put_pending()
             self._queue.put(job)
 
-    def _save_batch(self, batch: list[tuple[torch.Tensor, Path]]) -> None:
+    def _save_batch(self, batch: list[tuple[torch.Tensor, str | Path]]) -> None:
         """Writer thread: save each file of a batch; a failure counts (and is logged) per file."""
+        options = self._files.options()
         for tensor, path in batch:
             try:
-                self._save(tensor, path)
+                self._save(tensor, path, options)
             except Exception as exc:  # a full disk must not stop training (nor the batch's other files)
                 self._failed(exc)
 
-    def _save(self, tensor: torch.Tensor, path: Path) -> None:
+    def _save(self, tensor: torch.Tensor, path: str | Path, options: tuple[bool, int] | None = None) -> None:
         """Writer thread: write one tensor file; it is made durable with the others before the next document
         (:meth:`_sync_files`)."""
-        _save(tensor, path, sync=False, files=self._files)
+        _save(tensor, path, sync=False, files=self._files, options=options)
         self._unsynced.append(path)
 
     def _sync_files(self) -> None:
         """Writer thread: make the tensor files written since the last document durable, before a document
         (a dump.json naming them) is written: one file-system sync (``syncfs``) rather than an fsync a file,
         which cost ~5 ms each here (200 files: 1 s against 5-70 ms), where the platform has it."""
+        self._start_sync()
+        self.files_synced()
+
+    def _start_sync(self) -> None:
+        """Writer thread: start :meth:`_sync_files`'s sync on a helper thread; :meth:`files_synced` waits for
+        it. The sync waits for the disk (5-70 ms) without the GIL, so it overlaps the encoding of the
+        document that must follow it (tens of ms of Python) instead of coming before it."""
         paths, self._unsynced = self._unsynced, []
         if paths:
-            try:
-                sync_files(paths)
-            except OSError as exc:  # the files are written; a failed flush must not hold back the document
-                log.warning("parity: could not sync %d tensor files (%s): %s", len(paths), paths[0].parent,
-                            exc)  # fmt: skip
+            syncing = threading.Thread(target=_sync_logged, args=(paths,), name="parity-sync", daemon=True)
+            syncing.start()
+            self._syncing = syncing
+
+    def files_synced(self) -> None:
+        """Writer thread: wait until the tensor files written before the current document are durable; a
+        document job calls it before its document becomes visible (see ``submit_call``)."""
+        syncing, self._syncing = self._syncing, None
+        if syncing is not None:
+            syncing.join()
 
     def submit_host(self, tensor: torch.Tensor, consume: Callable[[torch.Tensor], object]) -> None:
         """Queue ``consume(a host copy of tensor)`` on the writer thread: the copy is made as for a device
@@ -198,8 +213,11 @@ class BackgroundWriter:
             self.staged_bytes -= nbytes
             self._staged.notify_all()
 
-    def submit_call(self, job: _Job, *, document: bool = False) -> None:
-        """Queue ``job`` after everything queued so far; ``document``: it holds a step's documents."""
+    def submit_call(self, job: _Job, *, document: bool = False, syncs_files: bool = False) -> None:
+        """Queue ``job`` after everything queued so far; ``document``: it holds a step's documents, written
+        once the tensor files before it are durable: ``syncs_files``, the job itself calls
+        :meth:`files_synced` before its document becomes visible (the sync overlaps its encoding); else the
+        sync comes first."""
         if not self._usable():
             log.debug("parity: writer not running in this process (forked child?): job dropped")
             return
@@ -210,8 +228,14 @@ class BackgroundWriter:
 
         def run_and_release() -> object:
             try:
-                self._sync_files()
-                return job()
+                if not syncs_files:
+                    self._sync_files()
+                    return job()
+                self._start_sync()
+                try:
+                    return job()
+                finally:
+                    self.files_synced()  # a job that failed before waiting: the next one starts after it
             finally:
                 self._documents.release()
 
@@ -253,28 +277,67 @@ class BackgroundWriter:
             self._thread.join()
 
 
-def _save(tensor: torch.Tensor, path: Path, *, sync: bool = True, files: TensorFiles | None = None) -> None:
-    """Write one ``.pt`` file atomically: a temporary name, fsynced (or, ``sync`` False, left for
-    :func:`sync_files`), then renamed (no half file, ever).
+def _save(tensor: torch.Tensor, path: str | Path, *, sync: bool = True, files: TensorFiles | None = None,
+          options: tuple[bool, int] | None = None) -> None:  # fmt: skip
+    """Write one ``.pt`` file, fsynced (or, ``sync`` False, left for :func:`sync_files`); never half a file
+    under a name a dump.json gives.
 
-    The bytes are ``torch.save``'s (``files``: the writer thread's cached serializer), written with plain
-    ``os`` calls: a Python file object costs more CPU than the write itself for a file of a few KiB."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    A new file (nearly all: a step's files are new names in a new folder) is created exclusively and written
+    in place: no dump.json names it before it is complete and synced, since a step's documents are queued
+    after its files. A file that exists (a later micro-batch's gradient of the same name, an earlier run in
+    the same dump path) may be named by a dump.json already, so it is replaced atomically: written under a
+    temporary name, then renamed over it. In place saves the temporary's creation and the rename, the larger
+    part of a small file's cost on the file system.
+
+    The bytes are ``torch.save``'s (``files``: the writer thread's cached serializer; ``options``: its
+    settings, read once a batch), written with one ``writev`` of plain ``os`` calls on ``str`` paths: a
+    Python file object, or a ``Path`` a file, costs more CPU than the write itself for a file of a few KiB."""
+    path = os.fspath(path)
+    created: str | None = None  # the file this call made, removed if the write fails
     try:
-        data = (files or TensorFiles()).encode(tensor.cpu())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o666)
+        if not tensor.is_cpu:
+            tensor = tensor.cpu()
+        parts = (files or TensorFiles()).parts(tensor, options)
         try:
-            done = 0
-            while done < len(data):
-                done += os.write(fd, data[done:])
+            fd = os.open(path, _CREATE_NEW, 0o666)
+        except FileExistsError:
+            folder, name = os.path.split(path)
+            tmp = os.path.join(folder, f".{name}.tmp")
+            fd = os.open(tmp, _CREATE, 0o666)
+            created = tmp
+        else:
+            created = path
+        try:
+            _write_all(fd, parts)
             if sync:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        if created != path:
+            os.replace(created, path)
     except Exception as exc:  # name the file: torch's own message often does not
-        tmp.unlink(missing_ok=True)
+        if created is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(created)
         raise OSError(f"cannot write {path}: {exc}") from exc
+
+
+_O_BINARY = getattr(os, "O_BINARY", 0)
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_BINARY
+
+
+def _write_all(fd: int, parts: Sequence[Any]) -> None:
+    """All of ``parts``' bytes to ``fd``: one ``writev`` where the platform has it (and it writes all)."""
+    done = os.writev(fd, parts) if _WRITEV else 0
+    if done == sum(memoryview(part).nbytes for part in parts):
+        return
+    data = memoryview(b"".join(parts))  # a short write (or no writev): the rest in plain writes
+    while done < len(data):
+        done += os.write(fd, data[done:])
+
+
+_WRITEV = hasattr(os, "writev")
 
 
 def _syncfs() -> Callable[[int], int] | None:
@@ -291,10 +354,20 @@ def _syncfs() -> Callable[[int], int] | None:
 _SYNCFS = _syncfs() if sys.platform.startswith("linux") else None
 
 
-def sync_files(paths: list[Path]) -> None:
+def _sync_logged(paths: Sequence[str | Path]) -> None:
+    """:func:`sync_files`; a failure is logged: the files are written, and a failed flush must not hold back
+    the document."""
+    try:
+        sync_files(paths)
+    except OSError as exc:
+        log.warning("parity: could not sync %d tensor files (%s): %s", len(paths), os.path.dirname(paths[0]),
+                    exc)  # fmt: skip
+
+
+def sync_files(paths: Sequence[str | Path]) -> None:
     """Make ``paths`` (written, renamed into place) durable: one ``syncfs`` per file system they are on, or
     an fsync of each file and its folder where ``syncfs`` is missing or fails."""
-    folders = {p.parent for p in paths}
+    folders = {os.path.dirname(p) for p in paths}
     if _SYNCFS is not None:
         devices_done: set[int] = set()
         failed = False
@@ -315,7 +388,7 @@ def sync_files(paths: list[Path]) -> None:
         finally:
             os.close(fd)
     for folder in folders:
-        fsync_dir(folder)
+        fsync_dir(Path(folder))
 
 
 #: The former name: the writer started out saving tensor files only.

@@ -10,7 +10,7 @@ the step whole; each flush rewrites the whole file, as msprobe does.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _encode_str
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,7 @@ def dumps_indent1(doc: Any) -> str:
     return "".join(out)
 
 
-def _write_json(path: Path, doc: Any) -> None:
+def _write_json(path: Path, doc: Any, before_replace: Callable[[], object] | None = None) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         # One string, one write (json.dump would issue a write() per token); bare NaN/Infinity as msprobe.
@@ -136,6 +136,8 @@ def _write_json(path: Path, doc: Any) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except (OSError, TypeError, ValueError) as exc:
         raise DumpError(path, f"cannot write: {exc}") from exc
@@ -180,13 +182,16 @@ class RankDirWriter:
         tensors: bool,
         stacks: Sequence[tuple[Sequence[str], Sequence[str]]] | None,
         construct: Mapping[str, str | None] | None,
+        before_commit: Callable[[], object] | None = None,
     ) -> Path:
-        """Write dump.json, and stack.json / construct.json when given (None = ``extra_info`` off)."""
+        """Write dump.json, and stack.json / construct.json when given (None = ``extra_info`` off).
+
+        ``before_commit`` runs once dump.json is written under its temporary name, before it is renamed into
+        place: what the files it names wait for (their sync) overlaps its encoding."""
         self.prepare(tensors=tensors)
         dump_json = self.rank_dir / DUMP_JSON
-        _write_json(
-            dump_json, dump_document(task, level, data, self.tensor_dir.resolve() if tensors else None)
-        )
+        doc = dump_document(task, level, data, self.tensor_dir.resolve() if tensors else None)
+        _write_json(dump_json, doc, before_commit)
         if stacks is not None:
             _write_json(self.rank_dir / STACK_JSON, stack_document(stacks))
         if construct is not None:

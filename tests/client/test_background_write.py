@@ -207,9 +207,9 @@ def test_tensor_files_are_synced_once_before_the_dump_json_names_them(
     calls: list[tuple[set[str], bool]] = []
     real = tensor_writer.sync_files
 
-    def recording(paths: list[Path]) -> None:
-        dump_json = paths[0].parent.parent / "dump.json"
-        calls.append(({p.name for p in paths}, dump_json.exists()))
+    def recording(paths: list[str | Path]) -> None:
+        dump_json = Path(paths[0]).parent.parent / "dump.json"
+        calls.append(({Path(p).name for p in paths}, dump_json.exists()))
         real(paths)
 
     monkeypatch.setattr(tensor_writer, "sync_files", recording)
@@ -242,3 +242,43 @@ def test_batched_files_are_written_before_the_next_job(tmp_path: Path) -> None:
     assert seen == [n] and writer.errors == 0
     for i in range(n):
         assert torch.equal(torch.load(tmp_path / f"{i}.pt", weights_only=True), torch.full((4,), float(i)))
+
+
+def test_the_dump_json_is_encoded_while_its_tensor_files_sync_and_renamed_in_only_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync of a step's tensor files runs beside the encoding of its dump.json (written under its
+    temporary name meanwhile), and the dump.json takes its name only once the sync has returned."""
+    from parity.client import tensor_writer
+
+    entered, release = threading.Event(), threading.Event()
+    real = tensor_writer.sync_files
+
+    def held(paths: list[str | Path]) -> None:
+        entered.set()
+        assert release.wait(30)
+        real(paths)
+
+    monkeypatch.setattr(tensor_writer, "sync_files", held)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"task": "tensor", "async_dump": True}))
+    PrecisionDebugger(str(cfg), dump_path=str(tmp_path), level="L1")
+    model, x = model_and_input("mlp")
+    PrecisionDebugger.start(model)
+    train_step(model, x)
+    PrecisionDebugger.stop()
+    PrecisionDebugger.step()  # async: returns at once, the writer goes on
+    rank_dir = tmp_path / "step0" / "rank0"
+    try:
+        assert entered.wait(30)
+        for _ in range(3000):  # the writer encodes and writes the temporary while the sync is held
+            if (rank_dir / ".dump.json.tmp").exists():
+                break
+            release.wait(0.01)
+        assert (rank_dir / ".dump.json.tmp").exists() and not (rank_dir / "dump.json").exists()
+    finally:
+        release.set()
+    PrecisionDebugger.drain()
+    assert (rank_dir / "dump.json").exists() and not (rank_dir / ".dump.json.tmp").exists()
+    assert load_data(tmp_path)
+    PrecisionDebugger.reset()

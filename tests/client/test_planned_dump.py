@@ -111,3 +111,34 @@ def test_compare_judges_a_planned_dumps_unlisted_calls_by_their_statistics(tmp_p
     # the faulty gelu's output, saved on both sides, has its tensor metrics
     gelu_out = next(r for r in result.rows if r.cells[0] == f"{GELU}.output.0")
     assert isinstance(gelu_out.cells[cosine], float) and gelu_out.status is not RowStatus.PASS
+
+
+def test_unlisted_calls_of_a_planned_dump_take_the_statistics_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only listed calls go through the tensor-file path (a file name, a submitted copy); every other call
+    is encoded as a statistics dump encodes it."""
+    from parity.client.recorder import Recorder
+
+    seen: list[str] = []
+    real = Recorder.tensor_leaf
+
+    def spy(self: Recorder, t: Any, entry: str, category: str, path: tuple[int | str, ...]) -> Any:
+        seen.append(entry)
+        return real(self, t, entry, category, path)
+
+    monkeypatch.setattr(Recorder, "tensor_leaf", spy)
+    dump_once(tmp_path, "mlp", "L1", config=tensor_config(parity_statistics_for_all=True))
+    assert seen and set(seen) <= set(LISTED)
+
+
+def test_a_planned_dump_matches_items_that_are_no_entry_name_as_substrings(tmp_path: Path) -> None:
+    """A hand-written plan may list ``relu`` (msprobe's substring match) beside full names."""
+    statistics = load_data(dump_once(tmp_path / "stats", "mlp", "L1"))
+    listed = ["relu", "Functional.linear.1.forward"]
+    config = {"task": "tensor", "tensor": {"scope": [], "list": listed, "data_mode": ["all"],
+                                           "parity_statistics_for_all": True}}  # fmt: skip
+    planned = load_data(dump_once(tmp_path / "plan", "mlp", "L1", config=config))
+    assert list(planned) == list(statistics)
+    expected = {n for n in statistics if "relu" in n} | {"Functional.linear.1.forward"}
+    assert set(data_names(planned)) == expected

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from parity.client.tensor_file import TensorFiles
+from parity.client import tensor_file
+from parity.client.tensor_file import TensorFiles, _Template
 from parity.client.tensor_writer import _save
 
 
@@ -101,3 +103,117 @@ def test_save_names_the_file_it_cannot_write(tmp_path: Path) -> None:
     path = tmp_path / "missing" / "x.pt"
     with pytest.raises(OSError, match="missing/x.pt"):
         _save(torch.ones(2), path)
+
+
+def _flip_storage(t: torch.Tensor) -> None:
+    """Change the first and last byte of ``t``'s storage in place (every byte the file holds is storage)."""
+    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    if raw.numel():
+        raw[0] ^= 0xFF
+        raw[-1] ^= 0x3C
+
+
+@pytest.mark.parametrize(("name", "tensor"), _cases(), ids=[n for n, _ in _cases()])
+def test_a_layouts_byte_template_carries_new_values_crc_and_serialization_id(
+    name: str, tensor: torch.Tensor
+) -> None:
+    """Every plain layout gets a byte template; a later tensor of that layout with other bytes gets its own
+    storage, CRC-32s and serialization id: torch.save's file, byte for byte."""
+    files = TensorFiles()
+    assert bytes(files.encode(tensor)) == _torch_save(tensor), name
+    (template,) = files._templates.values()
+    assert isinstance(template, _Template), name
+    _flip_storage(tensor)
+    parts = files.parts(tensor)
+    assert b"".join(parts) == _torch_save(tensor), name
+    if tensor.untyped_storage().nbytes():  # the storage itself is written, not a copy of it
+        assert parts[1] is not None and memoryview(parts[1]).nbytes == tensor.untyped_storage().nbytes()
+    assert torch.equal(_raw(torch.load(io.BytesIO(b"".join(parts)), weights_only=True)), _raw(tensor))
+
+
+def test_a_storage_above_the_template_bound_is_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tensor_file, "TEMPLATE_MAX_BYTES", 64)
+    files = TensorFiles()
+    small, large = torch.arange(4.0), torch.arange(100.0)
+    for t in (small, large, large + 1):
+        assert bytes(files.encode(t)) == _torch_save(t)
+    assert [type(v).__name__ for v in files._templates.values()] == ["_Template", "NoneType"]
+
+
+def test_a_template_that_does_not_reproduce_torch_save_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The template is checked against a second archive when learnt: a wrong serialization-id hash (another
+    torch's formula) fails that check, and the layout is replayed, still torch.save's bytes."""
+    monkeypatch.setattr(tensor_file, "_hash_combine", lambda seed, value: seed + value)
+    files = TensorFiles()
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    assert bytes(files.encode(a)) == _torch_save(a)
+    assert bytes(files.encode(b)) == _torch_save(b)
+    assert list(files._templates.values()) == [None]
+
+
+@pytest.mark.parametrize("crc32", [True, False])
+def test_templates_follow_torch_saves_crc_option(crc32: bool) -> None:
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(crc32)
+    try:
+        files = TensorFiles()
+        a, b = torch.randn(2, 5).to(torch.bfloat16), torch.randn(2, 5).to(torch.bfloat16)
+        assert bytes(files.encode(a)) == _torch_save(a)
+        assert bytes(files.encode(b)) == _torch_save(b)
+    finally:
+        torch.serialization.set_crc32_options(before)
+
+
+def test_save_completes_a_short_writev(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``writev`` may write less than asked (a signal, a full pipe): the rest follows in plain writes."""
+    from parity.client import tensor_writer
+
+    if not tensor_writer._WRITEV:
+        pytest.skip("no writev on this platform")
+    real = os.writev
+    monkeypatch.setattr(os, "writev", lambda fd, parts: real(fd, [bytes(parts[0])[:10]]))
+    t = torch.randn(5, 7)
+    _save(t, tmp_path / "x.pt", sync=False)
+    assert (tmp_path / "x.pt").read_bytes() == _torch_save(t)
+
+
+def test_save_writes_a_new_file_in_place_and_replaces_an_existing_one_atomically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new name is written in place (no dump.json names it yet); an existing file, which one may name
+    already, is written under a temporary name and renamed over it, so it is never seen half written."""
+    renames: list[tuple[str, str]] = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (renames.append((str(a), str(b))), real(a, b))[1])
+    path = tmp_path / "g.pt"
+    first, second = torch.randn(4, 3), torch.randn(4, 3)
+    _save(first, path, sync=False)
+    assert renames == [] and path.read_bytes() == _torch_save(first)
+    _save(second, path, sync=False)
+    assert renames == [(str(tmp_path / ".g.pt.tmp"), str(path))]
+    assert path.read_bytes() == _torch_save(second)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.pt"]
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_failed_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               exists: bool) -> None:  # fmt: skip
+    """A write that fails (a full disk) removes what it created: no half new file, and an existing file
+    keeps its complete old bytes."""
+    from parity.client import tensor_writer
+
+    path = tmp_path / "g.pt"
+    old = torch.arange(6.0)
+    if exists:
+        _save(old, path, sync=False)
+
+    def full_disk(fd: int, parts: object) -> None:
+        os.write(fd, b"PK")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tensor_writer, "_write_all", full_disk)
+    with pytest.raises(OSError, match="g.pt"):
+        _save(torch.randn(3), path, sync=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["g.pt"] if exists else [])
+    if exists:
+        assert path.read_bytes() == _torch_save(old)
