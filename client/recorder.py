@@ -60,22 +60,20 @@ def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
     return out
 
 
-GradsFn = Callable[[Sequence[Tensor | None]], None]
-
 
 class _GradFanout:
-    """One tensor hook that calls the recorder's gradient callbacks of that tensor in the order they were
-    added: a module's output is usually the next module's only input, and both want its gradient."""
+    """One tensor hook for every module that wants that tensor's gradient, in the order they asked: a
+    module's output is usually the next module's only input, and both want its gradient (the first as its
+    backward ``input``, the next as its backward ``output``)."""
 
-    __slots__ = ("fns",)
+    __slots__ = ("items", "rec")
 
-    def __init__(self, fn: GradsFn) -> None:
-        self.fns = [fn]
+    def __init__(self, rec: Recorder, name: str, of_outputs: bool) -> None:
+        self.rec = rec
+        self.items = [(name, of_outputs)]  # (the module's backward entry, the gradient is of its outputs)
 
     def __call__(self, grad: Tensor) -> None:
-        grads = (grad,)
-        for fn in self.fns:
-            fn(grads)
+        self.rec.module_grads(self.items, (grad,))
 
 
 def own_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -440,7 +438,7 @@ class Recorder:
                     ins = ([t for t, _ in before] if not kwargs and all(type(a) in _TENSORS for a in args)
                            else grad_tensors(args, grad_tensors(kwargs, [])))  # fmt: skip
                     if ins:
-                        self._grads_hook(ins, partial(self.module_input_grads, backward_of(name)))
+                        self._grads_hook(ins, backward_of(name), False)
             if self._extra_info:
                 self._stacks.record(name, frame)
         return ModuleCall(prefix, name, entry, selected, listed, before)
@@ -487,7 +485,7 @@ class Recorder:
                 outs = grad_tensors(output, [])
                 bname = backward_of(name)
                 if outs:
-                    self._grads_hook(outs, partial(self.module_output_grads, bname))
+                    self._grads_hook(outs, bname, True)
                 if len(outs) == 1 and outs[0]._is_view():  # its hook is lost if it is updated in place
                     self.api_backward.watch_view(outs[0], partial(self._module_rebased, bname))
 
@@ -523,23 +521,25 @@ class Recorder:
                             "the forward entry are those after the write")  # fmt: skip
         self.stats.take_later(late)
 
-    def _grads_hook(self, tensors: list[Tensor], fn: GradsFn) -> None:
-        """``fn(grads)`` once the gradients of all ``tensors`` arrived (``register_multi_grad_hook``, mode
-        all).
+    def _grads_hook(self, tensors: list[Tensor], name: str, of_outputs: bool) -> None:
+        """Record the gradients of all ``tensors`` (a module's outputs, ``of_outputs``, or its inputs) in the
+        backward entry ``name`` once they all arrived (``register_multi_grad_hook``, mode all).
 
         Most modules take and return one tensor: its own hook is the same event (it fires once per backward,
         with that gradient) without the multi-hook's per-call closures, lock and graph-task bookkeeping. When
         the tool's own last hook is still the last one on that tensor (the previous module's output is this
-        module's input), ``fn`` joins it: one hook call instead of two, the callbacks in the same order."""
+        module's input), this module joins it: one hook call instead of two, the entries in the same order,
+        the gradient's leaf encoded once."""
         if len(tensors) != 1:
-            register_multi_grad_hook(tensors, fn)
+            record = self.module_output_grads if of_outputs else self.module_input_grads
+            register_multi_grad_hook(tensors, partial(record, name))
             return
         t = tensors[0]
         last = self._last_fanout
         if last is not None and last[0] is t and last_hook_key(t) == last[2]:
-            last[1].fns.append(fn)
+            last[1].items.append((name, of_outputs))
             return
-        fanout = _GradFanout(fn)
+        fanout = _GradFanout(self, name, of_outputs)
         self._last_fanout = (t, fanout, add_tensor_hook(t, fanout))
 
     def _module_entry(self, name: str) -> dict[str, Any]:
@@ -558,20 +558,35 @@ class Recorder:
 
     def module_output_grads(self, name: str, grads: Sequence[Tensor | None]) -> None:
         """Gradients of a module's outputs arrived (msprobe's backward ``input``)."""
-        with self.lock, quiet():
-            self._module_entry(name)["input"] = self.encode_grads(name, "input", grads)
+        self.module_grads(((name, True),), grads)
 
     def _module_rebased(self, name: str, g_view: Tensor | None, _: Any) -> None:
         self.module_output_grads(name, (g_view,))
 
     def module_input_grads(self, name: str, grads: Sequence[Tensor | None]) -> None:
         """Gradients of a module's inputs arrived (backward ``output``): the module's backward is complete."""
+        self.module_grads(((name, False),), grads)
+
+    def module_grads(self, items: Sequence[tuple[str, bool]], grads: Sequence[Tensor | None]) -> None:
+        """The same gradients for each ``(backward entry, of its module's outputs)`` of ``items``, in order:
+        of a module's outputs, its backward ``input``; of its inputs, its ``output``, and the module's
+        backward is complete. Without tensor files the leaves are the same for every item: encoded once."""
         with self.lock, quiet():
-            entry = self._module_entry(name)
-            entry["output"] = self.encode_grads(name, "output", grads)
-            # placed once the module's backward is complete, after the APIs inside it (msprobe's order)
-            self._data.pop(name, None)
-            self._data[name] = entry
+            data = self._data
+            encoded: list[Any] | None = None
+            for name, of_outputs in items:
+                entry = self._module_entry(name)
+                if encoded is None or self.writer is not None:
+                    encoded = self.encode_grads(name, "input" if of_outputs else "output", grads)
+                else:
+                    encoded = list(encoded)
+                if of_outputs:
+                    entry["input"] = encoded
+                else:
+                    entry["output"] = encoded
+                    # placed once the module's backward is complete, after the APIs inside it (msprobe's)
+                    data.pop(name, None)
+                    data[name] = entry
 
     def param_gradient(self, prefix: str, pname: str, grad: Tensor, param: Tensor | None = None) -> None:
         """A parameter's gradient was accumulated (``.grad``, what the optimizer sees)."""
