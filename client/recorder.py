@@ -60,7 +60,6 @@ def grad_tensors(value: Any, out: list[Tensor]) -> list[Tensor]:
     return out
 
 
-
 class _GradFanout:
     """One tensor hook for every module that wants that tensor's gradient, in the order they asked: a
     module's output is usually the next module's only input, and both want its gradient (the first as its
