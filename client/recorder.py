@@ -8,6 +8,7 @@ and writing the rank directory (§3) through :class:`parity.shared.dump.writer.R
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -516,8 +517,8 @@ class Recorder:
         for (t, _, leaf), version in zip(late, versions, strict=True):
             if t._version != version:
                 leaf["note"] = "written in place later in the forward: statistics of the value after that"
-                log.warning("parity: a parameter was written in place during the forward; its statistics in "
-                            "the forward entry are those after the write")  # fmt: skip
+                _warn_once("parity: a parameter was written in place during the forward; its statistics in "
+                           "the forward entry are those after the write (noted on its leaf)")  # fmt: skip
         self.stats.take_later(late)
 
     def _grads_hook(self, tensors: list[Tensor], name: str, of_outputs: bool) -> None:
@@ -757,6 +758,11 @@ class Recorder:
         """Stop this recorder's own writer thread (after its queue is written); a shared one stays."""
         if self._owns_background:
             self.background.close()
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
 
 
 def _plain(v: Any) -> Any:
