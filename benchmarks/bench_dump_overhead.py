@@ -165,6 +165,9 @@ class _Dumper:
         self.dbg.stop()
         self.dbg.step()
 
+    def settle(self) -> None:
+        """Wait for the writing left to the background (``async_dump``), outside any timed step."""
+
     def close(self) -> None:
         pass
 
@@ -182,6 +185,9 @@ class ParityDumper(_Dumper):
             body["statistics"] = {"summary_mode": summary}
         cfg.write_text(json.dumps(config or body))  # ``config``: a whole config.json (a plan's)
         self.dbg(str(cfg), dump_path=str(dump_dir), level=level)
+
+    def settle(self) -> None:
+        self.dbg.drain()
 
     def close(self) -> None:
         self.dbg.reset()
@@ -220,7 +226,8 @@ def run(case: Case, mode: str, async_dump: bool, steps: int, warmup: int, tmp: P
     The machine is shared, so load drifts over seconds; alternating a plain step on an unhooked copy of
     the model with an instrumented step makes both medians see the same drift. The instrumented time
     includes ``stop()``/``step()``: what training waits for (with ``async_dump`` false, the writing of
-    the step's files too; with true, not the writing done in the background)."""
+    the step's files too; with true, not the writing done in the background, which is waited for,
+    untimed, before the next plain step: it would otherwise run inside that one)."""
     level, _, summary = mode.partition("+")
     task = "tensor" if summary == "tensor" else "statistics"
     label = f"{dumper}-{mode}-async" if async_dump else f"{dumper}-{mode}"
@@ -235,6 +242,8 @@ def run(case: Case, mode: str, async_dump: bool, steps: int, warmup: int, tmp: P
     prof = cProfile.Profile(time.thread_time) if profile else None  # CPU of this thread: blind to load
     dev = case.device
     for i in range(warmup + steps):
+        if async_dump:  # the last step's background writing would otherwise run inside the plain step
+            dmp.settle()
         _sync(dev)
         c0, t0 = time.thread_time(), clock()
         case.forward_backward(plain_model, plain_opt)
