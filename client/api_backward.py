@@ -145,6 +145,10 @@ class ApiBackward:
                 entry = self._views[id(view)] = (weakref.ref(view), [])
             entry[1].append((view.grad_fn, on_rebased))
 
+    def forget_views(self) -> None:
+        """Stop watching views (their step is over): their nodes, and the graph behind them, are let go."""
+        self._views.clear()
+
     def _rebased(self, name: str, g_view: Tensor | None, g_base: Tensor | None) -> None:
         # what the lost view node would have recorded: the view's gradient in, the base's out
         self._record(name, (g_view,), (g_base,) if g_base is not None else ())

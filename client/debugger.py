@@ -69,6 +69,7 @@ def _after_fork_in_child() -> None:
     if inst is not None and getattr(inst, "_initialised", False):
         inst.running = False
         inst._thaw_heap()
+        inst._restore_gc()
         if inst._mode is not None:
             inst._mode.active = False
         inst.finished = True
@@ -94,7 +95,7 @@ class PrecisionDebugger:
     _initialised: bool
 
     #: the collector's youngest-generation threshold while recording (see _freeze_heap)
-    GC_YOUNG = 20000
+    GC_YOUNG = 100_000
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PrecisionDebugger:
         with cls._lock:
@@ -229,12 +230,9 @@ class PrecisionDebugger:
             self._mode.__exit__(None, None, None)
             self._mode = None
         self._dist.restore()
-        try:
-            if self.recorder is not None:
-                self.recorder.flush()
-                self._settle()
-        finally:
-            self._restore_gc()
+        if self.recorder is not None:
+            self.recorder.flush()
+            self._settle()
 
     @classmethod
     def drain(cls) -> None:
@@ -258,15 +256,19 @@ class PrecisionDebugger:
 
         The youngest generation's threshold is raised to GC_YOUNG meanwhile: a recorded call leaves a few
         objects that live until its backward or the flush, and at the default 700 the collector walked them
-        again and again (about 5% of the host cost at L0). Cyclic garbage of the step waits a little longer
-        for its collection; the user's thresholds are back at ``stop()``."""
+        again and again (about 5% of the host cost at L0). The user's thresholds are back at ``step()``, not
+        ``stop()``: the step's entries and leaves live until ``step()`` hands them over, and the collection
+        the old threshold triggers at once would walk every one of them (about 12% of the host cost). After
+        the hand-over most are freed and it has little to walk. Cyclic garbage of the step waits a little
+        longer for its collection."""
         self._froze = gc.get_freeze_count() == 0
         if self._froze:
             gc.freeze()
-        self._gc_thresholds = gc.get_threshold()
-        young, *older = self._gc_thresholds
-        if 0 < young < self.GC_YOUNG:
-            gc.set_threshold(self.GC_YOUNG, *older)
+        if self._gc_thresholds is None:  # not a second start() in the step: the threshold is still raised
+            self._gc_thresholds = gc.get_threshold()
+            young, *older = self._gc_thresholds
+            if 0 < young < self.GC_YOUNG:
+                gc.set_threshold(self.GC_YOUNG, *older)
 
     def _thaw_heap(self) -> None:
         if self._froze:
@@ -274,8 +276,9 @@ class PrecisionDebugger:
             gc.unfreeze()
 
     def _restore_gc(self) -> None:
-        """The user's thresholds back, once the step's documents are written (without ``async_dump``) and
-        its objects mostly freed: the collection the old threshold then triggers has little to walk."""
+        """The user's thresholds back, once the step's documents are handed over and written (without
+        ``async_dump``) and its objects mostly freed: the collection the old threshold then triggers has
+        little to walk."""
         if self._gc_thresholds is not None:
             gc.set_threshold(*self._gc_thresholds)
             self._gc_thresholds = None
@@ -295,10 +298,13 @@ class PrecisionDebugger:
         the uploader, reset counters, step += 1."""
         self = cls._get()
         was_running = self.running
-        if was_running:
-            cls.stop()
-        self._finish_step()
-        self._settle()
+        try:
+            if was_running:
+                cls.stop()
+            self._finish_step()
+            self._settle()
+        finally:
+            self._restore_gc()
         self.current_step += 1
         max_step = self.config.max_step
         if max_step is not None and self.current_step > max_step and not self.finished:
@@ -334,6 +340,8 @@ class PrecisionDebugger:
             self._finish_step()
         except Exception as exc:  # interpreter shutdown: report, do not raise
             log.warning("parity: final flush failed: %s", exc)
+        finally:
+            self._restore_gc()
         if self._writer is not None:  # every queued file is written (and submitted) before the upload ends
             try:
                 self._writer.close()

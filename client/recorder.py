@@ -755,7 +755,17 @@ class Recorder:
         on_written(step, rank, rank_dir)
 
     def close(self) -> None:
-        """Stop this recorder's own writer thread (after its queue is written); a shared one stays."""
+        """Let go of the step's entries (the last flush wrote them) and stop this recorder's own writer
+        thread (after its queue is written); a shared one stays.
+
+        A recorder outlives its step: its ApiBackward calls back into it (a reference cycle), and hooks on
+        tensors that outlive the step hold it. Its entries and leaves, thousands of objects a step, would
+        then wait for the garbage collector, whose next pass walks every one of them; dropped here, they
+        are freed at once."""
+        with self.lock:
+            if not self.handed_over:
+                self._take_documents()
+            self.api_backward.forget_views()
         if self._owns_background:
             self.background.close()
 

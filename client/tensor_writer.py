@@ -253,6 +253,9 @@ class BackgroundWriter:
                 except Exception as exc:  # a full disk must not stop training
                     self._failed(exc)
             finally:
+                # the job (a step's documents) is released before drain() can return, not when the next
+                # one comes: the collector's pass after step() then has little to walk
+                job = None
                 self._queue.task_done()
 
     def _failed(self, exc: Exception) -> None:
