@@ -119,8 +119,9 @@ class ApiBackward:
         # view outputs whose entries hang on the view's node: moved if the view is changed in place
         # id(view) -> (a weak reference to the view, [(its node, OnRebased)]): a plain dictionary, checked
         # against the reference (torch's WeakIdKeyDictionary makes a Python weak reference object per
-        # lookup); the entries of views that died stay until the step ends, with this object
-        self._views: dict[int, tuple[weakref.ref[Tensor], list[tuple[Any, OnRebased]]]] = {}
+        # lookup); the entries of views that died stay until the step ends, with this object. Public so
+        # that a caller skips follow_inplace (a call per recorded call) while it is empty.
+        self.views: dict[int, tuple[weakref.ref[Tensor], list[tuple[Any, OnRebased]]]] = {}
 
     def after_call(self, name: str, out: Any, before: InputNodes) -> None:
         """Attach ``name``'s backward to the call's outputs; ``before``: its inputs' nodes before it ran."""
@@ -140,14 +141,14 @@ class ApiBackward:
     def watch_view(self, view: Tensor, on_rebased: OnRebased) -> None:
         """Call ``on_rebased`` with the gradients if a later in-place update drops ``view``'s node."""
         if view.grad_fn is not None:
-            entry = self._views.get(id(view))
+            entry = self.views.get(id(view))
             if entry is None or entry[0]() is not view:
-                entry = self._views[id(view)] = (weakref.ref(view), [])
+                entry = self.views[id(view)] = (weakref.ref(view), [])
             entry[1].append((view.grad_fn, on_rebased))
 
     def forget_views(self) -> None:
         """Stop watching views (their step is over): their nodes, and the graph behind them, are let go."""
-        self._views.clear()
+        self.views.clear()
 
     def _rebased(self, name: str, g_view: Tensor | None, g_base: Tensor | None) -> None:
         # what the lost view node would have recorded: the view's gradient in, the base's out
@@ -155,7 +156,7 @@ class ApiBackward:
 
     def follow_inplace(self, before: InputNodes) -> None:
         """Move the entries of remembered views that a call just changed in place (their node is gone)."""
-        views = self._views
+        views = self.views
         if not views:
             return
         for x, node in before:

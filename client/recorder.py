@@ -43,6 +43,7 @@ _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _tf_mode_on = torch._C._is_torch_function_mode_enabled
 _graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: 0)
 _is_grad_enabled = torch._C.is_grad_enabled
+_DisableTorchFunction = torch._C.DisableTorchFunction
 _SCALARS = (bool, int, float, str)
 _TENSORS = (torch.Tensor, torch.nn.Parameter)  # plain classes: no subclass that could hide a tensor inside
 
@@ -81,12 +82,16 @@ def own_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     own = module._parameters
     if not own:
         return []
-    seen: set[int] = set()
     out = []
     for name, p in own.items():
-        if p is not None and id(p) not in seen:
-            seen.add(id(p))
+        if p is not None:
             out.append((name, p))
+    n = len(out)
+    if n == 2 and out[0][1] is out[1][1]:  # one parameter under two names: listed once, as torch does
+        out.pop()
+    elif n > 2:
+        seen: set[int] = set()
+        out = [(name, p) for name, p in out if not (id(p) in seen or seen.add(id(p)))]  # type: ignore[func-returns-value]
     return out
 
 
@@ -101,6 +106,7 @@ class ModuleCall:
 
     prefix: str
     name: str
+    bname: str  # its backward entry
     entry: dict[str, Any] | None
     selected: bool
     listed: bool  # matched ``list`` at mix: everything inside is recorded
@@ -412,6 +418,7 @@ class Recorder:
         n = counts.get(prefix, 0)
         counts[prefix] = n + 1
         name = f"{prefix}.forward.{n}"
+        bname = f"{prefix}.backward.{n}"  # backward_of(name)
         stack = self._module_stack
         self._construct[name] = stack[-1] if stack else None
         stack.append(name)
@@ -429,23 +436,36 @@ class Recorder:
         if selected:
             self._dirty = True
             self._selected_modules.add(prefix)
-            with quiet():
+            # quiet(), inline: this runs for every module call
+            tf = _DisableTorchFunction()
+            tf.__enter__()
+            if grad_on:
+                _set_grad_enabled(False)
+            try:
                 if self.want_fwd_in:
                     entry = self.encode_inputs(name, args, kwargs)
                     self._data[name] = entry
                 if self.want_bwd_out and grad_on:
                     # the usual call, tensors only: its grad-requiring inputs are those just found
-                    ins = ([t for t, _ in before] if not kwargs and all(type(a) in _TENSORS for a in args)
-                           else grad_tensors(args, grad_tensors(kwargs, [])))  # fmt: skip
+                    if not kwargs and len(args) == 1 and type(args[0]) in _TENSORS:
+                        ins = [before[0][0]] if before else []
+                    elif not kwargs and all(type(a) in _TENSORS for a in args):
+                        ins = [t for t, _ in before]
+                    else:
+                        ins = grad_tensors(args, grad_tensors(kwargs, []))
                     if ins:
-                        self._grads_hook(ins, backward_of(name), False)
+                        self._grads_hook(ins, bname, False)
+            finally:
+                if grad_on:
+                    _set_grad_enabled(True)
+                tf.__exit__(None, None, None)
             if self._extra_info:
                 self._stacks.record(name, frame)
-        return ModuleCall(prefix, name, entry, selected, listed, before)
+        return ModuleCall(prefix, name, bname, entry, selected, listed, before)
 
     def module_exit(self, call: ModuleCall, module: nn.Module, output: Any) -> None:
         """A module's forward returned: its outputs, parameters, gradient slots and output-gradient hooks."""
-        if call.before:
+        if call.before and self.api_backward.views:
             self.api_backward.follow_inplace(call.before)
         if call.listed:  # leaving a module that matched ``list`` at mix: APIs after it are filtered again
             self._list_depth -= 1
@@ -459,15 +479,19 @@ class Recorder:
         entry = call.entry
         grad_on = _is_grad_enabled()
         params: list[tuple[str, nn.Parameter]] | None = None
-        with quiet():
+        # quiet(), inline: this runs for every module call
+        tf = _DisableTorchFunction()
+        tf.__enter__()
+        if grad_on:
+            _set_grad_enabled(False)
+        try:
             if self.want_fwd_out:
                 if entry is None:
                     entry = {}
                 entry["output"] = self.encode_output(name, output)
                 params = own_parameters(module)
-                leaf = self._stats_leaf
                 # present, maybe empty, as msprobe writes it
-                entry["parameters"] = ({p: self._param_leaf(t) for p, t in params} if leaf is not None else
+                entry["parameters"] = (self._param_leaves(params) if self._stats_leaf is not None else
                                        {p: self.tensor_leaf(t, name, "parameters", (p,)) for p, t in params})
             if entry is not None:
                 self._data.pop(name, None)
@@ -482,12 +506,19 @@ class Recorder:
                     self._param_grads[prefix] = slots
                     self._data[param_grad_name(prefix)] = slots
             if self.want_bwd_in and grad_on:
-                outs = grad_tensors(output, [])
-                bname = backward_of(name)
+                if type(output) in _TENSORS:
+                    outs = [output] if output.requires_grad else []
+                else:
+                    outs = grad_tensors(output, [])
+                bname = call.bname
                 if outs:
                     self._grads_hook(outs, bname, True)
                 if len(outs) == 1 and outs[0]._is_view():  # its hook is lost if it is updated in place
                     self.api_backward.watch_view(outs[0], partial(self._module_rebased, bname))
+        finally:
+            if grad_on:
+                _set_grad_enabled(True)
+            tf.__exit__(None, None, None)
 
     def forward_done(self) -> None:
         """A model given to ``start()`` returned from its forward: the statistics of the parameters its
@@ -496,17 +527,22 @@ class Recorder:
             with self.lock, quiet():
                 self._take_late_params()
 
-    def _param_leaf(self, t: Tensor) -> dict[str, Any]:
-        """A parameter's leaf in a module's forward entry, its statistics read when the forward is over
-        (:meth:`forward_done`; or when the backward starts or the step is flushed, for a module called on
-        its own). Nothing writes a parameter during a forward; an in-place write would show in its version
-        and is noted on the leaf (see _take_late_params). A ``.data`` write does not show: it goes unseen."""
-        late = self.stats.later(t)
-        if late is None:
-            return self.stats.leaf(t)
-        self._late_params.append(late)
-        self._late_versions.append(t._version)
-        return late[2]
+    def _param_leaves(self, params: list[tuple[str, nn.Parameter]]) -> dict[str, Any]:
+        """A module's parameters' leaves in its forward entry, their statistics read when the forward is
+        over (:meth:`forward_done`; or when the backward starts or the step is flushed, for a module called
+        on its own). Nothing writes a parameter during a forward; an in-place write would show in its
+        version and is noted on the leaf (see _take_late_params). A ``.data`` write does not show: it goes
+        unseen."""
+        later, leaves = self.stats.later, {}
+        for p, t in params:
+            late = later(t)
+            if late is None:
+                leaves[p] = self.stats.leaf(t)
+            else:
+                self._late_params.append(late)
+                self._late_versions.append(t._version)
+                leaves[p] = late[2]
+        return leaves
 
     def _take_late_params(self) -> None:
         late = self._late_params
