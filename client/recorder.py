@@ -578,20 +578,6 @@ class Recorder:
         fanout = _GradFanout(self, name, of_outputs)
         self._last_fanout = (t, fanout, add_tensor_hook(t, fanout))
 
-    def _module_entry(self, name: str) -> dict[str, Any]:
-        self._dirty = True
-        if self._late_params:  # the backward started: the forward is over
-            self._take_late_params()
-        entry: dict[str, Any] | None = self._data.get(name)
-        if entry is None:
-            entry = {}
-            self._data[name] = entry
-            if self.want_bwd_in:
-                entry["input"] = []
-            if self.want_bwd_out:
-                entry["output"] = []
-        return entry
-
     def module_output_grads(self, name: str, grads: Sequence[Tensor | None]) -> None:
         """Gradients of a module's outputs arrived (msprobe's backward ``input``)."""
         self.module_grads(((name, True),), grads)
@@ -608,14 +594,27 @@ class Recorder:
         of a module's outputs, its backward ``input``; of its inputs, its ``output``, and the module's
         backward is complete. Without tensor files the leaves are the same for every item: encoded once."""
         with self.lock, quiet():
+            self._dirty = True
+            if self._late_params:  # the backward started: the forward is over
+                self._take_late_params()
             data = self._data
+            # statistics only, one tensor (the usual gradient): its leaf, without encode_grads' calls
+            one = self._stats_leaf if len(grads) == 1 and type(grads[0]) is Tensor else None
             encoded: list[Any] | None = None
             for name, of_outputs in items:
-                entry = self._module_entry(name)
-                if encoded is None or self.writer is not None:
-                    encoded = self.encode_grads(name, "input" if of_outputs else "output", grads)
-                else:
+                entry: dict[str, Any] | None = data.get(name)
+                if entry is None:
+                    entry = data[name] = {}
+                    if self.want_bwd_in:
+                        entry["input"] = []
+                    if self.want_bwd_out:
+                        entry["output"] = []
+                if encoded is not None and self.writer is None:
                     encoded = list(encoded)
+                elif one is not None:
+                    encoded = [one(grads[0])]  # type: ignore[arg-type]
+                else:
+                    encoded = self.encode_grads(name, "input" if of_outputs else "output", grads)
                 if of_outputs:
                     entry["input"] = encoded
                 else:
