@@ -66,6 +66,11 @@ OPERATOR_METHODS = frozenset(
 # id(code) -> (the code, held so its id stays unique; its bytecode): a code object's own hash is recomputed
 # from its fields at every lookup
 _code_bytes: dict[int, tuple[CodeType, bytes]] = {}
+# (id(code), offset, method) -> the answer: an operator call site always runs the same instruction. Keyed by
+# id, valid while _code_bytes holds the code; both start over past _MAX_SITES.
+_answers: dict[tuple[int, int, str], str | None] = {}
+_MAX_SITES = 20000
+_UNKNOWN = object()
 
 
 def operator_dunder(method: str, frame: FrameType | None) -> str | None:
@@ -73,11 +78,23 @@ def operator_dunder(method: str, frame: FrameType | None) -> str | None:
     if frame is None or sys.version_info < (3, 11):
         return None
     code = frame.f_code
+    i = frame.f_lasti
+    site = (id(code), i, method)
+    answer = _answers.get(site, _UNKNOWN)
+    if answer is not _UNKNOWN:
+        return answer  # type: ignore[return-value]
     known = _code_bytes.get(id(code))
     if known is None:
+        if len(_code_bytes) >= _MAX_SITES or len(_answers) >= _MAX_SITES:
+            _code_bytes.clear()
+            _answers.clear()
         known = _code_bytes[id(code)] = (code, code.co_code)
-    raw = known[1]
-    i = frame.f_lasti
+    answer = _answers[site] = _dunder_at(known[1], i, method)
+    return answer
+
+
+def _dunder_at(raw: bytes, i: int, method: str) -> str | None:
+    """The dunder name of the operator instruction at offset ``i`` of ``raw`` if it dispatched ``method``."""
     if i < 0 or i + 1 >= len(raw):
         return None
     op, arg = raw[i], raw[i + 1]

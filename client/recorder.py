@@ -301,23 +301,26 @@ class Recorder:
         return None if self._wants_file(entry) else self._unlisted_leaf
 
     def encode_inputs(self, entry: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        enc, leaf = self.encode, self._leaf_for(entry)
+        enc = self.encode
+        leaf = self._stats_leaf if self._file_list is None else self._leaf_for(entry)
         if leaf is None:
             return {
                 "input_args": [enc(v, entry, "input", (i,)) for i, v in enumerate(args)],
                 "input_kwargs": {k: enc(v, entry, "kwargs", (k,), k) for k, v in kwargs.items()},
             }
-        # statistics only: a tensor (most arguments) goes straight to its leaf, one call instead of two
-        return {
-            "input_args": [leaf(v) if isinstance(v, Tensor) else enc(v, entry, "input", (i,))
-                           for i, v in enumerate(args)],  # fmt: skip
-            "input_kwargs": {k: leaf(v) if isinstance(v, Tensor) else enc(v, entry, "kwargs", (k,), k)
-                             for k, v in kwargs.items()},  # fmt: skip
-        }
+        # statistics only: a tensor (most arguments) goes straight to its leaf, one call instead of two;
+        # loops, not comprehensions (each one more function call in this Python), for the usual few values
+        shown_args = []
+        for i, v in enumerate(args):
+            shown_args.append(leaf(v) if isinstance(v, Tensor) else enc(v, entry, "input", (i,)))
+        shown_kwargs = {}
+        for k, v in kwargs.items():
+            shown_kwargs[k] = leaf(v) if isinstance(v, Tensor) else enc(v, entry, "kwargs", (k,), k)
+        return {"input_args": shown_args, "input_kwargs": shown_kwargs}
 
     def encode_output(self, entry: str, out: Any) -> list[Any]:
         """``output`` is always a list: a lone tensor/None becomes a one-element list (§4.2)."""
-        leaf = self._leaf_for(entry)
+        leaf = self._stats_leaf if self._file_list is None else self._leaf_for(entry)
         if leaf is not None and isinstance(out, Tensor):
             return [leaf(out)]
         if isinstance(out, (list, tuple)) and getattr(out, "_fields", None) is None:
@@ -325,7 +328,8 @@ class Recorder:
         return [self.encode(out, entry, "output", (0,))]
 
     def encode_grads(self, entry: str, category: str, grads: Any) -> list[Any]:
-        enc, leaf = self.encode, self._leaf_for(entry)
+        enc = self.encode
+        leaf = self._stats_leaf if self._file_list is None else self._leaf_for(entry)
         if leaf is None:
             return [enc(g, entry, category, (i,)) for i, g in enumerate(grads)]
         return [leaf(g) if isinstance(g, Tensor) else enc(g, entry, category, (i,))
