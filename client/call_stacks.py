@@ -162,8 +162,21 @@ class CallStacks:
                     _MODULE_CALLS[key] = number
                 return number
         chain, pos = self._chain, self._chain_pos
-        numbers = _NUMBERS
         codes = _CODES
+        i = pos.get(id(frame))
+        if i is not None and chain[i][0] is frame:  # the usual: a kept frame calling again (see the walk)
+            _, lasti, number, caller = chain[i]
+            if frame.f_lasti != lasti:
+                lasti = frame.f_lasti
+                known = codes.get(id(frame.f_code)) or _code_info(frame.f_code)
+                number = caller if known[1] else _numbered(caller, known[3], lasti)
+                chain[i] = (frame, lasti, number, caller)
+            if i + 1 < len(chain):
+                for gone in chain[i + 1 :]:
+                    pos.pop(id(gone[0]), None)
+                del chain[i + 1 :]
+            return number
+        numbers = _NUMBERS
         walked: list[tuple[FrameType, _Code]] = []
         number = -1  # the number of the outermost walked frame's caller
         f: FrameType | None = frame
