@@ -803,10 +803,16 @@ class Recorder:
         are freed at once."""
         with self.lock:
             if not self.handed_over:
-                self._take_documents()
+                # freed on the writer thread, like the documents it wrote: tens of thousands of objects a
+                # step at L1, whose deallocation would otherwise be the training thread's
+                self.background.submit_call(partial(_let_go, self._take_documents()))
             self.api_backward.forget_views()
         if self._owns_background:
             self.background.close()
+
+
+def _let_go(*_: object) -> None:
+    """A job that only holds what it is given: freed where the job is dropped (the writer thread)."""
 
 
 @functools.cache
