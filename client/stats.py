@@ -218,13 +218,15 @@ class StatsBuffer:
         # recorded, a few thousand times a step.
         version = t._version
         shape = t.shape
-        hit = self._cache.get(id(t))
-        if hit is not None and (hit[0] is not t or hit[1] != version):
-            hit = None  # another tensor at a reused address, or this one changed in place since
-        if (hit is not None and data_name is None and hit[4] == shape
-                and hit[2][0]["requires_grad"] is t.requires_grad
-                and "data_name" not in hit[2][0]):  # fmt: skip  (a planned dump: a file for one call only)
-            return hit[2][0]
+        cache = self._cache
+        hit = cache.get(id(t))
+        if hit is not None:
+            if hit[0] is not t or hit[1] != version:
+                hit = None  # another tensor at a reused address, or this one changed in place since
+            elif data_name is None and hit[4] == shape:
+                first = hit[2][0]
+                if first["requires_grad"] is t.requires_grad and "data_name" not in first:
+                    return first  # (a planned dump: a leaf naming a file for one call is never shared)
         dtype = t.dtype
         info = _DTYPES.get(dtype) or _dtype_info(dtype)
         cls = type(t)
@@ -252,14 +254,15 @@ class StatsBuffer:
             if self.md5 and t.layout is _STRIDED:
                 leaf["md5"] = crc32_hex(t)
             return leaf
-        dstr = info[0]
         sharing = [leaf]
         try:
             if not shape and info[3] and plain and t.is_cpu:
                 return self._scalar_leaf(t, leaf)
             if numel <= self.SMALL and shape and plain and t.is_contiguous():  # not 0-d
                 if info[1]:
-                    kind, copy, copy_dtype = _FULL, t.clone(), dtype
+                    kind = _FULL
+                    copy = t.clone()
+                    copy_dtype = dtype
                 else:
                     kind, copy = _staged_copy(t)
                     copy_dtype = copy.dtype
@@ -292,16 +295,15 @@ class StatsBuffer:
             digest = self._md5(t) if self.md5 else None
         except Exception as exc:  # a tensor subclass that cannot run the reductions: never fail the step
             self.unreadable += 1
-            note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {type(t).__name__} of dtype {dstr}")
+            note_unreadable(f"{type(exc).__name__}: {exc}"[:200], f"a {type(t).__name__} of dtype {info[0]}")
             return leaf
         if digest is not None:
             self._set_md5(leaf, digest)
-        cache = self._cache
         if len(cache) >= self.CACHE_SIZE:  # started over (what is shared is a call's output and the next
             cache.clear()  # call's input: recent tensors), cheaper than dropping the oldest one by one
         cache[id(t)] = (t, version, sharing, digest, shape)
-        self.pending += 1
-        if self.pending >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
+        self.pending = pending_now = self.pending + 1
+        if pending_now >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
             self.resolve(later=False)  # here and now: a long step never holds more than this many copies
         return leaf
 
