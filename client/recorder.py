@@ -646,7 +646,7 @@ class Recorder:
                 late = self.stats.later(grad) if param is None else self.stats.later_grad(grad, param)
             else:
                 late = None
-            if late is not None and self._grads_later():
+            if late is not None and (self._late_task == _graph_task_id() or self._grads_later()):
                 self._late_grads[(prefix, pname)] = late
                 entry[pname] = [late[2]]
                 return
