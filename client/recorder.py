@@ -91,7 +91,12 @@ def own_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
         out.pop()
     elif n > 2:
         seen: set[int] = set()
-        out = [(name, p) for name, p in out if not (id(p) in seen or seen.add(id(p)))]  # type: ignore[func-returns-value]
+        unique = []
+        for name, p in out:
+            if id(p) not in seen:
+                seen.add(id(p))
+                unique.append((name, p))
+        out = unique
     return out
 
 

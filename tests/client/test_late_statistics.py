@@ -175,3 +175,24 @@ def test_later_matches_leaf_bit_for_bit_and_follows_a_parameter_that_changed() -
 def test_later_leaves_what_it_cannot_batch_to_leaf(make: Any) -> None:
     assert StatsBuffer(md5=False).later(make()) is None
     assert StatsBuffer(md5=True).later(torch.randn(3)) is None
+
+
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_a_modules_own_parameters_are_named_parameters_without_recursion(extra: int) -> None:
+    """The recorder's copy of ``named_parameters(recurse=False)``: in order, a parameter under two names
+    listed once (under its first), ``None`` slots skipped."""
+    from parity.client.recorder import own_parameters
+
+    lin = nn.Linear(3, 2)
+    lin.register_parameter("missing", None)
+    for i in range(extra):
+        lin.register_parameter(f"again{i}", lin.weight)
+    lin.register_parameter("own", nn.Parameter(torch.zeros(1)))
+    expected = [(n, p) for n, p in lin.named_parameters(recurse=False)]
+    got = own_parameters(lin)
+    assert [n for n, _ in got] == [n for n, _ in expected] == ["weight", "bias", "own"]
+    assert all(a is b for (_, a), (_, b) in zip(got, expected, strict=True))
+    single = nn.Module()
+    single.w = nn.Parameter(torch.ones(2))
+    single.register_parameter("alias", single.w)
+    assert [n for n, _ in own_parameters(single)] == ["w"]
