@@ -424,8 +424,9 @@ class BackgroundUploader:
         return self._remote
 
     def _upload_rank_dir(self, step: int, rank: int, rank_dir: Path) -> None:
-        if self._given_up():
-            return  # the job is ending and the server gives no answer: left to the exit warning's command
+        if self._given_up():  # the job is ending and the server gives no answer: left to the exit warning's
+            self.stats.items_failed += 1  # command, and counted as given up like the ones that were tried
+            return
         try:
             remote = self._ensure_run(rank_dir)
         except UploadError as exc:
