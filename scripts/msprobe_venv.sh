@@ -4,19 +4,20 @@
 # check row for row that the two tools agree.
 #
 # Its own venv because msprobe pins what Parity's .venv cannot hold (numpy<2, pandas<2.1). torch is given as a
-# pip constraint (-c), so pip keeps the CPU build 2.13.0 (the one .venv has, from the local wheel directory)
-# instead of resolving a multi-GB CUDA build. The Makefile calls this once per stamp; every failure exits
+# constraint (-c), so the resolver keeps the CPU build 2.13.0 (the one .venv has, from the local wheel
+# directory) instead of resolving a multi-GB CUDA build. The Makefile calls this once per stamp; every failure exits
 # non-zero, so `make test` (and CI) stops rather than skipping the interop tests quietly.
 #
-# The wheels are kept in a wheelhouse beside the venv (WHEELHOUSE, ignored by git): this machine's pip keeps
-# no HTTP cache, so without it every rebuild downloaded msprobe's ~40 dependencies again. A rebuild installs
-# from the wheelhouse alone; pip download only fetches what it lacks.
+# uv, put into the venv by pip, resolves and installs: the versions pip resolves, in ~10 s where pip took
+# ~80 s (this machine's pip keeps no HTTP cache; uv's cache serves a rebuild). uv reads no pip config, so
+# PIP_FIND_LINKS (where the CPU build of torch lies) is passed on.
 #
-# usage: scripts/msprobe_venv.sh VENV_DIR [WHEELHOUSE]
+# usage: scripts/msprobe_venv.sh VENV_DIR
 set -euo pipefail
-venv="${1:?usage: scripts/msprobe_venv.sh VENV_DIR [WHEELHOUSE]}"
-wheelhouse="${2:-$venv-wheels}"
+venv="${1:?usage: scripts/msprobe_venv.sh VENV_DIR}"
 py="${PY:-python3}"
+links=()
+for link in ${PIP_FIND_LINKS:-}; do links+=(--find-links "$link"); done
 msprobe="mindstudio-probe==8.3.3"
 torch="torch==2.13.0"
 
@@ -27,9 +28,9 @@ echo "$torch" >"$constraints"
 
 rm -rf "$venv"
 "$py" -m venv "$venv"
+"$venv/bin/python" -m pip install -q uv
 # One resolve for everything: msprobe, its dependencies, and torch held to the CPU build by the constraint.
-"$venv/bin/python" -m pip download -q -d "$wheelhouse" "$msprobe" "$torch" -c "$constraints"
-"$venv/bin/python" -m pip install -q --no-index --find-links "$wheelhouse" "$msprobe" "$torch" -c "$constraints"
+"$venv/bin/uv" pip install --python "$venv/bin/python" -q "${links[@]}" "$msprobe" "$torch" -c "$constraints"
 # The check that the venv works: msprobe's compare and dump entry points import, and torch is the CPU build.
 "$venv/bin/python" - <<'EOF'
 import importlib.metadata as md
