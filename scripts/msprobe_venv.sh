@@ -8,9 +8,11 @@
 # directory) instead of resolving a multi-GB CUDA build. The Makefile calls this once per stamp; every failure exits
 # non-zero, so `make test` (and CI) stops rather than skipping the interop tests quietly.
 #
-# uv, put into the venv by pip, resolves and installs: the versions pip resolves, in ~10 s where pip took
-# ~80 s (this machine's pip keeps no HTTP cache; uv's cache serves a rebuild). uv reads no pip config, so
-# PIP_FIND_LINKS (where the CPU build of torch lies) is passed on.
+# uv, put into the venv by pip, resolves and installs: the versions pip resolves, in ~30 s where pip took
+# ~80 s (this machine's pip keeps no HTTP cache; uv's cache serves a rebuild). Bytecode is compiled at
+# install, as pip does: with PYTHONDONTWRITEBYTECODE set (as on these machines) every msprobe process would
+# otherwise compile torch's modules again. uv reads no pip config, so PIP_FIND_LINKS (where the CPU build of
+# torch lies) is passed on.
 #
 # usage: scripts/msprobe_venv.sh VENV_DIR
 set -euo pipefail
@@ -30,7 +32,7 @@ rm -rf "$venv"
 "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install -q uv
 # One resolve for everything: msprobe, its dependencies, and torch held to the CPU build by the constraint.
-"$venv/bin/uv" pip install --python "$venv/bin/python" -q "${links[@]}" "$msprobe" "$torch" -c "$constraints"
+"$venv/bin/uv" pip install --python "$venv/bin/python" -q --compile-bytecode "${links[@]}" "$msprobe" "$torch" -c "$constraints"
 # The check that the venv works: msprobe's compare and dump entry points import, and torch is the CPU build.
 "$venv/bin/python" - <<'EOF'
 import importlib.metadata as md
