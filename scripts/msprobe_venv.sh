@@ -5,8 +5,8 @@
 #
 # Its own venv because msprobe pins what Parity's .venv cannot hold (numpy<2, pandas<2.1). torch is given as a
 # constraint (-c), so the resolver keeps the CPU build 2.13.0 (the one .venv has, from the local wheel
-# directory) instead of resolving a multi-GB CUDA build. The Makefile calls this once per stamp; every failure exits
-# non-zero, so `make test` (and CI) stops rather than skipping the interop tests quietly.
+# directory) instead of resolving a multi-GB CUDA build. The Makefile calls this once per stamp; every failure
+# exits non-zero, so `make test` (and CI) stops rather than skipping the interop tests quietly.
 #
 # uv, put into the venv by pip, resolves and installs: the versions pip resolves, in ~30 s where pip took
 # ~80 s (this machine's pip keeps no HTTP cache; uv's cache serves a rebuild). Bytecode is compiled at
