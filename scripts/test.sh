@@ -37,8 +37,11 @@ if ! wait "$mypy_pid"; then
 fi
 cat "$mypy_log"
 set +e
-# Two workers, a test file each at a time (module fixtures such as a started server stay on one worker).
-$BIN/python -m pytest -q -p no:cacheprovider -n "${PARITY_TEST_WORKERS:-2}" --dist loadfile "$@"
+# Two workers, a test file each at a time (module fixtures such as a started server stay on one worker), in
+# collection order (tests/conftest.py: the heavy folders first) rather than xdist's default of the files
+# with most tests first, which left a few long msprobe and server files for the end.
+$BIN/python -m pytest -q -p no:cacheprovider -n "${PARITY_TEST_WORKERS:-2}" --dist loadfile \
+  --no-loadscope-reorder "$@"
 rc=$?
 set -e
 # pytest's 5 means no test was collected: that is a failure for CI, not a pass.
