@@ -32,6 +32,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from parity.shared.dump.naming import parse_entry
+
 __all__ = [
     "API_CLASSES",
     "ROUNDING_SCALE",
@@ -91,12 +93,10 @@ _COUNT = re.compile(r"^\d+$")
 def op_of(api: str) -> str:
     """The op an entry calls: ``Functional.linear.0.forward`` → ``linear``, ``Tensor.__matmul__.1.forward`` →
     ``matmul``, ``Module.fc.Linear.forward.0`` → ``linear`` (a module of another class: its class name)."""
-    tokens = api.split(".")
-    if tokens[0] == "Module":
-        cls = next((t for t in reversed(tokens[:-2]) if t and t[0].isupper()), "")
-        return _MODULE_OPS.get(cls, cls)
-    op = tokens[1] if len(tokens) > 1 else api
-    return op.strip("_").removeprefix("r") if op.startswith("__r") else op.strip("_")
+    parsed = parse_entry(api)
+    if parsed is None:
+        return api
+    return _MODULE_OPS.get(parsed.op, parsed.op) if parsed.kind != "api" else parsed.op
 
 
 def api_class(op: str) -> str:

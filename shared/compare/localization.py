@@ -89,12 +89,12 @@ from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.held_screen import held_screen
 from parity.shared.compare.result import CompareRow, Suspect, SystematicFinding
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT
+from parity.shared.dump.naming import direction_of, entry_family, entry_op, forward_of, parse_entry
 
 __all__ = [
     "CallEvidence",
     "Localization",
     "RankDivergence",
-    "direction_of",
     "first_diverged_rank",
     "localize",
     "row_errors",
@@ -159,7 +159,6 @@ _SYSTEMATIC_CAUSE = {"matmul": "TF32 or a lower-precision accumulation on the ta
 SYSTEMATIC_CLASSES = frozenset(_SYSTEMATIC_CAUSE)
 _COLLECTIVE_PREFIX = "Distributed."
 _MODULE_PREFIX = "Module."
-_COUNT = re.compile(r"\.\d+(?=\.|$)")
 #: Ops whose backward routes the gradient by a comparison made in the forward (which element is the max, which
 #: is positive, which was dropped): once their forward inputs differ at all, a tie that flips sends a gradient
 #: elsewhere, an error no gain can scale. Their backward is not judged then (it is downstream of the cause).
@@ -179,14 +178,10 @@ _RATIO = "One Thousandth Err Ratio"
 _SHAPE = "NPU Tensor Shape"
 
 
-def direction_of(api: str) -> str | None:
-    """``forward``/``backward`` from an entry name (APIs: count then direction; modules: the other way)."""
-    tokens = api.rsplit(".", 2)[-2:]
-    if "backward" in tokens:
-        return "backward"
-    if "forward" in tokens:
-        return "forward"
-    return None
+def module_path_of(api: str) -> str | None:
+    """``Module.ff.1.GELU.forward.0`` → ``ff.1``; None for an API entry."""
+    parsed = parse_entry(api)
+    return parsed.module_path if parsed is not None else None
 
 
 def suspect_score(mode: CompareMode) -> float:
@@ -194,26 +189,15 @@ def suspect_score(mode: CompareMode) -> float:
     return STATISTICS_SUSPECT_SCORE if mode is CompareMode.STATISTICS else SUSPECT_SCORE
 
 
-def forward_of(api: str) -> str:
-    """The forward entry of a backward one (``X.3.backward`` → ``X.3.forward``; modules: ``M.backward.3``)."""
-    tokens = api.split(".")
-    for k in (-1, -2):
-        if len(tokens) >= -k and tokens[k] == "backward":
-            tokens[k] = "forward"
-            return ".".join(tokens)
-    return api
-
-
 def _selecting(api: str) -> bool:
-    tokens = api.split(".")
-    op = tokens[1] if len(tokens) > 1 else ""
+    op = entry_op(api)
     return op in _SELECTING_OPS or op.startswith(_SELECTING_PREFIXES)
 
 
 def api_kind(api: str) -> str:
     """The API an entry calls, without its call count: ``Functional.gelu.3.backward`` → ``Functional.gelu
-    .backward`` (calls of one kind share a gain)."""
-    return _COUNT.sub("", api)
+    .backward`` (calls of one kind share a gain; a module's kind leaves out its path's numbers too)."""
+    return entry_family(api)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -362,12 +346,6 @@ def _quantiles(values: np.ndarray, q: float, own: np.ndarray | None = None) -> n
     return out
 
 
-def _module_path(api: str) -> str | None:
-    """``Module.ff.1.GELU.forward.0`` → ``ff.1``; None for an API entry."""
-    tokens = api.split(".")
-    return ".".join(tokens[1:-3]) if api.startswith(_MODULE_PREFIX) and len(tokens) >= 4 else None
-
-
 def _samplers(apis: Sequence[str]) -> np.ndarray:
     """The calls whose errors may be noise samples: API calls, or, in a dump of modules alone, the leaf
     modules. A module repeats the calls inside it (at mix level its APIs, at L0 its child modules), and a
@@ -376,7 +354,7 @@ def _samplers(apis: Sequence[str]) -> np.ndarray:
     is_module = np.fromiter((a.startswith(_MODULE_PREFIX) for a in apis), dtype=bool, count=len(apis))
     if not is_module.all():
         return ~is_module & ~np.fromiter((a.startswith(_COLLECTIVE_PREFIX) for a in apis), bool, len(apis))
-    paths = [_module_path(a) for a in apis]
+    paths = [module_path_of(a) for a in apis]
     parents: set[str] = set()
     for p in set(paths) - {None}:
         assert p is not None
@@ -494,7 +472,9 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     learning = mode is not CompareMode.MD5
     ids: dict[str, int] = {}
     kinds = np.fromiter((ids.setdefault(api_kind(a), len(ids)) for a in apis), dtype=np.int64, count=n)
-    own, classes = _call_rounding(rows, header, cols, directions, kinds, list(ids))
+    # each kind's first call speaks for its op (a kind's name has no counter left to parse)
+    examples = [apis[k] for k in np.unique(kinds, return_index=True)[1].tolist()] if n else []
+    own, classes = _call_rounding(rows, header, cols, directions, kinds, examples)
     if parents:
         _modules_round_as_their_calls(apis, own, parents)
     findings: list[SystematicFinding] = []
@@ -553,14 +533,14 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
 
 def _call_rounding(rows: Sequence[CompareRow], header: Sequence[str], cols: CallColumns,
                    directions: Sequence[str | None], kinds: np.ndarray,
-                   kind_names: Sequence[str]) -> tuple[np.ndarray, list[str]]:  # fmt: skip
+                   kind_calls: Sequence[str]) -> tuple[np.ndarray, list[str]]:  # fmt: skip
     """Each call's expected rounding (``expected_error``: its least precise floating dtype, either side, and
     the length of its reductions, a backward's from its forward's recorded arguments) and its API class.
     Elementwise calls round once; only the reductions' rows are parsed, and each API kind is named once (a
     20,000-call table has few kinds and few reductions)."""
     n = len(cols.apis)
     unit = np.maximum.reduceat(_row_units(rows, header), cols.first_row) if n else np.zeros(0)
-    kind_ops = [op_of(k) for k in kind_names]
+    kind_ops = [op_of(k) for k in kind_calls]
     kind_classes = [api_class(op) for op in kind_ops]
     classes = [kind_classes[k] for k in kinds.tolist()]
     own = unit.copy()  # an elementwise op rounds once

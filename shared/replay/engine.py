@@ -99,9 +99,7 @@ def _forward_name(entry: str) -> tuple[str, str, str, str]:
     if parsed.kind != "api":
         raise ReplayRefusal("module call: the replay runs single API calls (Torch, Functional, Tensor, VF); "
                             "the module's own calls are in an L1 or mix dump")  # fmt: skip
-    direction = parsed.direction or "forward"
-    forward = entry if direction == "forward" else entry[: -len("backward")] + "forward"
-    return parsed.prefix, parsed.name, direction, forward
+    return parsed.prefix, parsed.name, parsed.direction or "forward", parsed.forward
 
 
 def _plain(record: Any) -> Any:
