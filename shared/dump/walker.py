@@ -204,6 +204,7 @@ class LeafWalker:
             text = str(stat if stat is not None else value).encode("utf-8", "surrogatepass")
             md5 = f"{zlib.crc32(text) & 0xFFFFFFFF:08x}"
         stats = (stat, stat, stat, stat)
+        self.cols.arg_types[len(self.cols)] = kind
         self.cols.add(path, state, dtype, shape, requires_grad, stats, md5, data_name, False)
 
     def p2p_leaf(self, rec: dict[str, Any], path: str, state: str) -> None:
