@@ -409,7 +409,8 @@ def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None 
     return CompareResult(mode=mode, stack_mode=stack_mode, rows=rows, advice=advice, suspects=suspects,
                          first_divergence=first, row_scores=localization.row_scores(len(rows)),
                          missing_tensor_files=[f for p in parts for f in p.missing_tensor_files],
-                         systematic=localization.systematic, replay=replay, facts=facts)  # fmt: skip
+                         systematic=localization.systematic, replay=replay, facts=facts,
+                         states=list(states))  # fmt: skip
 
 
 def _build_rows(

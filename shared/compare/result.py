@@ -142,6 +142,8 @@ class CompareResult:
     systematic: list[SystematicFinding] = field(default_factory=list)
     #: the rows' typed facts (``facts.RowFacts``), in row order: what the judgement read
     facts: RowFacts | None = None
+    #: each row's state (input, output, parameters, ..., ``gap`` for a gap's boundary rows), in row order
+    states: list[str] | None = None
 
     @property
     def header(self) -> list[str]:
