@@ -218,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
         out.write(f"{where}{len(result.rows)} rows ({shown or 'none'}), {result.mode.value} mode\n")
         if result.suspects:
             # The advisor file's own lines (one formatter): the first divergence, then the ranked suspects.
-            for line in suspect_lines(result.suspects, result.first_divergence, limit=TOP_SUSPECTS):
+            for line in suspect_lines(result.suspects, result.first_divergence, limit=TOP_SUSPECTS,
+                                      systematic=[f.text for f in result.systematic]):
                 out.write(f"  {line}\n" if line else "\n")
         else:
             out.write(f"{where}no suspect: {result.advice.text}\n")

@@ -202,9 +202,11 @@ class CallColumns:
 
 
 def group_calls(rows: Sequence[CompareRow], states: Sequence[str], errors: np.ndarray,
-                norms: np.ndarray) -> CallColumns:  # fmt: skip
+                norms: np.ndarray, arguments: np.ndarray | None = None) -> CallColumns:  # fmt: skip
     """Consecutive rows of one entry make one call; bench-only rows (appended after the NPU rows) are no
-    call of the NPU run.
+    call of the NPU run. ``arguments``: the rows that are a call's non-tensor arguments, which are what the
+    call was asked to do (``choices``), not an input it inherited: they count neither as an input error nor,
+    unmatched, as an input that cannot be judged.
 
     Inputs: the largest error of any input (one damaged input is enough); an input that cannot be judged
     because it is unmatched makes the call's input error unknown. Outputs: the normwise error of all
@@ -227,6 +229,8 @@ def group_calls(rows: Sequence[CompareRow], states: Sequence[str], errors: np.nd
     unknown = np.fromiter(map(_UNKNOWN_STATUS.__contains__, status), dtype=bool, count=n)
     is_out = np.fromiter(map(STATE_OUTPUT.__eq__, states), dtype=bool, count=n)
     is_in = np.fromiter(map(JUDGED_INPUTS.__contains__, states), dtype=bool, count=n)
+    if arguments is not None:
+        is_in &= ~arguments
     judged = ~np.isnan(errors)
 
     in_err = np.maximum.reduceat(np.where(is_in & judged, errors, 0.0), first)

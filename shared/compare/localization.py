@@ -78,6 +78,7 @@ from parity.shared.compare.call_errors import (
     row_norms,
     stats_error,
 )
+from parity.shared.compare.choices import Choices, argument_rows, call_choices
 from parity.shared.compare.expected_error import (
     Recorded,
     api_class,
@@ -223,6 +224,8 @@ class CallEvidence:
     #: target output sits beyond its expected level, where the replay found its kernel wrong
     replay: str | None = None
     replay_score: float | None = None
+    #: what the target asked for that the bench did not (``choices``): a lower precision, other arguments
+    choice: str | None = None
 
     @property
     def rank_score(self) -> float:
@@ -230,8 +233,11 @@ class CallEvidence:
         return self.score if self.replay_score is None else max(self.score, self.replay_score)
 
     def evidence(self) -> str:
-        """The numbers behind the judgement, in words (and the float64 replay's, where one was run)."""
+        """The numbers behind the judgement, in words (and the float64 replay's, where one was run), after
+        the choice the target made, where it made one."""
         table = self._table_evidence()
+        if self.choice:
+            table = f"{self.choice}; {table}"
         return f"{table}; float64 replay: {self.replay}" if self.replay else table
 
     def _table_evidence(self) -> str:
@@ -280,6 +286,8 @@ class JudgedCalls:
     background: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: each call screened in as a held-format candidate for the float64 replay (``held_screen``; tensor mode)
     held: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: what each side asked each call to do (precision, arguments)
+    choices: Choices | None = None
 
     def evidence(self, k: int) -> CallEvidence:
         """Call ``k`` as a ``CallEvidence``."""
@@ -288,7 +296,8 @@ class JudgedCalls:
         return CallEvidence(cols.apis[k], k, int(cols.first_row[k]), int(cols.worst_row[k]),
                             None if math.isnan(i) else i, None if math.isnan(o) else o, self.directions[k],
                             int(self.collectives_before[k]), float(self.expected[k]), float(self.gain[k]),
-                            float(self.score[k]), None if math.isnan(r) else r)  # fmt: skip
+                            float(self.score[k]), None if math.isnan(r) else r,
+                            choice=self.choices.text(k) if self.choices is not None else None)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -444,7 +453,9 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
     else:
         errs = np.array([math.nan if e is None else e for e in errors], dtype=np.float64)
     norms = row_norms(facts)
-    cols = group_calls(rows, states, errs, norms)
+    arguments = argument_rows(facts, states)
+    cols = group_calls(rows, states, errs, norms, arguments)
+    choices = call_choices(facts, states, cols, arguments)
     apis = cols.apis
     directions = [direction_of(a) for a in apis]
     i_err, o_err = cols.input_err.copy(), cols.output_err
@@ -464,7 +475,7 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
     kinds = np.fromiter((ids.setdefault(api_kind(a), len(ids)) for a in apis), dtype=np.int64, count=n)
     # each kind's first call speaks for its op (a kind's name has no counter left to parse)
     examples = [apis[k] for k in np.unique(kinds, return_index=True)[1].tolist()] if n else []
-    own, classes = _call_rounding(facts, cols, directions, kinds, examples)
+    own, classes = _call_rounding(facts, cols, directions, kinds, examples, choices)
     if parents:
         _modules_round_as_their_calls(apis, own, parents)
     findings: list[SystematicFinding] = []
@@ -473,6 +484,7 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
         statistics = mode is CompareMode.STATISTICS
         levels = STATISTICS_SYSTEMATIC if statistics else (SYSTEMATIC_MIN, SYSTEMATIC_MAX)
         findings = _systematic(apis, classes, i_err, o_err, own, background, levels)
+        findings += choices.findings
         # A class that differs systematically has its own background: its calls are no sample of the
         # noise every other call is judged against.
         sample &= background == 0.0
@@ -501,6 +513,12 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
     scores[finite] = np.log10(o_err[finite] / expected[finite])
     threshold = suspect_score(mode)
     _allow_for_small_tensors(facts, states, cols, scores, finite, threshold)
+    # A call that asked for other arguments and whose outputs differ is named, however little they differ:
+    # the difference is the request's (a tanh GELU under bfloat16 autocast hides in bfloat16's rounding).
+    asked = np.zeros(n, dtype=bool)
+    asked[list(choices.arguments)] = True
+    named = asked & judged & (o_err > 0.0)
+    scores[named] = np.maximum(scores[named], threshold)
     shares = _routed_shares(facts, states, cols, routed)
     element_wise = shares > 0.0
     scores[element_wise] = np.log10(shares[element_wise] / ROUTE_SHARE)
@@ -510,7 +528,7 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
     before = np.cumsum(collective) - collective
     held = held_screen(facts, states, cols) if mode is CompareMode.TENSOR else np.zeros(n, dtype=bool)
     judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares, own, classes,
-                               call_floor, background, held)  # fmt: skip
+                               call_floor, background, held, choices)  # fmt: skip
     suspects = [judged_calls.evidence(k) for k in np.flatnonzero(scores >= threshold).tolist()]
     first = first_divergence(i_err, suspects)
     if mode is CompareMode.MD5:
@@ -522,14 +540,16 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
 
 
 def _call_rounding(facts: RowFacts, cols: CallColumns, directions: Sequence[str | None], kinds: np.ndarray,
-                   kind_calls: Sequence[str]) -> tuple[np.ndarray, list[str]]:  # fmt: skip
+                   kind_calls: Sequence[str], choices: Choices) -> tuple[np.ndarray, list[str]]:  # fmt: skip
     """Each call's expected rounding (``expected_error``: its least precise floating dtype, either side, and
     the length of its reductions, a backward's from its forward's recorded arguments) and its API class.
+    A call whose target chose a lower precision than the bench (``choices``) is held to the bench's.
     Elementwise calls round once; only the reductions' rows are read, and each API kind is named once (a
     20,000-call table has few kinds and few reductions)."""
     n = len(cols.apis)
     units = np.maximum(facts.npu.units(), facts.bench.units())
     unit = np.maximum.reduceat(units, cols.first_row) if n else np.zeros(0)
+    unit = np.where(choices.chosen(), choices.bench_unit, unit)
     kind_ops = [op_of(k) for k in kind_calls]
     kind_classes = [api_class(op) for op in kind_ops]
     classes = [kind_classes[k] for k in kinds.tolist()]
