@@ -73,7 +73,8 @@ def test_messages_split_8_3_3s_appended_text():
 
 def test_module_mapping_pairs_a_renamed_module_and_names_an_unused_entry(tmp_path):
     x, w = rng_array(1), rng_array(2, (4, 4))
-    names = (("npu", "MindSpeedTELayerNormColumnParallelLinear"), ("bench", "TELayerNormColumnParallelLinear"))
+    names = (("npu", "MindSpeedTELayerNormColumnParallelLinear"),
+             ("bench", "TELayerNormColumnParallelLinear"))
     for side, cls in names:
         builder = DumpBuilder("statistics")
         builder.api(f"Module.layers.0.qkv.{cls}.forward.0", inputs=[x], outputs=[x @ w])
