@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from parity.shared.compare.mapping import BASIS_MAPPED, DataMapping
+from parity.shared.compare.mapping import BASIS_MAPPED, RowMapping
 from parity.shared.compare.module_scopes import CallModules, Modules, module_scopes, split_by_scope
 from parity.shared.compare.pairing import FLOAT_FAMILY, Pairing, fuzzy_entry_name, pair_exact, pair_fuzzy
 from parity.shared.compare.rows import SideRows
@@ -569,7 +569,7 @@ def _basis_fast(index: Sequence[int]) -> list[str]:
 Sites = tuple[Mapping[str, str], Mapping[str, str]]
 
 
-def pair_calls(npu: SideRows, bench: SideRows, *, fuzzy: bool = False, mapping: DataMapping | None = None,
+def pair_calls(npu: SideRows, bench: SideRows, *, fuzzy: bool = False, mapping: RowMapping | None = None,
                sites: Callable[[], Sites | None] | None = None,
                modules: Callable[[], Modules | None] | None = None,
                ) -> tuple[Pairing, Aligned | None]:  # fmt: skip

@@ -123,7 +123,9 @@ class LeafWalker:
         else:
             raise self.error(f"{path}.requires_grad", f"must be a bool, not {rg!r}")
         if md5 is not None:
-            if type(md5) is not str:
+            if type(md5) is float:  # msprobe 26's xor checksum of a 0-d float tensor: its value
+                md5 = repr(md5)
+            elif type(md5) is not str:
                 raise self.error(f"{path}.md5", f"must be a string, not {md5!r}")
             self.has_md5 = True
         if data_name is not None and type(data_name) is not str:
