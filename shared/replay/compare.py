@@ -44,14 +44,16 @@ def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageF
     tensor files they need first; ``limits`` caps each tensor load (None: the defaults). Raises
     ``ParityError`` when a dump.json cannot be read."""
 
-    def replay(entries: Sequence[str], partners: Mapping[str, str] | None = None) -> list[ReplayVerdict]:
-        """``partners``: the bench call of an entry paired under another name, ``""`` for a gap."""
+    def replay(entries: Sequence[str], partners: Mapping[str, str] | None = None, *,
+               asked: Mapping[str, str] | None = None, identical: Sequence[str] = ()) -> list[ReplayVerdict]:
+        """``partners``: the bench call of an entry paired under another name, ``""`` for a gap; ``asked``
+        and ``identical`` as ``engine.replay_calls`` takes them."""
         from parity.shared.replay.engine import replay_calls
 
         if stage is not None:
             bench_entries = [p for p in (partners.get(e, e) if partners else e for e in entries) if p]
             stage(_lacking(npu_dump, entries), _lacking(bench_dump, bench_entries))
-        return replay_calls(npu_dump, bench_dump, entries, partners=partners,
-                            **({"limits": limits} if limits else {}))
+        return replay_calls(npu_dump, bench_dump, entries, partners=partners, asked=asked,
+                            identical=identical, **({"limits": limits} if limits else {}))
 
     return replay

@@ -131,3 +131,30 @@ def test_a_fault_inside_an_autocast_run_is_still_named(tmp_path: Path, task: str
 def test_the_same_code_twice_names_nothing_and_finds_nothing(tmp_path: Path) -> None:
     result = _compare(tmp_path, {})
     assert result.suspects == [] and result.systematic == []
+
+
+def test_the_replay_tells_an_argument_from_a_kernel(tmp_path: Path) -> None:
+    """Each side replays right with its own arguments; the target's inputs with the bench's arguments give
+    the bench's output: the verdict is ``arguments``, and the suspect's reason says so."""
+    result = _compare(tmp_path, {"act": lambda h: F.gelu(h, approximate="tanh")}, replay_top=10)
+    assert result.replay is not None
+    verdicts = {v["entry"]: v for v in result.replay["verdicts"]}  # type: ignore[union-attr]
+    gelu = verdicts["Functional.gelu.0.forward"]
+    assert gelu["verdict"] == "arguments"
+    assert gelu["text"].endswith("within rounding, so approximate: 'tanh' vs not passed is the cause")
+    assert result.suspects[0].api == "Functional.gelu.0.forward"
+    assert "float64 replay: with the bench's arguments the target's inputs give" in result.suspects[0].reason
+    assert "the difference comes from their inputs" not in gelu["text"]
+
+
+def test_the_replay_never_says_identical_inputs_made_the_difference(tmp_path: Path) -> None:
+    """Under autocast the first linear reads identical inputs and each side is right in its own format: the
+    difference is the formats (verdict ``precision``), not the inputs."""
+    result = _compare(tmp_path, {}, autocast=True, replay_top=10)
+    assert result.replay is not None
+    verdicts = {v["entry"]: v for v in result.replay["verdicts"]}  # type: ignore[union-attr]
+    first = verdicts["Functional.linear.0.forward"]
+    assert first["verdict"] == "precision"
+    assert "from identical inputs: the difference is the target's bfloat16 against the bench's float32" in (
+        first["text"])
+    assert result.suspects == []
