@@ -218,7 +218,7 @@ def table(outcomes: list[suite.Outcome]) -> str:
                 continue
             top1 = sum(o.top1 for o in cases) / len(cases)
             top3 = sum(o.top3 for o in cases) / len(cases)
-            first = sum(o.first == o.truth for o in cases) / len(cases)
+            first = sum(o.first_hit for o in cases) / len(cases)
             lines.append(f"{mode:<11}{variant:<10}{len(cases):>6}{top1:>9.1%}{top3:>9.1%}{first:>12.1%}")
     lines.append("")
     lines.append(f"{'mode':<11}{'pairs without a fault':<22}{'calls named':>12}{'systematic':>12}")
@@ -346,8 +346,76 @@ def pairing_cost(base: str, repeat: int) -> str:
     return "\n".join(lines)
 
 
+def run_hf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``--models hf``: the port faults on Hugging Face transformers models (``hf_suite.py``), one worker per
+    model and mode; the table per fault family and kernel variant."""
+    import hf_suite
+
+    why = hf_suite.missing()
+    if why is not None:
+        print(f"--models hf skipped: {why}")
+        return 0
+    import transformers
+
+    known = hf_suite.available_models()
+    models = tuple(args.families.split(",")) if args.families else known
+    if not set(models) <= set(known):
+        unknown = sorted(set(models) - set(known))
+        parser.error(f"--families: unknown {unknown}; known with --models hf: {list(known)}")
+    modes = tuple(args.modes.split(","))
+    levels = tuple(args.levels.split(","))
+    variants = tuple(args.variants.split(",")) if args.variants else hf_suite.VARIANTS
+    for flag, given, allowed in (("--modes", modes, hf_suite.MODES), ("--levels", levels, hf_suite.LEVELS),
+                                 ("--variants", variants, hf_suite.VARIANTS)):  # fmt: skip
+        if not set(given) <= set(allowed):
+            unknown = sorted(set(given) - set(allowed))
+            parser.error(f"{flag}: unknown {unknown}; known with --models hf: {list(allowed)}")
+    notes = []
+    if "onednn-bf16" in variants and (skip := hf_suite.onednn_bf16_skip()):
+        variants = tuple(v for v in variants if v != "onednn-bf16")
+        notes.append(skip)
+    faults = [f for f in hf_suite.FAULTS if f.model in models]
+    if args.quick:  # the first fault of each fault family
+        firsts: dict[str, hf_suite.HFFault] = {}
+        for fault in faults:
+            firsts.setdefault(fault.family, fault)
+        faults = list(firsts.values())
+    work = [(model, mode, [f for f in faults if f.model == model], variants, levels, args.verbose)
+            for mode in modes for model in models]  # fmt: skip
+    logging.basicConfig(level=logging.ERROR)
+    started = time.perf_counter()
+    if args.jobs <= 1:
+        outcomes = [o for unit in work for o in hf_suite.run_unit(*unit)]
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
+            futures = [pool.submit(hf_suite.run_unit, *unit) for unit in work]
+            outcomes = [o for fut in futures for o in fut.result()]
+    for variant in variants:
+        hidden = [f.label for f in faults if variant in f.hidden_by]
+        if hidden:
+            notes.append(f"{variant}: {len(hidden)} of the faults not run (the variant's own bf16 GEMMs do "
+                         "what they do)")
+    families = sorted({f.family for f in faults}, key=hf_suite.FAMILIES.index)
+    print(f"\nlocalization on real model code (transformers {transformers.__version__}, torch "
+          f"{torch.__version__}, dumped by parity): {len(faults)} port faults in {len(families)} families on "
+          f"{len(models)} model(s) "
+          f"({', '.join(models)}) x variants ({', '.join(variants)}) x levels ({', '.join(levels)}) x modes "
+          f"({', '.join(modes)}), {time.perf_counter() - started:.0f} s with {args.jobs} jobs "
+          f"(load average {os.getloadavg()[0]:.1f} at the end)")  # fmt: skip
+    for note in notes:
+        print(f"  {note}")
+    print(hf_suite.table(outcomes))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", choices=("toy", "hf"), default="toy",
+                        help="toy: the suite's own small models (default); hf: Hugging Face transformers "
+                        "models with port faults (hf_suite.py; needs the [hf] extra)")  # fmt: skip
+    parser.add_argument("--levels", default="L1,mix",
+                        help="--models hf: comma-separated dump levels (default L1,mix)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="one fault per model family")
     parser.add_argument("--verbose", action="store_true", help="print every case's top suspects")
     parser.add_argument("--seed", type=int, default=10, help="seed of the noise levels (default 10)")
@@ -370,6 +438,8 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: also the target on the GPU, TF32 off and on (variants cuda, cuda-tf32)")
     args = parser.parse_args()
+    if args.models == "hf":
+        return run_hf(args, parser)
     if args.speed:
         print(speed(repeat=5))
         return 0
