@@ -28,6 +28,7 @@ transformers is optional (``pip install -e '.[hf]'``; ``make venv`` installs it)
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import inspect
 import json
@@ -376,6 +377,7 @@ _COMPOUND = (
 )
 
 
+@functools.cache
 def _statements() -> list[range]:
     """The line ranges of hf_faults.py's simple statements (a marker on any line of a statement that the
     formatter wrapped marks all of it: a call's frame may name any of its lines)."""
@@ -602,6 +604,10 @@ def table(outcomes: list[HFOutcome]) -> str:
 def _dump_main(spec: str) -> int:
     """``hf_suite.py dump CASES.json``: dump each case here; print their dump.json paths as JSON."""
     torch.set_num_threads(1)
+    wanted = os.environ.get("ATEN_CPU_CAPABILITY")
+    have = torch.backends.cpu.get_cpu_capability()
+    if wanted and have.lower() != wanted.lower():
+        raise RuntimeError(f"ATEN_CPU_CAPABILITY={wanted} asked for, but torch runs {have}")
     cases = [Case(**c) for c in json.loads(Path(spec).read_text())]
     paths = [str(dump_case(c)) for c in cases]
     print(json.dumps(paths))
