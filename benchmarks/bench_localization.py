@@ -380,7 +380,7 @@ def run_hf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for fault in faults:
             firsts.setdefault(fault.family, fault)
         faults = list(firsts.values())
-    work = [(model, mode, [f for f in faults if f.model == model], variants, levels, args.verbose)
+    work = [(model, mode, [f.label for f in faults if f.model == model], variants, levels, args.verbose)
             for mode in modes for model in models]  # fmt: skip
     logging.basicConfig(level=logging.ERROR)
     started = time.perf_counter()

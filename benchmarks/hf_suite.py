@@ -508,13 +508,15 @@ def judge(
 def run_unit(
     model: str,
     mode: str,
-    faults: list[HFFault],
+    labels: list[str],
     variants: tuple[str, ...],
     levels: tuple[str, ...],
     verbose: bool,
 ) -> list[HFOutcome]:
     """Every pair of one model in one mode (one worker's share): per level the bench runs (plain, and hot
-    where an overflow fault needs it), then per variant the pair without a fault and each fault."""
+    where an overflow fault needs it), then per variant the pair without a fault and each fault (``labels``:
+    the faults by label, which a worker process can be sent)."""
+    faults = [_FAULTS[label] for label in labels]
     torch.set_num_threads(1)
     root = suite.workdir()
     out: list[HFOutcome] = []

@@ -58,7 +58,9 @@ def test_one_model_end_to_end_dumps_truth_sets_variants_and_table(tmp_path: Path
     aten-default target from a subprocess): every pair judged, truth sets as the marked lines say."""
     eps, bwd = FAULTS["llama:rmsnorm-eps-1e-5"], FAULTS["llama:rmsnorm-bwd-bf16"]
     variants = ("clean", "aten-default", "autocast-bf16")
-    outcomes = hf_suite.run_unit("llama", "statistics", [eps, bwd], variants, ("mix",), verbose=False)
+    outcomes = hf_suite.run_unit(
+        "llama", "statistics", [eps.label, bwd.label], variants, ("mix",), verbose=False
+    )
     assert sorted((o.variant, o.label) for o in outcomes) == sorted(
         (v, label) for v in variants for label in ("llama:no fault", eps.label, bwd.label)
     )
