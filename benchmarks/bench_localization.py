@@ -31,6 +31,15 @@ or noise-only pairs. Statistics mode is reported as measured.
     .venv/bin/python benchmarks/bench_localization.py --device cuda   # adds cuda, cuda-tf32 (needs a GPU)
     .venv/bin/python benchmarks/bench_localization.py --alignment     # only the pairs whose traces differ
     .venv/bin/python benchmarks/bench_localization.py --pairing-cost  # identical traces: here vs --base
+    .venv/bin/python benchmarks/bench_localization.py --models hf     # port faults on transformers models
+    .venv/bin/python benchmarks/bench_localization.py --models hf --families llama,gpt2 --modes tensor \
+        --levels L1,mix --variants clean,aten-default --verbose --quick
+
+``--models hf`` (issue 34, ``hf_suite.py``, needs the ``[hf]`` extra) runs the port faults of ``hf_faults.py``
+(precision choices, approximations, eps, kernels, backward-only, overflow, MoE routing, RoPE) on Hugging Face
+transformers models from tiny configs, at L1 and mix, in tensor and statistics mode, in the kernel variants
+clean, aten-default, onednn-bf16 (where the CPU has AMX or AVX512-BF16) and autocast-bf16 (and ``sdpa`` when
+named): a table per fault family and variant. Its truth sets come from the faulty lines, not the engine.
 
 Pairs whose call traces differ (issue 24, ``alignment_suite.py``): fused attention, a fused norm, an extra
 cast and a split op, each dumped at L1 and at mix, with its fault and without; reported are the pairing
@@ -364,7 +373,7 @@ def run_hf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--families: unknown {unknown}; known with --models hf: {list(known)}")
     modes = tuple(args.modes.split(","))
     levels = tuple(args.levels.split(","))
-    variants = tuple(args.variants.split(",")) if args.variants else hf_suite.VARIANTS
+    variants = tuple(args.variants.split(",")) if args.variants else hf_suite.DEFAULT_VARIANTS
     for flag, given, allowed in (("--modes", modes, hf_suite.MODES), ("--levels", levels, hf_suite.LEVELS),
                                  ("--variants", variants, hf_suite.VARIANTS)):  # fmt: skip
         if not set(given) <= set(allowed):
@@ -392,10 +401,10 @@ def run_hf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             futures = [pool.submit(hf_suite.run_unit, *unit) for unit in work]
             outcomes = [o for fut in futures for o in fut.result()]
     for variant in variants:
-        hidden = [f.label for f in faults if variant in f.hidden_by]
-        if hidden:
-            notes.append(f"{variant}: {len(hidden)} of the faults not run (the variant's own bf16 GEMMs do "
-                         "what they do)")
+        why = sorted({w for f in faults if (w := hf_suite.skipped(f, variant))})
+        for reason in why:
+            count = sum(hf_suite.skipped(f, variant) == reason for f in faults)
+            notes.append(f"{variant}: {count} of the faults not run ({reason})")
     families = sorted({f.family for f in faults}, key=hf_suite.FAMILIES.index)
     print(f"\nlocalization on real model code (transformers {transformers.__version__}, torch "
           f"{torch.__version__}, dumped by parity): {len(faults)} port faults in {len(families)} families on "

@@ -15,10 +15,12 @@ Kernel variants (``VARIANTS``) run the target on what a CPU really offers, again
 machine's own kernels: ``clean`` (the same kernels), ``aten-default`` (the target dumped in a subprocess with
 ``ATEN_CPU_CAPABILITY=default``: ATen's scalar kernels), ``onednn-bf16`` (oneDNN's bf16 mode for float32
 GEMMs and convolutions; only on a CPU with AMX or AVX512-BF16, probed in /proc/cpuinfo), ``autocast-bf16``
-(the target's forward under ``torch.autocast("cpu", dtype=torch.bfloat16)``). Each variant has its pair
+(the target's forward under ``torch.autocast("cpu", dtype=torch.bfloat16)``); and, asked for by name,
+``sdpa`` (the target's attention is ``F.scaled_dot_product_attention`` where the bench's is eager: another
+kernel and another trace). Each variant has its pair
 without a fault (nothing should be named; a systematic finding is allowed and counted apart), and each
 fault runs in it except where the variant itself does what the fault does (``HFFault.hidden_by``: a bf16
-GEMM under autocast is no fault).
+GEMM under autocast is no fault) or does not run the fault's code (``skipped``).
 
 transformers is optional (``pip install -e '.[hf]'``; ``make venv`` installs it): ``missing()`` says so.
 
@@ -55,7 +57,9 @@ from hf_faults import CALL_MARK, FAMILIES, FAULT_MARK, FAULTS, HFFault  # noqa: 
 MODELS = ("llama", "gpt2", "bert", "t5", "vit", "mixtral", "qwen3moe")
 LEVELS = ("L1", "mix")
 MODES = ("tensor", "statistics")
-VARIANTS = ("clean", "aten-default", "onednn-bf16", "autocast-bf16")
+VARIANTS = ("clean", "aten-default", "onednn-bf16", "autocast-bf16", "sdpa")
+#: what ``--models hf`` runs unless told (``sdpa`` is asked for by name)
+DEFAULT_VARIANTS = VARIANTS[:4]
 #: where the target is dumped in a subprocess with this environment
 SUBPROCESS_ENV = {"aten-default": {"ATEN_CPU_CAPABILITY": "default"}}
 #: the CPU flags (/proc/cpuinfo) that let oneDNN compute float32 GEMMs in bf16
@@ -250,6 +254,15 @@ def train_step(net: nn.Module, batch: dict[str, torch.Tensor], autocast: bool = 
     opt.step()
 
 
+def skipped(fault: HFFault, variant: str) -> str | None:
+    """Why ``fault`` does not run in ``variant`` (None: it does)."""
+    if variant in fault.hidden_by:
+        return "the variant's own bf16 GEMMs do what the fault does"
+    if variant == "sdpa" and any(p.attr == "eager_attention_forward" for p in fault.patches):
+        return "the variant does not run the eager attention the fault patches"
+    return None
+
+
 @contextmanager
 def injected(net: nn.Module, fault: HFFault) -> Iterator[None]:
     """The fault's patches applied to ``net`` (instance attributes) and its modeling module, undone after."""
@@ -322,7 +335,7 @@ def dump_case(case: Case) -> Path:
         _TOOL.append(suite.ParityDumper())
     tool = _TOOL[0]
     fault = _FAULTS[case.fault] if case.fault else None
-    net, batch = build(case.model, hot=case.hot)
+    net, batch = build(case.model, hot=case.hot, attn="sdpa" if case.variant == "sdpa" else "eager")
     dump_dir = Path(case.dump_dir)
     with tool.session(dump_dir, case.task, "statistics", level=case.level):
         with injected(net, fault) if fault else nullcontext(), kernels(case.variant):
@@ -531,7 +544,7 @@ def run_unit(
             for level in levels:
                 cases.append((Case(str(root / f"{level}-{variant}-none"), model, mode, level, variant), None))
                 for n, each in enumerate(faults):
-                    if variant not in each.hidden_by:
+                    if skipped(each, variant) is None:
                         where = str(root / f"{level}-{variant}-{n}")
                         cases.append((Case(where, model, mode, level, variant, each.label, each.hot), each))
             dumps = dump_cases([c for c, _ in cases], variant)
