@@ -299,30 +299,7 @@ def llama_attention(
     """Llama's eager_attention_forward (Mixtral's, Qwen3-MoE's): the softmax on ``softmax_dtype`` scores, or
     the scores' matmul on a kernel 1e-3 off."""
 
-    def softmax_low(
-        module: nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        scaling: float,
-        dropout: float = 0.0,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        modeling = _modeling(module)
-        key_states = modeling.repeat_kv(key, module.num_key_value_groups)
-        value_states = modeling.repeat_kv(value, module.num_key_value_groups)
-        attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            attn_weights = attn_weights + attention_mask
-        attn_weights = nn.functional.softmax(attn_weights.to(softmax_dtype), dim=-1)  # <- fault
-        attn_weights = attn_weights.to(query.dtype)
-        attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
-        attn_output = torch.matmul(attn_weights, value_states)
-        attn_output = attn_output.transpose(1, 2).contiguous()
-        return attn_output, attn_weights
-
-    def noisy(
+    def forward(
         module: nn.Module,
         query: torch.Tensor,
         key: torch.Tensor,
@@ -336,18 +313,25 @@ def llama_attention(
         key_states = modeling.repeat_kv(key, module.num_key_value_groups)
         value_states = modeling.repeat_kv(value, module.num_key_value_groups)
         key_t = key_states.transpose(2, 3)
-        with PortKernel("noise"):
-            scores = torch.matmul(query, key_t)  # <- fault
+        if noisy_scores:
+            with PortKernel("noise"):
+                scores = torch.matmul(query, key_t)  # <- fault
+        else:
+            scores = torch.matmul(query, key_t)
         attn_weights = scores * scaling
         if attention_mask is not None:
             attn_weights = attn_weights + attention_mask
-        attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        if softmax_dtype is not None:
+            attn_weights = nn.functional.softmax(attn_weights.to(softmax_dtype), dim=-1)  # <- fault
+            attn_weights = attn_weights.to(query.dtype)
+        else:
+            attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
         attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
         attn_output = torch.matmul(attn_weights, value_states)
         attn_output = attn_output.transpose(1, 2).contiguous()
         return attn_output, attn_weights
 
-    return noisy if noisy_scores else softmax_low
+    return forward
 
 
 def gpt2_attention(how: str) -> Callable[..., Any]:
@@ -389,9 +373,10 @@ def gpt2_attention(how: str) -> Callable[..., Any]:
     return forward
 
 
-def bert_attention(how: str) -> Callable[..., Any]:
-    """BERT's eager_attention_forward (no causal mask; the padding mask is float32's minimum):
-    ``softmax-bf16``, ``softmax-fp16``, ``exp-fp16`` (as GPT-2's), ``noisy-context``."""
+def encoder_attention(how: str, upcast: bool = False) -> Callable[..., Any]:
+    """BERT's eager_attention_forward (no causal mask; the padding mask is float32's minimum), or with
+    ``upcast`` ViT's (no mask at all; its softmax asked for in float32): ``softmax-bf16``, ``softmax-fp16``,
+    ``exp-fp16`` (as GPT-2's), ``noisy-context``."""
 
     def forward(
         module: nn.Module,
@@ -417,6 +402,8 @@ def bert_attention(how: str) -> Callable[..., Any]:
         elif how == "exp-fp16":
             exp = torch.exp(attn_weights.to(torch.float16))  # <- fault
             attn_weights = (exp / exp.sum(dim=-1, keepdim=True)).to(query.dtype)  # <- fault
+        elif upcast:
+            attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
         else:
             attn_weights = nn.functional.softmax(attn_weights, dim=-1)
         attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
@@ -425,40 +412,6 @@ def bert_attention(how: str) -> Callable[..., Any]:
                 attn_output = torch.matmul(attn_weights, value)  # <- fault
         else:
             attn_output = torch.matmul(attn_weights, value)
-        attn_output = attn_output.transpose(1, 2).contiguous()
-        return attn_output, attn_weights
-
-    return forward
-
-
-def vit_attention(how: str) -> Callable[..., Any]:
-    """ViT's eager_attention_forward (no mask at all): ``softmax-bf16``, ``exp-fp16``."""
-
-    def forward(
-        module: nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        scaling: float | None = None,
-        dropout: float = 0.0,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if scaling is None:
-            scaling = query.size(-1) ** -0.5
-        attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            attn_weights = attn_weights + attention_mask
-        if how == "softmax-bf16":
-            attn_weights = nn.functional.softmax(attn_weights.to(torch.bfloat16), dim=-1)  # <- fault
-            attn_weights = attn_weights.to(query.dtype)
-        elif how == "exp-fp16":
-            exp = torch.exp(attn_weights.to(torch.float16))  # <- fault
-            attn_weights = (exp / exp.sum(dim=-1, keepdim=True)).to(query.dtype)  # <- fault
-        else:
-            attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
-        attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
-        attn_output = torch.matmul(attn_weights, value)
         attn_output = attn_output.transpose(1, 2).contiguous()
         return attn_output, attn_weights
 
@@ -752,10 +705,10 @@ FAULTS: list[HFFault] = [
     ),
     # BERT: post-LN LayerNorm (eps 1e-12), GELU, a padding mask and no causal one
     HFFault(
-        "bert", "softmax-bf16", "precision", _fn("eager_attention_forward", bert_attention("softmax-bf16"))
+        "bert", "softmax-bf16", "precision", _fn("eager_attention_forward", encoder_attention("softmax-bf16"))
     ),
     HFFault(
-        "bert", "softmax-fp16", "precision", _fn("eager_attention_forward", bert_attention("softmax-fp16"))
+        "bert", "softmax-fp16", "precision", _fn("eager_attention_forward", encoder_attention("softmax-fp16"))
     ),
     HFFault(
         "bert",
@@ -788,7 +741,7 @@ FAULTS: list[HFFault] = [
         "bert",
         "context-matmul-1e-3",
         "kernel",
-        _fn("eager_attention_forward", bert_attention("noisy-context")),
+        _fn("eager_attention_forward", encoder_attention("noisy-context")),
         hidden_by=_GEMM,
     ),
     HFFault(
@@ -802,7 +755,7 @@ FAULTS: list[HFFault] = [
         "bert",
         "softmax-exp-fp16-overflow",
         "overflow",
-        _fn("eager_attention_forward", bert_attention("exp-fp16")),
+        _fn("eager_attention_forward", encoder_attention("exp-fp16")),
         hot=True,
     ),
     # T5 v1.1: T5LayerNorm (RMS), gated GELU (the tanh formula), unscaled attention with a position bias
@@ -830,7 +783,10 @@ FAULTS: list[HFFault] = [
     ),
     # ViT: a conv patch embedding, pre-LN LayerNorm (eps 1e-12), GELU, no mask
     HFFault(
-        "vit", "softmax-bf16", "precision", _fn("eager_attention_forward", vit_attention("softmax-bf16"))
+        "vit",
+        "softmax-bf16",
+        "precision",
+        _fn("eager_attention_forward", encoder_attention("softmax-bf16", upcast=True)),
     ),
     HFFault("vit", "layernorm-fp16", "precision", _fwd("LayerNorm", layer_norm_fp16, "layernorm_before")),
     HFFault("vit", "patch-conv-bf16", "precision", _fwd("Conv2d", conv2d_bf16), hidden_by=_GEMM),
@@ -856,7 +812,7 @@ FAULTS: list[HFFault] = [
         "vit",
         "softmax-exp-fp16-overflow",
         "overflow",
-        _fn("eager_attention_forward", vit_attention("exp-fp16")),
+        _fn("eager_attention_forward", encoder_attention("exp-fp16", upcast=True)),
         hot=True,
     ),
     # Mixtral: RMSNorm, RoPE, a top-2 router over 4 experts
