@@ -26,7 +26,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml setup.py shared/metrics/_fused.c
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q uv
-	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode $(UV_LINKS) -e '.[compare,server,celery,postgres,dev]' $(TORCH)
+	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode $(UV_LINKS) -e '.[compare,server,celery,postgres,dev,hf]' $(TORCH)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
