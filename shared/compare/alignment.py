@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -440,6 +440,17 @@ def _provenance(values: _Values, r: int, index: Sequence[int], lo_row: int, hi_r
     return -1
 
 
+def _same_value_near(values: _Values, key: tuple[Any, ...] | None, at: int, paired: Set[int]) -> int:
+    """The paired bench row holding the value ``key`` nearest to row ``at``, after it first (the call that
+    reads it there: a parameter the target's gap casts before its first use); -1 if none. Only rows of calls
+    both sides make count: a tensor only the bench's own gap reads says nothing of where the target's went."""
+    where = [r for r in values.where.get(key, ()) if r in paired] if key is not None else []
+    if not where:
+        return -1
+    k = bisect.bisect_left(where, at)
+    return where[k] if k < len(where) else where[-1]
+
+
 #: At most this many bench candidates of one shape are weighed for one boundary tensor without provenance.
 MAX_CANDIDATES = 64
 
@@ -469,7 +480,7 @@ def _closest(t_rows: SideRows, r: int, b_rows: SideRows, buckets: dict[tuple[Any
 
 
 def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, gap: tuple[int, int, int, int],
-              index: list[int], aligned: Aligned, number: int) -> None:  # fmt: skip
+              index: list[int], aligned: Aligned, number: int, paired: Set[int]) -> None:  # fmt: skip
     """Pair the boundary tensors of one gap, mark its internal rows, and its rows' gap and call."""
     lo, hi, blo, bhi = gap
     t_in, t_out, t_internal = _boundary(t, tv, lo, hi)
@@ -513,6 +524,16 @@ def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, gap: tuple[int, int,
                 else:
                     rest.append(r)
             unpaired = rest
+        if not two_sided and before and unpaired:  # a tensor the target casts first, read as it is there
+            at = b.calls.starts[blo] if blo < len(b.calls.starts) else len(b.rows)
+            rest = []
+            for r in unpaired:
+                partner = _same_value_near(bv, tv.keys[r], at, paired)
+                if partner >= 0:
+                    index[r] = partner
+                else:
+                    rest.append(r)
+            unpaired = rest
         for r in unpaired:
             # an unpaired floating input leaves the gap unjudged (the loss may come from it); the rest of
             # what has no partner (an index, a mask, an output nobody reads) is internal
@@ -545,11 +566,12 @@ def align_rows(npu: SideRows, bench: SideRows, *, sites: Sites | None = None,
             for part in split_by_scope(gap, t.modules.scopes, b.modules.scopes)]
     if gaps:
         tv, bv = _Values(npu), _Values(bench)
+        paired = {j for j in index if j >= 0}  # the bench rows of calls both sides make
         for number, gap in enumerate(gaps):
             lo, hi, blo, bhi = gap
             aligned.gaps.append(Gap(tuple(t.calls.names[lo:hi]), tuple(b.calls.names[blo:bhi])))
             if hi > lo and max(hi - lo, bhi - blo) <= MAX_GAP_CALLS:
-                _pair_gap(t, b, tv, bv, gap, index, aligned, number)
+                _pair_gap(t, b, tv, bv, gap, index, aligned, number, paired)
                 continue
             for k in range(lo, hi):
                 for r in range(t.calls.starts[k], t.calls.stops[k]):
