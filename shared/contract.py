@@ -434,9 +434,10 @@ class RowsPublic(_Response):
 # -- baselines and regressions ------------------------------------------------------------------------------
 
 
-#: A failing API against a baseline: ``new`` (passing in the previous comparison against the same baseline,
-#: or there was none), ``worse`` (failing before or accepted, and its error grew beyond the stated factor),
-#: ``known`` (failing before or accepted, not grown beyond it), ``fixed`` (failing before, passing now).
+#: An API against a baseline, judged by its error: ``new`` (failing, and passing in the previous comparison
+#: against the same baseline, or there was none), ``worse`` (failing before or accepted, and its error grew
+#: beyond the stated factor, passing msprobe's thresholds now or not), ``fixed`` (passing now, its error
+#: dropped below the level accepted or the error before by that factor), ``known`` (the rest).
 Verdict = Literal["new", "worse", "known", "fixed"]
 
 
@@ -444,7 +445,9 @@ class ApiVerdict(_Response):
     """One API of a comparison against a baseline, judged against the project's previous comparison against
     the same baseline and the notes that accepted it. ``before`` and ``after`` are its error (the largest
     max relative error of its calls over the ranks) then and now; ``growth`` is ``after`` over what it is
-    judged against (the error before, or the level accepted); ``reason`` says it in words."""
+    judged against (the error before, or the level accepted); ``reason`` says it in words; ``failing``
+    whether it fails now; ``stack`` the line of the user's code that called it, where the comparison's
+    suspects name it."""
 
     api: str
     verdict: Verdict
@@ -457,6 +460,8 @@ class ApiVerdict(_Response):
     note: str | None = None
     accepted_by: str | None = None  # the signed-in identity (token name or fingerprint)
     author: str | None = None  # free text the acceptance named, not checked
+    failing: bool = True
+    stack: str | None = None
 
 
 class RegressionsPublic(_Response):

@@ -3,16 +3,24 @@ completes, failing APIs judged new or known, notes that accept an API, an API's 
 and what differs between two runs' environments.
 
 A comparison is *against the baseline* when its bench run was its project's baseline when it was queued
-(``Comparison.against_baseline``). Each of its failing APIs is judged against the project's previous
-succeeded comparison against the same baseline and the notes that accepted it (``regressions``):
+(``Comparison.against_baseline``). Each API that fails in it, or failed in the previous comparison, is judged
+against the project's previous succeeded comparison with the same bench run (and the same
+``against_baseline``) and the notes that accepted it (``regressions``), by its error, never by a status flip
+alone:
 
-* **new**: it passed before (or there was no comparison before) and was not accepted;
+* **new**: it fails now, passed before (or there was no comparison before) and was not accepted;
 * **worse**: it failed before or was accepted, and its error grew beyond :data:`WORSE_FACTOR` times the
-  level it had when accepted, or (not accepted) the error before: a regression hiding behind a known failure;
-* **known**: it failed before or was accepted, and its error did not grow beyond that;
+  level it had when accepted, or (not accepted) the error before: a regression hiding behind a known failure
+  (also when it passes msprobe's thresholds now: a 3.57x growth is no fix);
+* **fixed**: it passes now and its error dropped below the level accepted (or the error before) by
+  :data:`WORSE_FACTOR` (or to zero);
+* **known**: the rest: failing before or accepted, its error within :data:`WORSE_FACTOR` of what it is judged
+  against (passing now by a hair is known, not fixed).
 
-and an API that failed before and passes now is **fixed**. An API's error is the largest max relative error
-of its calls over the compared ranks (the ``comparison_calls`` the chart reads).
+An API's error is the largest max relative error of its calls over the compared ranks (the
+``comparison_calls`` the chart reads). Comparisons not against the baseline are judged the same way against
+the previous comparison with the same bench run (``parity check --baseline RUN``); the pages show the
+verdicts of comparisons against the baseline only.
 """
 
 from __future__ import annotations
@@ -170,26 +178,25 @@ class BaselineService:
 
     # -- new, worse, known, fixed -----------------------------------------------------------------------
     def regressions(self, comparison_id: str) -> RegressionsPublic:
-        """Each failing API of the comparison judged new, worse or known, and the APIs it fixed; new and
-        worse first, in execution order (see the module's docstring)."""
+        """Each API of the comparison failing now or in the previous comparison, judged new, worse, known or
+        fixed; new and worse first, each group in execution order (see the module's docstring)."""
         with self.db.read() as session:
             c = session.get(Comparison, comparison_id)
             if c is None:
                 raise NotFound(f"comparison {comparison_id!r} not found")
             failing = list((c.summary or {}).get("failing_apis", []))
             project = session.scalar(select(Run.project).where(Run.id == c.target_run_id)) or ""
-            previous = None
-            if c.against_baseline:
-                previous = session.scalars(
-                    select(Comparison)
-                    .join(Run, Run.id == Comparison.target_run_id)
-                    .where(
-                        Run.project == project, Comparison.bench_run_id == c.bench_run_id,
-                        Comparison.against_baseline.is_(True), Comparison.status == "succeeded",
-                        Comparison.created_at < c.created_at, Comparison.id != c.id,
-                    )  # fmt: skip
-                    .order_by(Comparison.created_at.desc())
-                ).first()
+            previous = session.scalars(
+                select(Comparison)
+                .join(Run, Run.id == Comparison.target_run_id)
+                .where(
+                    Run.project == project, Comparison.bench_run_id == c.bench_run_id,
+                    Comparison.against_baseline.is_(bool(c.against_baseline)),
+                    Comparison.status == "succeeded", Comparison.created_at < c.created_at,
+                    Comparison.id != c.id,
+                )  # fmt: skip
+                .order_by(Comparison.created_at.desc())
+            ).first()
             before_failing = list((previous.summary or {}).get("failing_apis", [])) if previous else []
             apis = set(failing) | set(before_failing)
             accepted = {
@@ -200,13 +207,19 @@ class BaselineService:
             }
             now = api_errors(session, c.id, apis)
             then = api_errors(session, previous.id, apis) if previous is not None else {}
-        failed_before = set(before_failing)
-        verdicts = [judge(api, now.get(api), then.get(api), api in failed_before, accepted.get(api))
-                    for api in failing]  # fmt: skip
-        failing_now = set(failing)
-        verdicts += [judge(api, now.get(api), then.get(api), True, None, fixed=True)
-                     for api in before_failing if api not in failing_now]  # fmt: skip
+            order = call_order(session, c.id, apis)
+            summary = dict(c.summary or {})
+        failed_before, failing_now = set(before_failing), set(failing)
+        # Execution order (the first call that got worse is where a regression starts); APIs the comparison
+        # has no call of (gone since) after the others, in the order the previous comparison failed them.
+        listed = list(dict.fromkeys([*failing, *before_failing]))
+        listed.sort(key=lambda api: order.get(api, len(order)))
+        verdicts = [judge(api, now.get(api), then.get(api), api in failed_before, accepted.get(api),
+                          failing_now=api in failing_now) for api in listed]  # fmt: skip
         verdicts.sort(key=_listing_order)
+        stacks = summary_stacks(summary)
+        verdicts = [v.model_copy(update={"stack": stacks.get(v.api)}) if v.api in stacks else v
+                    for v in verdicts]  # fmt: skip
         count = {v: sum(x.verdict == v for x in verdicts) for v in ("new", "worse", "known", "fixed")}
         return RegressionsPublic(
             against_baseline=bool(c.against_baseline), previous_comparison=previous.id if previous else None,
@@ -364,9 +377,35 @@ def api_errors(session: Any, comparison_id: str, apis: set[str]) -> dict[str, fl
     return {api: rel if rel is not None else cos for api, rel, cos in rows}
 
 
+def call_order(session: Any, comparison_id: str, apis: set[str]) -> dict[str, int]:
+    """Each of ``apis``' place in execution order in a comparison (its first call's, over the ranks)."""
+    if not apis:
+        return {}
+    c = ComparisonCall
+    rows = session.execute(
+        select(c.api, func.min(c.seq))
+        .where(c.comparison_id == comparison_id, c.api.in_(apis)).group_by(c.api)
+    ).all()  # fmt: skip
+    return {api: int(seq) for api, seq in rows}
+
+
+def summary_stacks(summary: dict[str, Any]) -> dict[str, str]:
+    """``api -> stack line`` of the comparison's suspects (every rank's, and each first divergence), from
+    its stored summary document: the line in the user's code that a regression's report names."""
+    found: dict[str, str] = {}
+    ranks = summary.get("ranks") or [summary]
+    for doc in ranks:
+        if not isinstance(doc, dict):
+            continue
+        for suspect in [*(doc.get("suspects") or []), doc.get("first_divergence")]:
+            if isinstance(suspect, dict) and suspect.get("stack") and suspect.get("api"):
+                found.setdefault(str(suspect["api"]), str(suspect["stack"]))
+    return found
+
+
 def judge(api: str, after: float | None, before: float | None, failed_before: bool,
-          note: ApiAcceptance | None, *, fixed: bool = False) -> ApiVerdict:  # fmt: skip
-    """One API's verdict (see the module's docstring), with the reason in words."""
+          note: ApiAcceptance | None, *, failing_now: bool = True) -> ApiVerdict:  # fmt: skip
+    """One API's verdict by its error (see the module's docstring), with the reason in words."""
     level = note.level if note is not None else None
     # An acceptance accepts a level: judged against it (the error may have grown since the previous
     # comparison, which is what was accepted); otherwise against the previous comparison.
@@ -375,21 +414,28 @@ def judge(api: str, after: float | None, before: float | None, failed_before: bo
     growth, against = None, ""
     if after is not None and reference is not None and reference > 0:
         growth, against = after / reference, f"{prose_number(reference)} of {what}"
-    if fixed:
-        verdict = "fixed"
-        reason = f"passing now ({_err(after)}), failing in the previous comparison ({_err(before)})"
-    elif not failed_before and note is None:
+    factor = prose_number(WORSE_FACTOR)
+    if failing_now and not failed_before and note is None:
         verdict = "new"
         growth = after / before if after is not None and before else None
         reason = (f"failing now ({_err(after)}), passing in the previous comparison ({_err(before)})"
                   if before is not None else f"failing ({_err(after)}); no earlier comparison had it failing")
     elif growth is not None and growth > WORSE_FACTOR:
         verdict = "worse"
-        reason = (f"{_err(after)}, {prose_number(growth)}x the {against} "
-                  f"(worse beyond {prose_number(WORSE_FACTOR)}x)")  # fmt: skip
+        passing = "" if failing_now else "passing msprobe's thresholds now, but "
+        reason = f"{passing}{_err(after)}, {prose_number(growth)}x the {against} (worse beyond {factor}x)"
+    elif not failing_now and after is not None and reference is not None and \
+            (after == 0 or (reference > 0 and after * WORSE_FACTOR <= reference)):  # fmt: skip
+        verdict = "fixed"
+        reason = (f"passing now ({_err(after)}), below the {against} by {factor}x or more" if after
+                  else f"passing now, its error zero ({_err(before)} in the previous comparison)")
     else:
         verdict = "known"
-        if level is not None:
+        if not failing_now:
+            reason = ("passing now, but its error is unknown: not judged fixed" if after is None or
+                      reference is None else f"passing now ({_err(after)}), but within {factor}x of the "
+                      f"{against}: not judged fixed")  # fmt: skip
+        elif level is not None:
             reason = f"accepted with a note at {_err(level)}; {_err(after)} now"
         elif failed_before:
             reason = f"failing in the previous comparison too ({_err(before)} then, {_err(after)} now)"
@@ -399,6 +445,7 @@ def judge(api: str, after: float | None, before: float | None, failed_before: bo
         api=api, verdict=verdict, failed_before=failed_before, before=before, after=after, growth=growth,  # type: ignore[arg-type]
         accepted_level=level, reason=reason, note=note.note if note else None,
         accepted_by=note.accepted_by if note else None, author=note.author if note else None,
+        failing=failing_now,
     )  # fmt: skip
 
 
@@ -408,7 +455,7 @@ def _err(value: float | None) -> str:
 
 def _listing_order(v: ApiVerdict) -> int:
     """New and worse first, then known, then fixed; within each, execution order (the first call that got
-    worse is where a regression starts, the calls after it carry it on)."""
+    worse is where a regression starts, the calls after it carry it on): the sort is stable."""
     return _VERDICT_ORDER[v.verdict]
 
 
