@@ -304,10 +304,14 @@ class ParityClient:
         tags: Mapping[str, str] | None = None,
         limit: int = 50,
         offset: int = 0,
+        verdicts: bool = False,
     ) -> tuple[list[RunPublic], int]:
         """One page of ``GET /runs`` and the total count of runs matching the filters (``name`` exact,
-        ``name_contains`` a substring in any case, every one of ``tags``)."""
+        ``name_contains`` a substring in any case, every one of ``tags``); ``verdicts``: each run with its
+        verdict against its project's baseline (``RunPublic.verdict``)."""
         params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
+        if verdicts:
+            params.append(("verdicts", "true"))
         for key, value in (("name", name), ("name_contains", name_contains), ("project", project),
                            ("device", device), ("status", status)):  # fmt: skip
             if value is not None:

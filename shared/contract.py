@@ -38,6 +38,8 @@ __all__ = [
     "ApiHistoryPoint",
     "ApiHistoryPublic",
     "ApiVerdict",
+    "BaselineVerdict",
+    "BaselineVerdictKind",
     "Verdict",
     "CallPublic",
     "CallsPublic",
@@ -208,6 +210,40 @@ class RunUpdate(_Request):
         return None if tags is None else _tagged(tags)
 
 
+#: A run against its project's baseline, as every list shows it: ``worse`` or ``new`` (its latest
+#: comparison against the baseline has an API worse or new), ``clean`` (nothing new nor worse), ``pending``
+#: (that comparison is queued or running), ``failed`` (it failed), ``not compared`` (none; ``note`` says
+#: why where the server knows), ``baseline`` (the run is the baseline).
+BaselineVerdictKind = Literal["worse", "new", "clean", "pending", "failed", "not compared", "baseline"]
+
+
+class BaselineVerdict(_Response):
+    """A run's verdict against its project's baseline (``GET /runs?verdicts=true``): the counts are the
+    verdicts of the APIs of its latest comparison against the baseline (``.../regressions``)."""
+
+    verdict: BaselineVerdictKind
+    baseline_run: str | None = None  # the project's baseline (None: the project has none)
+    baseline_name: str | None = None
+    comparison: str | None = None  # the comparison judged
+    new: int = 0
+    worse: int = 0
+    known: int = 0
+    fixed: int = 0
+    note: str | None = None  # why it was not compared, where known
+
+    @property
+    def failing(self) -> bool:
+        """Whether a gate fails on it: something new or worse."""
+        return self.verdict in ("worse", "new")
+
+    def text(self) -> str:
+        """The verdict in a few words, as the lists show it: ``WORSE (2 worse, 3 known)``, ``clean``."""
+        counted = (("worse", self.worse), ("new", self.new), ("known", self.known), ("fixed", self.fixed))
+        counts = ", ".join(f"{n} {k}" for k, n in counted if n)
+        word = self.verdict.upper() if self.failing else self.verdict
+        return f"{word} ({counts})" if counts and self.verdict in ("worse", "new", "clean") else word
+
+
 class RunPublic(_Response):
     """A run as the server describes it; ``steps`` and ``ranks`` are read from its stored paths."""
 
@@ -234,6 +270,8 @@ class RunPublic(_Response):
     # What its dump holds: tensor, statistics, md5 (statistics with checksums), another msprobe task, or
     # mixed; None until validated (or validated before revision 0015).
     dump_task: str | None = None
+    # Against the project's baseline: filled by ``GET /runs?verdicts=true`` only (None otherwise).
+    verdict: BaselineVerdict | None = None
 
 
 class RunsPublic(_Response):
@@ -477,6 +515,11 @@ class RegressionsPublic(_Response):
     fixed: int = 0
     worse_factor: float = 0.0
     metric: str = "max relative error"
+
+    def overall(self) -> Literal["worse", "new", "clean"]:
+        """The comparison's verdict as a whole: ``worse`` when an API is worse, else ``new`` when one is
+        new, else ``clean`` (what a gate passes)."""
+        return "worse" if self.worse else "new" if self.new else "clean"
 
 
 class AcceptanceCreate(_Request):

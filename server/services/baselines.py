@@ -4,28 +4,18 @@ and what differs between two runs' environments.
 
 A comparison is *against the baseline* when its bench run was its project's baseline when it was queued
 (``Comparison.against_baseline``). Each API that fails in it, or failed in the previous comparison, is judged
-against the project's previous succeeded comparison with the same bench run (and the same
-``against_baseline``) and the notes that accepted it (``regressions``), by its error, never by a status flip
-alone:
-
-* **new**: it fails now, passed before (or there was no comparison before) and was not accepted;
-* **worse**: it failed before or was accepted, and its error grew beyond :data:`WORSE_FACTOR` times the
-  level it had when accepted, or (not accepted) the error before: a regression hiding behind a known failure
-  (also when it passes msprobe's thresholds now: a 3.57x growth is no fix);
-* **fixed**: it passes now and its error dropped below the level accepted (or the error before) by
-  :data:`WORSE_FACTOR` (or to zero);
-* **known**: the rest: failing before or accepted, its error within :data:`WORSE_FACTOR` of what it is judged
-  against (passing now by a hair is known, not fixed).
-
-An API's error is the largest max relative error of its calls over the compared ranks (the
-``comparison_calls`` the chart reads). Comparisons not against the baseline are judged the same way against
-the previous comparison with the same bench run (``parity check --baseline RUN``); the pages show the
-verdicts of comparisons against the baseline only.
+new, worse, known or fixed by its error (``parity.shared.report.regressions``, the one rule) against the
+project's previous succeeded comparison with the same bench run (and the same ``against_baseline``) and the
+notes that accepted it. An API's error is the largest max relative error of its calls over the compared
+ranks (the ``comparison_calls`` the chart reads). Comparisons not against the baseline are judged the same
+way (``parity check --baseline RUN``); the pages show the verdicts of comparisons against the baseline only.
+Every list of runs shows each run's verdict against the baseline there is now (``with_verdicts``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from parity.server.db import Database
@@ -38,7 +28,7 @@ from parity.server.schemas import (
     AcceptancesPublic,
     ApiHistoryPoint,
     ApiHistoryPublic,
-    ApiVerdict,
+    BaselineVerdict,
     ComparisonCreate,
     ComparisonPublic,
     EnvironmentChange,
@@ -49,7 +39,7 @@ from parity.server.schemas import (
 )
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService, resolve_run
-from parity.shared.numbers import prose_number
+from parity.shared.report.regressions import judge_apis, summary_stacks
 from sqlalchemy import delete, func, select, update
 
 logger = logging.getLogger(__name__)
@@ -57,13 +47,6 @@ logger = logging.getLogger(__name__)
 #: Comparisons an API's history reaches back over (newest first), enough for months of nightly runs.
 HISTORY_LIMIT = 500
 
-#: An API failing before (or accepted) is ``worse`` once its error exceeds this many times the error of the
-#: previous comparison against the same baseline, or the level it had when accepted. Nightly drift under a
-#: changed dtype moves errors by well under 2x between runs; a real regression moves them by 10x and more.
-WORSE_FACTOR = 3.0
-
-#: The order verdicts are listed in: what changed for the worse first.
-_VERDICT_ORDER = {"new": 0, "worse": 0, "known": 1, "fixed": 2}
 
 
 def _environment(meta: dict[str, Any]) -> dict[str, Any]:
@@ -131,6 +114,57 @@ class BaselineService:
         with self.db.read() as session:
             run_id = session.scalar(select(Run.id).where(Run.project == project, Run.baseline.is_(True)))
         return self.runs.get(run_id) if run_id is not None else None
+
+    # -- every list's verdict --------------------------------------------------------------------------
+    def with_verdicts(self, runs: Sequence[RunPublic]) -> list[RunPublic]:
+        """``runs``, each with its verdict against its project's baseline (``RunPublic.verdict``): the
+        verdicts of its latest comparison against the baseline there is now. A few reads for the page, then
+        one ``regressions`` per run compared (a page of runs: 50)."""
+        projects = {r.project for r in runs}
+        ids = [r.id for r in runs if not r.baseline]
+        with self.db.read() as session:
+            baselines = {
+                project: (run_id, name)
+                for run_id, name, project in session.execute(
+                    select(Run.id, Run.name, Run.project)
+                    .where(Run.project.in_(projects), Run.baseline.is_(True))
+                )
+            }  # fmt: skip
+            latest: dict[tuple[str, str], tuple[str, str]] = {}
+            for cid, target, bench, status in session.execute(
+                select(Comparison.id, Comparison.target_run_id, Comparison.bench_run_id, Comparison.status)
+                .where(Comparison.target_run_id.in_(ids), Comparison.against_baseline.is_(True))
+                .order_by(Comparison.created_at)
+            ):  # fmt: skip
+                latest[(target, bench)] = (cid, status)  # the newest last
+        return [r.model_copy(update={"verdict": self._verdict(r, baselines.get(r.project), latest)})
+                for r in runs]  # fmt: skip
+
+    def _verdict(self, run: RunPublic, baseline: tuple[str, str] | None,
+                 latest: dict[tuple[str, str], tuple[str, str]]) -> BaselineVerdict:  # fmt: skip
+        if run.baseline:
+            return BaselineVerdict(verdict="baseline", baseline_run=run.id, baseline_name=run.name)
+        if baseline is None:
+            return BaselineVerdict(verdict="not compared", note=f"project {run.project!r} has no baseline")
+        base_id, base_name = baseline
+        found = latest.get((run.id, base_id))
+        if found is None:
+            note = run.auto_compare_note or (
+                f"the run is {run.status}" if run.status != "complete"
+                else "created with auto_compare off" if not run.auto_compare
+                else f"no comparison with baseline {base_name} yet"
+            )  # fmt: skip
+            return BaselineVerdict(verdict="not compared", baseline_run=base_id, baseline_name=base_name,
+                                   note=note)  # fmt: skip
+        cid, status = found
+        known = {"baseline_run": base_id, "baseline_name": base_name, "comparison": cid}
+        if status in ("queued", "running"):
+            return BaselineVerdict(verdict="pending", **known)
+        if status != "succeeded":
+            return BaselineVerdict(verdict="failed", **known)
+        r = self.regressions(cid)
+        return BaselineVerdict(verdict=r.overall(), new=r.new, worse=r.worse, known=r.known, fixed=r.fixed,
+                               **known)  # fmt: skip
 
     # -- auto-compare -----------------------------------------------------------------------------------
     def compare_with_baseline(self, run_id: str) -> ComparisonPublic | None:
@@ -209,22 +243,9 @@ class BaselineService:
             then = api_errors(session, previous.id, apis) if previous is not None else {}
             order = call_order(session, c.id, apis)
             summary = dict(c.summary or {})
-        failed_before, failing_now = set(before_failing), set(failing)
-        # Execution order (the first call that got worse is where a regression starts); APIs the comparison
-        # has no call of (gone since) after the others, in the order the previous comparison failed them.
-        listed = list(dict.fromkeys([*failing, *before_failing]))
-        listed.sort(key=lambda api: order.get(api, len(order)))
-        verdicts = [judge(api, now.get(api), then.get(api), api in failed_before, accepted.get(api),
-                          failing_now=api in failing_now) for api in listed]  # fmt: skip
-        verdicts.sort(key=_listing_order)
-        stacks = summary_stacks(summary)
-        verdicts = [v.model_copy(update={"stack": stacks.get(v.api)}) if v.api in stacks else v
-                    for v in verdicts]  # fmt: skip
-        count = {v: sum(x.verdict == v for x in verdicts) for v in ("new", "worse", "known", "fixed")}
-        return RegressionsPublic(
-            against_baseline=bool(c.against_baseline), previous_comparison=previous.id if previous else None,
-            data=verdicts, worse_factor=WORSE_FACTOR, **count,
-        )  # fmt: skip
+        return judge_apis(failing, now, before_failing, then, order=order, accepted=accepted,
+                          stacks=summary_stacks(summary), against_baseline=bool(c.against_baseline),
+                          previous_comparison=previous.id if previous else None)  # fmt: skip
 
     def _require_project(self, session: Any, project: str) -> None:
         if session.scalar(select(Run.id).where(Run.project == project).limit(1)) is None:
@@ -387,76 +408,6 @@ def call_order(session: Any, comparison_id: str, apis: set[str]) -> dict[str, in
         .where(c.comparison_id == comparison_id, c.api.in_(apis)).group_by(c.api)
     ).all()  # fmt: skip
     return {api: int(seq) for api, seq in rows}
-
-
-def summary_stacks(summary: dict[str, Any]) -> dict[str, str]:
-    """``api -> stack line`` of the comparison's suspects (every rank's, and each first divergence), from
-    its stored summary document: the line in the user's code that a regression's report names."""
-    found: dict[str, str] = {}
-    ranks = summary.get("ranks") or [summary]
-    for doc in ranks:
-        if not isinstance(doc, dict):
-            continue
-        for suspect in [*(doc.get("suspects") or []), doc.get("first_divergence")]:
-            if isinstance(suspect, dict) and suspect.get("stack") and suspect.get("api"):
-                found.setdefault(str(suspect["api"]), str(suspect["stack"]))
-    return found
-
-
-def judge(api: str, after: float | None, before: float | None, failed_before: bool,
-          note: ApiAcceptance | None, *, failing_now: bool = True) -> ApiVerdict:  # fmt: skip
-    """One API's verdict by its error (see the module's docstring), with the reason in words."""
-    level = note.level if note is not None else None
-    # An acceptance accepts a level: judged against it (the error may have grown since the previous
-    # comparison, which is what was accepted); otherwise against the previous comparison.
-    reference, what = (level, "the level accepted") if level is not None else \
-        (before if failed_before else None, "the previous comparison")  # fmt: skip
-    growth, against = None, ""
-    if after is not None and reference is not None and reference > 0:
-        growth, against = after / reference, f"{prose_number(reference)} of {what}"
-    factor = prose_number(WORSE_FACTOR)
-    if failing_now and not failed_before and note is None:
-        verdict = "new"
-        growth = after / before if after is not None and before else None
-        reason = (f"failing now ({_err(after)}), passing in the previous comparison ({_err(before)})"
-                  if before is not None else f"failing ({_err(after)}); no earlier comparison had it failing")
-    elif growth is not None and growth > WORSE_FACTOR:
-        verdict = "worse"
-        passing = "" if failing_now else "passing msprobe's thresholds now, but "
-        reason = f"{passing}{_err(after)}, {prose_number(growth)}x the {against} (worse beyond {factor}x)"
-    elif not failing_now and after is not None and reference is not None and \
-            (after == 0 or (reference > 0 and after * WORSE_FACTOR <= reference)):  # fmt: skip
-        verdict = "fixed"
-        reason = (f"passing now ({_err(after)}), below the {against} by {factor}x or more" if after
-                  else f"passing now, its error zero ({_err(before)} in the previous comparison)")
-    else:
-        verdict = "known"
-        if not failing_now:
-            reason = ("passing now, but its error is unknown: not judged fixed" if after is None or
-                      reference is None else f"passing now ({_err(after)}), but within {factor}x of the "
-                      f"{against}: not judged fixed")  # fmt: skip
-        elif level is not None:
-            reason = f"accepted with a note at {_err(level)}; {_err(after)} now"
-        elif failed_before:
-            reason = f"failing in the previous comparison too ({_err(before)} then, {_err(after)} now)"
-        else:
-            reason = f"accepted with a note; {_err(after)} now"
-    return ApiVerdict(
-        api=api, verdict=verdict, failed_before=failed_before, before=before, after=after, growth=growth,  # type: ignore[arg-type]
-        accepted_level=level, reason=reason, note=note.note if note else None,
-        accepted_by=note.accepted_by if note else None, author=note.author if note else None,
-        failing=failing_now,
-    )  # fmt: skip
-
-
-def _err(value: float | None) -> str:
-    return "error unknown" if value is None else f"max relative error {prose_number(value)}"
-
-
-def _listing_order(v: ApiVerdict) -> int:
-    """New and worse first, then known, then fixed; within each, execution order (the first call that got
-    worse is where a regression starts, the calls after it carry it on): the sort is stable."""
-    return _VERDICT_ORDER[v.verdict]
 
 
 def _acceptance_public(row: ApiAcceptance) -> AcceptancePublic:

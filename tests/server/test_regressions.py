@@ -15,7 +15,8 @@ from urllib.parse import quote
 
 import httpx
 from parity.server.models import ApiAcceptance
-from parity.server.services.baselines import WORSE_FACTOR, judge, task_mismatch
+from parity.server.services.baselines import task_mismatch
+from parity.shared.report.regressions import WORSE_FACTOR, judge
 
 from tests.server.conftest import ServerProcess, upload_run, wait_comparison
 from tests.server.nightly import CALLS, GELU, mlp_dump
