@@ -1,0 +1,189 @@
+"""``parity check``, the CI gate (issue 36), against the real app in process: a float32 baseline and three
+bfloat16 nightlies compared with it on their own, the second with the same drift as the first (known), the
+third with a regression on one GELU call. The check exits 0 on the second and 1 on the third, printing the
+regressed GELU first, and its JUnit file holds a failing test case per new or worse API; ``parity runs
+list`` and ``parity runs show`` mark the third as worse and the second as clean. The same gate on two local
+dumps, judged against an earlier local check."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+from parity.server.jobs.runner import TaskRunner
+
+from parity.cli import main
+from tests.e2e.app_wire import URL
+from tests.e2e.conftest import Loop
+from tests.server.nightly import CALLS, GELU, mlp_dump
+from tests.workers import validate_waiting
+
+
+def run_tasks(loop: Loop) -> None:
+    """Validate what waits (each completion queues its comparison against the baseline), then compare."""
+    validate_waiting(loop.settings)
+    runner = TaskRunner(loop.settings, worker="test")
+    try:
+        while runner.run_next():
+            pass
+    finally:
+        runner.close()
+
+
+def upload(loop: Loop, root: Path, name: str) -> None:
+    assert main(["upload", str(root), "--server", URL, "--name", name, "--project", "mlp", "-q",
+                 "--wait", "0"]) == 0  # fmt: skip
+    run_tasks(loop)
+
+
+def check(name: str, *extra: str) -> list[str]:
+    return ["check", name, "--project", "mlp", "--server", URL, "--timeout", "60", *extra]
+
+
+def junit_cases(path: Path) -> list[tuple[str, str | None]]:
+    """(test case name, its failure's type or None) in the file's order."""
+    suite = ET.parse(path).getroot().find("testsuite")
+    assert suite is not None
+    return [(c.get("name", ""), None if c.find("failure") is None else c.find("failure").get("type"))  # type: ignore[union-attr]
+            for c in suite.findall("testcase")]  # fmt: skip
+
+
+@pytest.fixture
+def nightlies(loop: Loop, tmp_path: Path) -> Loop:
+    upload(loop, mlp_dump(tmp_path / "base"), "base")
+    assert main(["runs", "baseline", "base", "--project", "mlp", "--server", URL]) == 0
+    drift = mlp_dump(tmp_path / "nightly", bf16=True)
+    upload(loop, drift, "nightly-1")
+    upload(loop, drift, "nightly-2")
+    upload(loop, mlp_dump(tmp_path / "worse", bf16=True, gelu_off=0.05), "nightly-3")
+    return loop
+
+
+def test_the_gate_passes_the_known_drift_and_fails_the_regression(
+    nightlies: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    clean_xml, worse_xml = tmp_path / "nightly-2.xml", tmp_path / "nightly-3.xml"
+    assert main(check("nightly-2", "--junit", str(clean_xml))) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("parity check: PASS: mlp/nightly-2 against baseline mlp/base: nothing new or "
+                             f"worse (0 worse, 0 new, {len(CALLS)} known, 0 fixed"), out  # fmt: skip
+    assert len(out) == 1
+    assert junit_cases(clean_xml) == [(api, None) for api in CALLS]
+
+    assert main(check("nightly-3", "--junit", str(worse_xml))) == 1
+    out = capsys.readouterr().out.splitlines()
+    first = out[0].split()
+    assert first[:2] == ["WORSE", f"{GELU}:"], out  # the regressed call first
+    before, after = float(first[2]), float(first[4].rstrip(";"))
+    assert 0 < before < 0.005 and after > 0.04
+    assert out[1].startswith("WORSE Functional.linear.2.forward: ")  # it carries the error on
+    assert out[-1].startswith("parity check: FAIL: mlp/nightly-3 against baseline mlp/base: something is "
+                              "new or worse (2 worse, 0 new, 3 known, 0 fixed; against the previous "
+                              "comparison ")  # fmt: skip
+    api = nightlies.api()
+    (c,) = api.list_comparisons(run=api.resolve_run("nightly-3", project="mlp").id)[0]
+    assert out[-1].endswith(f"; {URL}/comparisons/{c.id}")
+    root = ET.parse(worse_xml).getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == (str(len(CALLS)), "2", "0")
+    cases = junit_cases(worse_xml)
+    assert cases[:2] == [(GELU, "worse"), ("Functional.linear.2.forward", "worse")]
+    assert {name for name, failure in cases if failure is None} == set(CALLS[:3])
+    failure = ET.parse(worse_xml).getroot().find("testsuite/testcase/failure")
+    assert failure is not None and f"worse: {GELU}: " in failure.get("message", "")
+    assert "the previous comparison (worse beyond 3x)" in (failure.text or "")
+
+    # The first nightly against a first comparison: every drifting API is new, and the gate says so.
+    assert main(check("nightly-1")) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[:-1]] == ["NEW"] * len(CALLS)
+    assert "no earlier comparison: every failing API is new" in out[-1]
+
+
+def test_every_list_says_which_run_regressed(nightlies: Loop, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["runs", "list", "--project", "mlp", "--server", URL]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["RUN", "AGAINST", "BASELINE", "STATUS"]
+    by_name = {line.split()[0]: line for line in lines}
+    assert by_name["mlp/nightly-3"].split()[1:4] == ["WORSE", "(2", "worse,"], by_name
+    assert by_name["mlp/nightly-2"].split()[1:3] == ["clean", f"({len(CALLS)}"]
+    assert by_name["mlp/nightly-1"].split()[1] == "NEW"
+    assert by_name["mlp/base"].split()[1] == "baseline"
+    assert "steps 0" not in by_name["mlp/base"] and " 0 " in by_name["mlp/base"]  # a list, not a count
+
+    assert main(["runs", "show", "nightly-3", "--project", "mlp", "--server", URL]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("  against baseline: WORSE (2 worse, 3 known) (baseline base)"), out
+    table = out[out.index("") + 1:]
+    assert table[0].split()[:3] == ["COMPARISON", "ROLE", "OTHER"]
+    assert table[1].split()[1:6] == ["target", "base", "vs", "baseline", "0"]
+    assert "WORSE (2 worse, 3 known)" in table[1]
+
+
+def test_the_gate_waits_for_a_run_still_validating(
+    nightlies: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["upload", str(mlp_dump(tmp_path / "n4", bf16=True)), "--server", URL, "--name", "nightly-4",
+                 "--project", "mlp", "-q", "--wait", "0"]) == 0  # fmt: skip
+    result: list[int] = []
+    cli = threading.Thread(target=lambda: result.append(main(check("nightly-4"))))
+    cli.start()
+    deadline = time.monotonic() + 60
+    while not nightlies.wire.requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # the check is polling the validating run
+    while cli.is_alive() and time.monotonic() < deadline:
+        run_tasks(nightlies)
+        time.sleep(0.05)
+    cli.join(30)
+    out = capsys.readouterr()
+    assert result == [0], out
+    assert "run nightly-4 is validating; waiting" in out.err
+    # Against the third nightly's comparison: the drift is known; the GELU, back to the drift, still fails
+    # statistics mode's thresholds: known, not fixed.
+    assert out.out.splitlines()[-1].startswith("parity check: PASS: mlp/nightly-4 against baseline mlp/base")
+
+
+def test_errors_exit_2_with_a_junit_error(loop: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:  # fmt: skip
+    upload(loop, mlp_dump(tmp_path / "a"), "a")
+    xml = tmp_path / "e.xml"
+    assert main(check("a", "--junit", str(xml))) == 2
+    err = capsys.readouterr().err
+    assert "project 'mlp' has no baseline: parity runs baseline NAME --project mlp sets one" in err
+    root = ET.parse(xml).getroot()
+    assert (root.get("tests"), root.get("errors")) == ("1", "1")
+    assert main(check("a", "--baseline", "a")) == 2
+    assert "is the baseline itself" in capsys.readouterr().err
+    assert main(check("nosuch")) == 2
+    assert main(["check", "./no/such/dump", "--baseline", "x"]) == 2
+    assert "./no/such/dump: no such file or folder" in capsys.readouterr().err
+
+
+def test_the_same_gate_on_two_local_dumps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = mlp_dump(tmp_path / "base") / "step0" / "rank0"
+    drift = mlp_dump(tmp_path / "nightly", bf16=True) / "step0" / "rank0"
+    worse = mlp_dump(tmp_path / "worse", bf16=True, gelu_off=0.05) / "step0" / "rank0"
+    first, second, third = (tmp_path / f"out{k}" for k in (1, 2, 3))
+    assert main(["check", str(drift), "--baseline", str(base), "-o", str(first)]) == 1  # no history: new
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[:-1]] == ["NEW"] * len(CALLS)
+    previous = first / "check_summary.json"
+    assert main(["check", str(drift), "--baseline", str(base), "-o", str(second),
+                 "--previous", str(previous)]) == 0  # fmt: skip
+    assert "PASS" in capsys.readouterr().out
+    xml = tmp_path / "local.xml"
+    assert main(["check", str(worse), "--baseline", str(base / "dump.json"), "-o", str(third),
+                 "--previous", str(second / "check_summary.json"), "--junit", str(xml)]) == 1  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["WORSE", f"{GELU}:"], out
+    assert junit_cases(xml)[0] == (GELU, "worse")
+    assert list(third.glob("compare_result_*.xlsx"))
+    (compare_summary,) = third.glob("compare_summary_*.json")
+    assert main(["check", str(worse), "--baseline", str(base), "--previous", str(compare_summary)]) == 2
+    assert "not a check_summary.json of parity check" in capsys.readouterr().err
+    assert main(["check", str(worse), "--baseline", str(base), "--previous", str(xml)]) == 2
+    assert f"--previous {xml}: cannot read it" in capsys.readouterr().err
