@@ -20,6 +20,7 @@ from parity.client.errors import ClientError
 from parity.client.rest import ApiError, ParityClient
 from parity.commands import server_args, upload
 from parity.shared.contract import BaselineVerdict, ComparisonPublic, RunPublic
+from parity.shared.numbers import listed
 
 #: Comparisons named in the refusal of a delete.
 LISTED = 5
@@ -67,21 +68,12 @@ def verdict_text(run: RunPublic) -> str:
     return run.verdict.text() if run.verdict is not None else "baseline" if run.baseline else "-"
 
 
-def listed(values: list[int]) -> str:
-    """Steps or ranks as a list, never read as a count: ``0``, ``0,1``, ``0-7``, ``none``."""
-    if not values:
-        return "none"
-    if len(values) > 2 and values == list(range(values[0], values[-1] + 1)):
-        return f"{values[0]}-{values[-1]}"
-    return ",".join(map(str, values))
-
-
 def run_cells(run: RunPublic) -> tuple[str, ...]:
     """One run's cells under :data:`HEADER`; tags as KEY=VALUE."""
     tags = " ".join(f"{k}={v}" for k, v in sorted(run.tags.items()))
-    return (f"{run.project}/{run.name}", verdict_text(run), run.status, run.device, listed(run.steps),
-            listed(run.ranks), f"{run.file_count} files {run.total_bytes / 1e6:.1f} MB", tags or "-",
-            run.id)  # fmt: skip
+    return (f"{run.project}/{run.name}", verdict_text(run), run.status, run.device,
+            listed(run.steps).replace(" ", ""), listed(run.ranks).replace(" ", ""),
+            f"{run.file_count} files {run.total_bytes / 1e6:.1f} MB", tags or "-", run.id)  # fmt: skip
 
 
 def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
