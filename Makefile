@@ -11,7 +11,7 @@ UV_LINKS := $(foreach link,$(PIP_FIND_LINKS),--find-links $(link))
 MSPROBE_VENV := .venv-msprobe
 MSPROBE_STAMP := $(MSPROBE_VENV)/.installed-$(shell cat scripts/msprobe_venv.sh | sha1sum | cut -c1-12)
 
-.PHONY: venv msprobe-venv demo test test-accelerator test-fast lint typecheck bench clean services
+.PHONY: venv msprobe-venv demo demo-stop test test-accelerator test-fast lint typecheck bench clean services
 
 venv: $(STAMP)
 
@@ -35,7 +35,10 @@ $(MSPROBE_STAMP): scripts/msprobe_venv.sh
 	@touch $@
 
 demo: venv
-	$(BIN)/python -m parity.demo
+	$(BIN)/python -m parity.demo --keep-server --data-dir parity-data --port 8000
+
+demo-stop:
+	@if [ -f parity-data/server.pid ]; then kill "$$(cat parity-data/server.pid)" 2>/dev/null && echo "demo: server $$(cat parity-data/server.pid) stopped" || echo "demo: server $$(cat parity-data/server.pid) was not running"; rm -f parity-data/server.pid; else echo "demo: no server left running (parity-data/server.pid)"; fi
 
 # The two venvs are independent (network and disk bound): built side by side, they cost the longer of the two.
 test:

@@ -15,12 +15,14 @@ Every list of runs shows each run's verdict against the baseline there is now (`
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from parity.server.db import Database
 from parity.server.errors import Conflict, NotFound, Unprocessable
-from parity.server.models import ApiAcceptance, Comparison, ComparisonCall, Run, RunTag, utcnow
+from parity.server.models import ApiAcceptance, Comparison, ComparisonCall, Run, RunFile, RunTag, utcnow
 from parity.server.repositories import RunRepository, serialize_on
 from parity.server.schemas import (
     AcceptanceCreate,
@@ -39,10 +41,17 @@ from parity.server.schemas import (
 )
 from parity.server.services.comparisons import ComparisonService
 from parity.server.services.runs import RunService, resolve_run
+from parity.shared.compare.localization import forward_of, user_frame
+from parity.shared.dump.layout import STACK_JSON, stored_prefix
+from parity.shared.dump.reader import load_stack
+from parity.shared.errors import ParityError
 from parity.shared.report.regressions import judge_apis, summary_stacks
 from sqlalchemy import delete, func, select, update
 
 logger = logging.getLogger(__name__)
+
+#: The largest stack.json read for the stack lines of a comparison's regressions.
+STACK_JSON_LIMIT = 64 * 1024 * 1024
 
 #: Comparisons an API's history reaches back over (newest first), enough for months of nightly runs.
 HISTORY_LIMIT = 500
@@ -246,6 +255,49 @@ class BaselineService:
         return judge_apis(failing, now, before_failing, then, order=order, accepted=accepted,
                           stacks=summary_stacks(summary), against_baseline=bool(c.against_baseline),
                           previous_comparison=previous.id if previous else None)  # fmt: skip
+
+    def with_stack_lines(self, found: RegressionsPublic, comparison_id: str) -> RegressionsPublic:
+        """``found`` with the stack line of each new or worse API the comparison's suspects did not name,
+        read from the target run's stack.json (of the comparison's step and first rank, at most
+        :data:`STACK_JSON_LIMIT` bytes): the line of the user's code a gate's report names."""
+        missing = {v.api for v in found.data if v.verdict in ("new", "worse") and not v.stack}
+        if not missing:
+            return found
+        stacks = self._stacks(comparison_id)
+        if not stacks:
+            return found
+        data = []
+        for v in found.data:
+            frames = stacks.get(v.api) or stacks.get(forward_of(v.api)) if v.api in missing else None
+            line = user_frame(frames) or (frames[0] if frames else None)
+            data.append(v.model_copy(update={"stack": line}) if line else v)
+        return found.model_copy(update={"data": data})
+
+    def _stacks(self, comparison_id: str) -> dict[str, list[str]]:
+        with self.db.read() as session:
+            c = session.get(Comparison, comparison_id)
+            if c is None or not c.summary:
+                return {}
+            ranks = (c.summary or {}).get("compared_ranks") or [0]
+            path = f"{stored_prefix(c.step or 0, int(ranks[0] or 0))}/{STACK_JSON}"
+            row = session.execute(
+                select(RunFile.blob, RunFile.size)
+                .where(RunFile.run_id == c.target_run_id, RunFile.path == path)
+            ).first()  # fmt: skip
+        if row is None or row.size > STACK_JSON_LIMIT:
+            return {}
+        store = self.comparisons.store
+        try:
+            local = store.local_path(row.blob)
+            if local is not None:
+                return load_stack(local)
+            with tempfile.TemporaryDirectory() as tmp:
+                dest = Path(tmp) / STACK_JSON
+                store.download(row.blob, dest)
+                return load_stack(dest)
+        except (OSError, ParityError) as exc:  # a stack line is a help, never a reason to fail the answer
+            logger.warning("comparison %s: no stack lines from %s: %s", comparison_id, path, exc)
+            return {}
 
     def _require_project(self, session: Any, project: str) -> None:
         if session.scalar(select(Run.id).where(Run.project == project).limit(1)) is None:

@@ -18,7 +18,7 @@ from parity.server.jobs.runner import TaskRunner
 from parity.cli import main
 from tests.e2e.app_wire import URL
 from tests.e2e.conftest import Loop
-from tests.server.nightly import CALLS, GELU, mlp_dump
+from tests.server.nightly import CALLS, GELU, mlp_dump, stack_line
 from tests.workers import validate_waiting
 
 
@@ -58,7 +58,7 @@ def nightlies(loop: Loop, tmp_path: Path) -> Loop:
     drift = mlp_dump(tmp_path / "nightly", bf16=True)
     upload(loop, drift, "nightly-1")
     upload(loop, drift, "nightly-2")
-    upload(loop, mlp_dump(tmp_path / "worse", bf16=True, gelu_off=0.05), "nightly-3")
+    upload(loop, mlp_dump(tmp_path / "worse", bf16=True, gelu_off=0.05, stacks=True), "nightly-3")
     return loop
 
 
@@ -81,6 +81,9 @@ def test_the_gate_passes_the_known_drift_and_fails_the_regression(
     before, after = float(first[2]), float(first[4].rstrip(";"))
     assert 0 < before < 0.005 and after > 0.04
     assert out[1].startswith("WORSE Functional.linear.2.forward: ")  # it carries the error on
+    # Each with the line of the user's code that called it (a suspect's, or read from the stack.json).
+    assert out[0].endswith(f"  at {stack_line(GELU)}") and "; max relative error " in out[0]
+    assert out[1].endswith(f"  at {stack_line('Functional.linear.2.forward')}")
     assert out[-1].startswith("parity check: FAIL: mlp/nightly-3 against baseline mlp/base: something is "
                               "new or worse (2 worse, 0 new, 3 known, 0 fixed; against the previous "
                               "comparison ")  # fmt: skip
