@@ -47,7 +47,7 @@ def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
     # It ends with what to open and where the parity command is; the server it stopped is never linked.
     assert "http://" not in done.stdout, done.stdout
     assert f"next: the parity command is {Path(sys.executable).with_name('parity')}" in done.stdout
-    assert "next: the server is stopped; python -m parity.demo --keep-server (make demo) leaves it" in done.stdout
+    assert "next: the server is stopped; python -m parity.demo --keep-server (make demo)" in done.stdout
     # Every file it saved reads like the others (the summary was 0600, the reports 0644).
     modes = {p.name: p.stat().st_mode & 0o777 for p in out_dir.iterdir()}
     assert len(set(modes.values())) == 1, modes
