@@ -489,5 +489,6 @@ class BackgroundUploader:
         except UploadError as exc:
             self._warn(f"run {run_id} could not be completed: {exc}; finish it with: {resume}")
             return
-        log.info("parity upload: run %s complete, %d files (%.1f MB) uploaded, %d already there",
-                 run_id, s.files_uploaded, s.bytes_uploaded / 1e6, s.files_present)
+        log.info("parity upload: run %s (%s) complete, %d files (%.1f MB) uploaded, %d already there: "
+                 "%s/runs/%s", run_id, self.run_name, s.files_uploaded, s.bytes_uploaded / 1e6,
+                 s.files_present, self.server, run_id)  # fmt: skip
