@@ -272,6 +272,15 @@ class RunPublic(_Response):
     dump_task: str | None = None
     # Against the project's baseline: filled by ``GET /runs?verdicts=true`` only (None otherwise).
     verdict: BaselineVerdict | None = None
+    # Rank folders (``step{N}/rank{R}``) whose step was cut short: the process raised or ended before
+    # ``step()`` (``parity.shared.incomplete``); their comparisons are not of whole steps.
+    incomplete: list[str] = Field(default_factory=list)
+
+    def incomplete_in(self, step: int | None, ranks: list[int] | None) -> list[str]:
+        """The rank folders of ``step`` (of ``ranks``, None: any) that are marked incomplete."""
+        prefix = f"step{step if step is not None else 0}/rank"
+        return [p for p in self.incomplete
+                if p.startswith(prefix) and (ranks is None or int(p[len(prefix):]) in ranks)]  # fmt: skip
 
 
 class RunsPublic(_Response):

@@ -24,7 +24,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,7 @@ class Checked:
     regressions: RegressionsPublic
     where: str
     project: str = "local"
+    warnings: list[str] = field(default_factory=list)  # a side of a step cut short, ...
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         if args.junit is not None:
             write_junit(args.junit, None, error=f"{exc}", name=args.run)
         raise
+    sys.stderr.writelines(f"parity check: warning: {w}\n" for w in checked.warnings)
     sys.stdout.writelines(f"{line}\n" for line in check_lines(checked, limit=args.limit))
     if args.junit is not None:
         write_junit(args.junit, checked)
@@ -148,6 +150,8 @@ def write_junit(path: Path, checked: Checked | None, *, error: str | None = None
         ET.SubElement(case, "error", type="error", message=error or "error").text = error
         cases, errors = 1, 1
     else:
+        if checked.warnings:
+            ET.SubElement(suite, "system-err").text = "\n".join(f"warning: {w}" for w in checked.warnings)
         props = ET.SubElement(suite, "properties")
         for key, value in (("target", checked.target), ("baseline", checked.bench), ("see", checked.where)):
             ET.SubElement(props, "property", name=key, value=value)
@@ -216,8 +220,12 @@ def check_server(args: argparse.Namespace) -> Checked:
                 raise ClientError(f"{api.server} judges no regressions (an older Parity server)") from None
             raise
         where = f"{api.server}/comparisons/{c.id}"
+    warnings = [f"the {side} run {r.name}'s {prefix} is of a step cut short (the process raised or died "
+                "before step()): compared as it is, not as a whole step"
+                for side, r in (("target", run), ("bench", bench))
+                for prefix in r.incomplete_in(c.step, c.ranks)]  # fmt: skip
     return Checked(f"{run.project}/{run.name}", f"{'baseline ' if bench.baseline else ''}{bench.project}/"
-                   f"{bench.name}", regressions, where, run.project)  # fmt: skip
+                   f"{bench.name}", regressions, where, run.project, warnings)  # fmt: skip
 
 
 def _arrived(api: Any, run: RunPublic, deadline: float) -> RunPublic:
@@ -318,7 +326,10 @@ def check_local(args: argparse.Namespace) -> Checked:
 
     summary = write_summary(doc, Path(args.output) / CHECK_SUMMARY)
     where = f"reports in {args.output} ({summary.name})"
-    return Checked(str(args.run), str(args.baseline), regressions, where)
+    from parity.shared.incomplete import incomplete_lines
+
+    warnings = incomplete_lines(outputs.results)
+    return Checked(str(args.run), str(args.baseline), regressions, where, warnings=warnings)
 
 
 def _dump_path(path: Path) -> Path:

@@ -190,3 +190,38 @@ def test_the_same_gate_on_two_local_dumps(tmp_path: Path, capsys: pytest.Capture
     assert "not a check_summary.json of parity check" in capsys.readouterr().err
     assert main(["check", str(worse), "--baseline", str(base), "--previous", str(xml)]) == 2
     assert f"--previous {xml}: cannot read it" in capsys.readouterr().err
+    # A local dump of a step cut short: compared, with a warning naming it.
+    from parity.shared.incomplete import mark_incomplete
+
+    mark_incomplete(drift, step=0, rank=0, reason="the process raised KeyError: 'x' before step()")
+    assert main(["check", str(drift), "--baseline", str(base), "-o", str(tmp_path / "out4")]) == 1
+    err = capsys.readouterr().err
+    assert (f"parity check: warning: the target dump {drift / 'dump.json'} is of a step cut short (the "
+            "process raised KeyError: 'x' before step()): compared as it is, not as a whole step") in err
+
+
+def test_a_step_cut_short_is_checked_with_a_warning(
+    nightlies: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A nightly whose step the client marked incomplete (it raised before ``step()``): the server says so
+    on the run and its comparison's page, and the gate judges it with a warning, never as a whole step."""
+    from parity.shared.incomplete import mark_incomplete
+
+    root = mlp_dump(tmp_path / "cut", bf16=True)
+    mark_incomplete(root / "step0" / "rank0", step=0, rank=0,
+                    reason="the process raised KeyError: 'x' before step()")
+    upload(nightlies, root, "nightly-cut")
+    api = nightlies.api()
+    run = api.resolve_run("nightly-cut", project="mlp")
+    assert run.incomplete == ["step0/rank0"]
+    xml = tmp_path / "cut.xml"
+    assert main(check("nightly-cut", "--junit", str(xml))) == 0
+    err = capsys.readouterr().err
+    assert ("parity check: warning: the target run nightly-cut's step0/rank0 is of a step cut short (the "
+            "process raised or died before step()): compared as it is, not as a whole step") in err
+    suite = ET.parse(xml).getroot().find("testsuite")
+    assert suite is not None and "step cut short" in (suite.findtext("system-err") or "")
+    (c,) = api.list_comparisons(run=run.id)[0]
+    page = nightlies.wire.app.get(f"/comparisons/{c.id}")
+    assert page.status_code == 200 and 'id="incomplete-target"' in page.text
+    assert 'id="run-incomplete"' in nightlies.wire.app.get(f"/runs/{run.id}").text
