@@ -158,6 +158,22 @@ def test_a_worse_regression_is_the_first_thing_on_the_page(
     p.locator("#chart[data-drawn='1']").wait_for()  # a selector: the CSP allows no eval
     marked = p.evaluate("JSON.parse(document.getElementById('chart').dataset.marked)")
     assert marked[0] == GELU and "Functional.linear.2.forward" in marked
+    # Its labels never overlap (the first divergence's and the marks' were drawn over each other), and
+    # the name of the call under the pointer shows beside it.
+    labels = p.evaluate("JSON.parse(document.getElementById('chart').dataset.labels)")
+    assert len(labels) >= 2
+    for k, a in enumerate(labels):
+        for b in labels[k + 1:]:
+            apart = a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"] \
+                or b["bottom"] <= a["top"]  # fmt: skip
+            assert apart, (a, b)
+    chart = p.locator("#chart")
+    x = p.evaluate(f"document.getElementById('chart').chartX("
+                   f"document.getElementById('chart').chartApi.indexOf('{GELU}'))")  # fmt: skip
+    chart.hover(position={"x": x, "y": 150})
+    tip = p.locator("#chart-tip")
+    assert tip.is_visible() and tip.inner_text() == GELU
+    assert "Excel row " in p.locator("#chart-info").inner_text()
 
     # Statistics mode: failing rows are red, and the columns that matter come first.
     header = p.locator("#rows thead th").all_inner_texts()
