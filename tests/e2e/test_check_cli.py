@@ -225,3 +225,24 @@ def test_a_step_cut_short_is_checked_with_a_warning(
     page = nightlies.wire.app.get(f"/comparisons/{c.id}")
     assert page.status_code == 200 and 'id="incomplete-target"' in page.text
     assert 'id="run-incomplete"' in nightlies.wire.app.get(f"/runs/{run.id}").text
+
+
+def test_the_first_nightlys_drift_is_accepted_in_one_command(
+    loop: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    upload(loop, mlp_dump(tmp_path / "base"), "base")
+    assert main(["runs", "baseline", "base", "--project", "mlp", "--server", URL]) == 0
+    upload(loop, mlp_dump(tmp_path / "nightly", bf16=True), "nightly-1")
+    assert main(check("nightly-1")) == 1  # every drifting API is new
+    api = loop.api()
+    (c,) = api.list_comparisons(run=api.resolve_run("nightly-1", project="mlp").id)[0]
+    capsys.readouterr()
+    accept = ["accept", "--project", "mlp", "--server", URL]
+    assert main([*accept, "--new-in", c.id, "--note", "bf16 drift"]) == 0
+    assert capsys.readouterr().err.count("accepted in project 'mlp' by anonymous: bf16 drift") == len(CALLS)
+    assert main(check("nightly-1")) == 0
+    assert main(["accept", *CALLS[:2], "--revoke", "--project", "mlp", "--server", URL]) == 0
+    assert capsys.readouterr().err.count("is no longer accepted") == 2
+    assert sorted(a.api for a in api.acceptances("mlp")) == sorted(CALLS[2:])
+    assert main(["accept", "--note", "x", "--project", "mlp", "--server", URL]) == 2
+    assert "name the APIs to accept" in capsys.readouterr().err
