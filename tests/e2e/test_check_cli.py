@@ -246,3 +246,29 @@ def test_the_first_nightlys_drift_is_accepted_in_one_command(
     assert sorted(a.api for a in api.acceptances("mlp")) == sorted(CALLS[2:])
     assert main(["accept", "--note", "x", "--project", "mlp", "--server", URL]) == 2
     assert "name the APIs to accept" in capsys.readouterr().err
+
+
+def test_plan_reads_the_summary_compare_runs_saved(
+    nightlies: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``parity plan`` on the summary ``compare-runs --wait`` saved asks the server that compared the runs
+    (which holds the dumps its neighbours are read from, the level and the step), instead of failing on
+    "--neighbours needs the target dump.json" or writing level L1 and step []."""
+    import json
+
+    out = tmp_path / "out"
+    assert main(["compare-runs", "nightly-3", "base", "--project", "mlp", "--server", URL, "--wait",
+                 "-o", str(out)]) == 0  # fmt: skip
+    (summary,) = out.glob("compare_summary_*.json")
+    saved = json.loads(summary.read_text())
+    assert saved["server"] == URL and saved["comparison"]
+    config = tmp_path / "config.json"
+    assert main(["plan", str(summary), "-o", str(config)]) == 0, capsys.readouterr().err
+    plan = json.loads(config.read_text())
+    assert plan["step"] == [0] and plan["task"] == "tensor" and GELU in plan["tensor"]["list"]
+    # One saved before it named its comparison: the way to plan it, in one line.
+    del saved["comparison"], saved["server"]
+    summary.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert main(["plan", str(summary), "-o", str(config)]) == 2
+    assert "a server's summary (its dumps are on the server" in capsys.readouterr().err
