@@ -13,24 +13,18 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
-from parity.server.jobs.runner import TaskRunner
 
 from parity.cli import main
 from tests.e2e.app_wire import URL
 from tests.e2e.conftest import Loop
 from tests.server.nightly import CALLS, GELU, mlp_dump, stack_line
-from tests.workers import validate_waiting
+from tests.workers import run_waiting, validate_waiting
 
 
 def run_tasks(loop: Loop) -> None:
     """Validate what waits (each completion queues its comparison against the baseline), then compare."""
     validate_waiting(loop.settings)
-    runner = TaskRunner(loop.settings, worker="test")
-    try:
-        while runner.run_next():
-            pass
-    finally:
-        runner.close()
+    run_waiting(loop.settings)
 
 
 def upload(loop: Loop, root: Path, name: str) -> None:

@@ -23,7 +23,7 @@ from parity.cli import main
 from parity.commands.compare_runs import changed_lines
 from tests.e2e.app_wire import URL
 from tests.e2e.conftest import Loop, write_model_dump
-from tests.workers import validate_waiting
+from tests.workers import run_waiting, validate_waiting
 
 GELU = "Functional.gelu.0.forward"
 
@@ -46,12 +46,7 @@ def compared(loop: Loop, target: str = "nightly-1", bench: str = "base") -> str:
     api = loop.api()
     c = api.create_comparison(api.resolve_run(target, project="mlp").id,
                               api.resolve_run(bench, project="mlp").id)  # fmt: skip
-    runner = TaskRunner(loop.settings, worker="test")
-    try:
-        while runner.run_next():
-            pass
-    finally:
-        runner.close()
+    run_waiting(loop.settings)
     assert api.get_comparison(c.id).status == "succeeded"
     return c.id
 
