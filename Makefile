@@ -66,4 +66,4 @@ bench: venv
 	$(BIN)/python benchmarks/bench_localization.py
 
 clean:
-	rm -rf $(VENV) $(MSPROBE_VENV) demo-output parity-data .pytest_cache
+	rm -rf $(VENV) $(MSPROBE_VENV) demo-output parity-check parity-data .pytest_cache

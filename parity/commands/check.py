@@ -302,6 +302,10 @@ def check_local(args: argparse.Namespace) -> Checked:
     from parity.shared.compare.spec import parse_compare_spec
     from parity.shared.report.regressions import judge_apis
 
+    before_errors: dict[str, float | None] = {}
+    before_failing: list[str] = []
+    if args.previous is not None:  # read first: a wrong file is an error before minutes of compare
+        before_errors, before_failing = read_previous(args.previous)
     spec = parse_compare_spec({"npu_path": str(_dump_path(Path(args.run))),
                                "bench_path": str(_dump_path(Path(args.baseline)))},
                               source="parity check")  # fmt: skip
@@ -309,10 +313,6 @@ def check_local(args: argparse.Namespace) -> Checked:
         options = CompareOptions(executor=executor, tensor_limits=tensor_limits())
         outputs = run_compare(spec, args.output, options)
     errors, failing_now, order, stacks = local_errors(outputs.results)
-    before_errors: dict[str, float | None] = {}
-    before_failing: list[str] = []
-    if args.previous is not None:
-        before_errors, before_failing = read_previous(args.previous)
     regressions = judge_apis(failing_now, errors, before_failing, before_errors, order=order, stacks=stacks,
                              previous_comparison=str(args.previous) if args.previous else None)  # fmt: skip
     doc = {

@@ -180,10 +180,14 @@ def test_the_same_gate_on_two_local_dumps(tmp_path: Path, capsys: pytest.Capture
     assert junit_cases(xml)[0] == (GELU, "worse")
     assert list(third.glob("compare_result_*.xlsx"))
     (compare_summary,) = third.glob("compare_summary_*.json")
-    assert main(["check", str(worse), "--baseline", str(base), "--previous", str(compare_summary)]) == 2
+    unused = tmp_path / "unused"
+    assert main(["check", str(worse), "--baseline", str(base), "--previous", str(compare_summary),
+                 "-o", str(unused)]) == 2  # fmt: skip
     assert "not a check_summary.json of parity check" in capsys.readouterr().err
-    assert main(["check", str(worse), "--baseline", str(base), "--previous", str(xml)]) == 2
+    assert main(["check", str(worse), "--baseline", str(base), "--previous", str(xml),
+                 "-o", str(unused)]) == 2  # fmt: skip
     assert f"--previous {xml}: cannot read it" in capsys.readouterr().err
+    assert not unused.exists()  # refused before any compare ran
     # A local dump of a step cut short: compared, with a warning naming it.
     from parity.shared.incomplete import mark_incomplete
 
