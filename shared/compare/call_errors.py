@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
-from parity.shared.compare.facts import F_NO_FILE, F_POSITIONS, F_SHAPE, F_STATISTICS_ONLY, RowFacts
+from parity.shared.compare.facts import (
+    F_NO_FILE,
+    F_POSITIONS,
+    F_SHAPE,
+    F_STATISTICS_ONLY,
+    F_UNINITIALISED,
+    RowFacts,
+)
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.result import CompareRow, RowStatus
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
@@ -142,7 +149,7 @@ def row_errors(rows: Sequence[CompareRow], facts: RowFacts, mode: CompareMode) -
             err = _tensor_errors(facts, err)
     shape = facts.has(F_SHAPE)
     err = np.where(shape, np.inf, err)  # another shape: never "identical", never a gain to learn from
-    err[unknown] = np.nan
+    err[unknown | facts.has(F_UNINITIALISED)] = np.nan  # uninitialised memory: no value to judge
     return err
 
 

@@ -29,6 +29,7 @@ from parity.shared.compare.facts import (
     F_POSITIONS,
     F_SHAPE,
     F_STATISTICS_ONLY,
+    F_UNINITIALISED,
     RowFacts,
 )
 from parity.shared.compare.headers import CompareMode, full_header
@@ -43,6 +44,7 @@ from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.slices import CallSlice, TablePart
 from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import suspects_of
+from parity.shared.compare.uninitialised import MSG_UNINITIALISED, uninitialised_rows
 from parity.shared.dump.columns import Leaf
 from parity.shared.dump.layout import sibling_stack_json
 from parity.shared.dump.reader import Dump, load_construct, load_dump, load_stack
@@ -317,6 +319,7 @@ def _table_part(
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
     phase_done()
     _finish_rows(table, header, mode)
+    _leave_uninitialised(table, header)
     return TablePart(mode=mode.value, stack_mode=stack_mode, rows=table.rows, states=table.states,
                      missing_tensor_files=[str(f) for f in missing], calls=calls, gaps=gaps,
                      partners=partners, facts=table.facts)  # fmt: skip
@@ -328,7 +331,10 @@ def _row_facts(npu_rows: SideRows, bench_rows: SideRows, pairing: Pairing) -> Ro
     names = [*npu_rows.names, *map(bench_rows.names.__getitem__, only)]
     npu_index = np.concatenate((np.arange(n_npu), np.full(len(only), -1))).astype(np.intp)
     bench_index = np.asarray([*pairing.bench_index, *only], dtype=np.intp)
-    return RowFacts.build(names, npu_rows.columns, npu_index, bench_rows.columns, bench_index)
+    facts = RowFacts.build(names, npu_rows.columns, npu_index, bench_rows.columns, bench_index)
+    uninitialised = uninitialised_rows(facts, npu_rows.columns.states, npu_rows.apis)
+    facts.flags_array()[:n_npu][uninitialised] |= F_UNINITIALISED
+    return facts
 
 
 _NAME = "name"
@@ -435,6 +441,11 @@ def _build_rows(
 
         no_npu_file = MSG_NO_NPU_FILE
     flag = table.facts.flag if table.facts is not None else _no_flag
+    flags = table.facts.flags if table.facts is not None else bytearray(len(npu_rows))
+
+    def uninitialised(i: int) -> bool:
+        return bool(flags[i] & F_UNINITIALISED)
+
     for i, (name, n, api) in enumerate(zip(npu_rows.names, npu_rows.leaves, npu_rows.apis, strict=True)):
         j = bench_index[i]
         b = b_leaf(j) if j >= 0 else None
@@ -457,6 +468,8 @@ def _build_rows(
                 msgs.append(v.MSG_BENCH_UNMATCHED if n.data_name else no_npu_file)
             elif not facts.compatible:
                 accuracy = v.NO
+            elif uninitialised(i):
+                accuracy, metric_cells = v.NA, _NA6  # no values to compare (``_leave_uninitialised``)
             elif not n.data_name and not b.data_name and n.is_tensor and b.is_tensor:
                 accuracy, status = _statistics_only(n, b, msgs, status)
                 metric_cells = _NA6
@@ -679,6 +692,28 @@ def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[boo
         return [row.status is fail for row in rows]
     unmatched = v.SHAPE_UNMATCHED
     return [row.status is fail or row.cells[shape_col] == unmatched for row in rows]
+
+
+def _leave_uninitialised(table: Table, header: list[str]) -> None:
+    """The rows of uninitialised memory (``uninitialised``): no verdict, no highlight, status
+    uncomparable, and the message says why (whatever their statistics or metrics said)."""
+    if table.facts is None:
+        return
+    rows = np.flatnonzero(table.facts.has(F_UNINITIALISED)).tolist()
+    if not rows:
+        return
+    pos = {name: i for i, name in enumerate(header)}
+    verdict = pos.get("Accuracy Reached or Not", pos.get("Result", -1))
+    msg_col, status_col = pos.get("Err_message", -1), pos["Parity Status"]
+    for i in rows:
+        row = table.rows[i]
+        row.status, row.highlight = RowStatus.UNCOMPARABLE, None
+        table.messages[i] = [MSG_UNINITIALISED]
+        if verdict >= 0:
+            row.cells[verdict] = NA
+        if msg_col >= 0:
+            row.cells[msg_col] = MSG_UNINITIALISED
+        row.cells[status_col] = RowStatus.UNCOMPARABLE.value
 
 
 def _reason(facts: RowFacts, i: int, mode: CompareMode, message: Cell) -> str:
