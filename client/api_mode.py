@@ -31,6 +31,13 @@ log = logging.getLogger(__name__)
 COMPILED_MARKER = "Torch.compiled_region"
 _COMPILED_FILES = ("<eval_with_key>", "torchinductor", f"{torch.__path__[0]}/_dynamo/",
                    f"{torch.__path__[0]}/_inductor/", f"{torch.__path__[0]}/_functorch/")  # fmt: skip
+#: The parallel frameworks' own code: FSDP's gathers, copies and buffers around each unit, DTensor's
+#: redistributions. Their tensor calls are plumbing, not the model's computation (their collectives are
+#: recorded as ``Distributed.*`` by their own wrappers): recorded, they would be calls one layout makes and
+#: another does not, and the buffers they allocate hold uninitialised values.
+_FRAMEWORK_FILES = tuple(f"{torch.__path__[0]}/distributed/{d}/" for d in ("fsdp", "_composable", "tensor"))
+_OPS_FILE = f"{torch.__path__[0]}/_ops.py"
+_USER, _COMPILED, _FRAMEWORK, _OPS = 0, 1, 2, 3
 _is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
 _warned_compile = False
 
@@ -40,9 +47,9 @@ _Name = tuple[str, str, bool, str] | None
 # Both caches live as long as the process, not one mode: ``start()`` makes a new mode every step, and naming
 # a function (``resolve_name``) costs about as much as recording its call.
 _NAMES: dict[Any, _Name] = {}
-# id(code) -> (the code, held so its id stays unique; it is a compiled graph's): a code object's own hash is
-# recomputed from its fields at every lookup
-_COMPILED_CODE: dict[int, tuple[CodeType, bool]] = {}
+# id(code) -> (the code, held so its id stays unique; whose code it is: _USER, _COMPILED, _FRAMEWORK): a code
+# object's own hash is recomputed from its fields at every lookup
+_COMPILED_CODE: dict[int, tuple[CodeType, int]] = {}
 #: past this many entries a cache starts over (functions and code made on the fly would otherwise pile up)
 _MAX_NAMES = 20000
 
@@ -92,11 +99,12 @@ class ApiMode(TorchFunctionMode):
         if known is None:
             if len(self._compiled_code) >= _MAX_NAMES:
                 self._compiled_code.clear()
-            known = self._compiled_code[id(code)] = (code, code.co_filename.startswith(_COMPILED_FILES) or (
-                "torchinductor" in code.co_filename
-            ))  # fmt: skip
-        if known[1]:
-            self._mark_compiled(frame)
+            known = self._compiled_code[id(code)] = (code, _caller_kind(code.co_filename))
+        if known[1] == _OPS and frame.f_back is not None:  # ``torch.ops.ns.op(...)``: whoever called it
+            known = (code, _caller_kind(frame.f_back.f_code.co_filename))
+        if known[1] and known[1] != _OPS:
+            if known[1] == _COMPILED:
+                self._mark_compiled(frame)
             return func(*args, **kwargs)
         if self._compiled_frame is not None:
             self._compiled_frame = None
@@ -130,6 +138,16 @@ class ApiMode(TorchFunctionMode):
             log.warning("parity: ops inside torch.compile regions are not captured; each compiled call is "
                         "recorded as one '%s' marker entry", COMPILED_MARKER)  # fmt: skip
         self.recorder.compiled_region(COMPILED_MARKER)
+
+
+def _caller_kind(filename: str) -> int:
+    if filename.startswith(_COMPILED_FILES) or "torchinductor" in filename:
+        return _COMPILED
+    if filename.startswith(_FRAMEWORK_FILES):
+        return _FRAMEWORK
+    if filename == _OPS_FILE:
+        return _OPS
+    return _USER
 
 
 def _hashable(func: Any) -> bool:

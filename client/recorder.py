@@ -24,6 +24,7 @@ import torch
 from parity.client.api_backward import ApiBackward, InputNodes, add_tensor_hook, input_nodes, last_hook_key
 from parity.client.call_stacks import CallStacks, Stacks
 from parity.client.config import DebuggerConfig
+from parity.client.naming_rules import UNINITIALISED
 from parity.client.stats import Later, StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
@@ -186,6 +187,9 @@ class Recorder:
         # parameters recorded in forward entries, read when the forward is over, and their versions then
         self._late_params: list[Later] = []
         self._late_versions: list[int] = []
+        # modules FSDP shards, recorded in a forward: prefix -> their sharded parameters (see module_exit)
+        self._sharded: dict[str, Mapping[str, nn.Parameter]] = {}
+        self._sharded_task: int | None = None  # the backward whose sharded gradients are to be read
         self._construct: dict[str, str | None] = {}
         self._module_stack: list[str] = []
         self._list_depth = 0  # > 0 while inside a module that matched ``list`` (mix: dump all inside)
@@ -386,7 +390,10 @@ class Recorder:
             grad_now = _is_grad_enabled()  # the call may have changed it (torch.set_grad_enabled)
             _set_grad_enabled(False)
             try:
-                encoded = self.encode_output(fwd, out)
+                if prefix_api in UNINITIALISED and type(out) is not tuple and isinstance(out, Tensor):
+                    encoded = [self.stats.unwritten(out, prefix_api)]
+                else:
+                    encoded = self.encode_output(fwd, out)
             finally:
                 _set_grad_enabled(grad_now)
             if entry is None:
@@ -472,8 +479,14 @@ class Recorder:
                 self._stacks.record(name, frame)
         return ModuleCall(prefix, name, bname, entry, selected, listed, before)
 
-    def module_exit(self, call: ModuleCall, module: nn.Module, output: Any) -> None:
-        """A module's forward returned: its outputs, parameters, gradient slots and output-gradient hooks."""
+    def module_exit(self, call: ModuleCall, module: nn.Module, output: Any,
+                    sharded: Mapping[str, nn.Parameter] | None = None) -> None:  # fmt: skip
+        """A module's forward returned: its outputs, parameters, gradient slots and output-gradient hooks.
+
+        ``sharded``: the module's parameters as FSDP registered them (its sharded parameters) where FSDP
+        shards it: the parameters are read now (their gathered storage is freed when the unit reshards) and
+        their gradients when the backward's callbacks are done (FSDP assigns them, after its
+        reduce-scatter, where no accumulation hook sees them)."""
         if call.before and self.api_backward.views:
             self.api_backward.follow_inplace(call.before)
         if call.listed:  # leaving a module that matched ``list`` at mix: APIs after it are filtered again
@@ -500,8 +513,11 @@ class Recorder:
                 entry["output"] = self.encode_output(name, output)
                 params = own_parameters(module)
                 # present, maybe empty, as msprobe writes it
-                entry["parameters"] = (self._param_leaves(params) if self._stats_leaf is not None else
-                                       {p: self.tensor_leaf(t, name, "parameters", (p,)) for p, t in params})
+                if self._stats_leaf is not None and not sharded:
+                    entry["parameters"] = self._param_leaves(params)
+                else:  # read now: a sharded module's gathered parameters are freed when its unit reshards
+                    leaf = self.tensor_leaf
+                    entry["parameters"] = {p: leaf(t, name, "parameters", (p,)) for p, t in params}
             if entry is not None:
                 self._data.pop(name, None)
                 self._data[name] = entry  # re-inserted at completion: a module follows its APIs (§4.4)
@@ -514,6 +530,8 @@ class Recorder:
                 if slots:
                     self._param_grads[prefix] = slots
                     self._data[param_grad_name(prefix)] = slots
+            if sharded and self.want_bwd and grad_on:
+                self._sharded[prefix] = sharded
             if self.want_bwd_in and grad_on:
                 if type(output) in _TENSORS:
                     outs = [output] if output.requires_grad else []
@@ -606,6 +624,8 @@ class Recorder:
             self._dirty = True
             if self._late_params:  # the backward started: the forward is over
                 self._take_late_params()
+            if self._sharded and self._sharded_task != _graph_task_id():
+                self._sharded_grads_later()
             data = self._data
             # statistics only, one tensor (the usual gradient): its leaf, without encode_grads' calls
             one = self._stats_leaf if len(grads) == 1 and type(grads[0]) is Tensor else None
@@ -664,6 +684,28 @@ class Recorder:
                         self.writer.submit(self._tensor_dir + data_name, grad)
                 entry[pname] = [self.stats.leaf(grad, data_name)]
 
+    def _sharded_grads_later(self) -> None:
+        """Read the sharded parameters' gradients once this backward is over. FSDP queues its own final
+        callback (which waits for the reduce-scatters and assigns the gradients) during the backward, maybe
+        after this one: so this callback queues the reading behind every callback queued so far (the
+        engine runs callbacks added while it runs them, in order)."""
+        task = _graph_task_id()
+        try:
+            _queue_callback(partial(_queue_callback, partial(self._take_sharded_grads, task)))
+        except RuntimeError:  # not in a backward: nothing to wait for
+            return
+        self._sharded_task = task
+
+    def _take_sharded_grads(self, task: int) -> None:
+        with self.lock:
+            if self._sharded_task == task:
+                self._sharded_task = None
+            for prefix, params in list(self._sharded.items()):
+                for pname, param in params.items():
+                    grad = param.grad
+                    if grad is not None:
+                        self.param_gradient(prefix, pname, grad, param)
+
     def _grads_later(self) -> bool:
         """Whether the statistics of parameter gradients can wait for the end of the running backward: a
         callback queued once per backward (graph task) takes them; none can be queued outside one."""
@@ -693,8 +735,11 @@ class Recorder:
             self.stats.take_later(pairs)
 
     # -------------------------------------------------------------------------------------- collectives
-    def collective_enter(self, prefix_api: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Collective:
-        """A ``torch.distributed`` collective is about to run: its name and inputs."""
+    def collective_enter(self, prefix_api: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         buffers: tuple[int | str, ...] = ()) -> Collective:  # fmt: skip
+        """A ``torch.distributed`` collective is about to run: its name and inputs. ``buffers``: the
+        positions (an index or a keyword) of the arguments it only writes (an all-gather's output): their
+        leaves keep dtype and shape, not the values they hold before the call (uninitialised memory)."""
         n = self._api_counts.get(prefix_api, 0)
         name = f"{prefix_api}.{n}.forward"
         if self.mix:
@@ -704,9 +749,25 @@ class Recorder:
             with self.lock, quiet():
                 self._dirty = True
                 if self.want_fwd_in:
-                    call.entry.update(self.encode_inputs(name, args, kwargs))
+                    encoded = self.encode_inputs(name, args, kwargs)
+                    what = f"{prefix_api}'s output buffer"
+                    for where in buffers:
+                        if isinstance(where, int):
+                            if where < len(args) and args[where] is not None:
+                                encoded["input_args"][where] = self._unwritten(args[where], what)
+                        elif kwargs.get(where) is not None:
+                            encoded["input_kwargs"][where] = self._unwritten(kwargs[where], what)
+                    call.entry.update(encoded)
                 self._data[name] = call.entry
         return call
+
+    def _unwritten(self, value: Any, what: str) -> Any:
+        """:meth:`StatsBuffer.unwritten` for a tensor or each tensor of a list (an all-gather's outputs)."""
+        if isinstance(value, Tensor):
+            return self.stats.unwritten(value, what)
+        if isinstance(value, (list, tuple)):
+            return [self._unwritten(v, what) for v in value]
+        return self.encode(value, "", "input", ())
 
     def collective_exit(self, call: Collective) -> bool:
         """The collective returned (maybe still running, ``async_op``); True if its output is wanted."""
