@@ -275,7 +275,7 @@ class StatsBuffer:
             if not shape and info[3] and plain and t.is_cpu:
                 return self._scalar_leaf(t, leaf)
             if numel <= self.SMALL and shape and plain and t.is_contiguous():  # not 0-d
-                if info[1]:
+                if info[1] and dtype is not torch.float64:
                     kind = _FULL
                     copy = t.clone()
                     copy_dtype = dtype
@@ -371,8 +371,9 @@ class StatsBuffer:
         dtype = t.dtype
         info = _DTYPES.get(dtype) or _dtype_info(dtype)
         shape = t.shape
-        if not (info[1] and not info[2] and shape and 0 < t.numel() <= self.SMALL and t.is_contiguous()):
-            return None
+        if not (info[1] and not info[2] and dtype is not torch.float64 and shape
+                and 0 < t.numel() <= self.SMALL and t.is_contiguous()):  # fmt: skip
+            return None  # (float64: its statistics are computed in float32, from a copy)
         leaf = {"type": "torch.Tensor", "dtype": info[0], "shape": list(shape), "Max": None, "Min": None,
                 "Mean": None, "Norm": None, "requires_grad": t.requires_grad}  # fmt: skip
         key = (t.device, dtype, _FULL, shape)
@@ -561,12 +562,12 @@ def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
         return _BOOL, [x.any(), x.all()]
     if x.is_complex():
         x = x.abs()
-    elif not x.is_floating_point():
-        # integer stats in float64 (exact for any int32; mean() needs a float); float32 where the device has
-        # no float64 (MPS)
-        x = x.double() if x.device.type != "mps" else x.float()
-        if x.dim() == 0:
-            return _SCALAR, [x]  # already a copy
+    elif x.dim() == 0:
+        # the value, as msprobe writes it (an integer's exactly: float64, float32 where the device has none)
+        if not x.is_floating_point():
+            return _SCALAR, [x.double() if x.device.type != "mps" else x.float()]  # already a copy
+    elif not x.is_floating_point() or x.dtype is torch.float64:
+        x = x.float()  # msprobe 8.3.3's statistics of integers and float64: computed in float32
     if x.dim() == 0:
         return _SCALAR, [x.clone()]
     mn, mx = torch.aminmax(x)
@@ -597,8 +598,8 @@ def _staged_copy(x: torch.Tensor) -> tuple[int, torch.Tensor]:
         return _BOOL, x.clone()
     if x.is_complex():
         return _FULL, x.abs()
-    if not x.is_floating_point():
-        return _FULL, x.double() if x.device.type != "mps" else x.float()
+    if not x.is_floating_point() or x.dtype is torch.float64:
+        return _FULL, x.float()  # as msprobe 8.3.3 computes them (see _reductions)
     return _FULL, x.clone()
 
 
