@@ -31,6 +31,8 @@ IGNORED = frozenset({
     "requires_grad_", "_backward_hooks", "is_tensor",
     # grad-mode switches (``torch.no_grad()`` blocks, the optimizer's ``step``) change no value
     "_set_grad_enabled", "set_grad_enabled", "is_grad_enabled", "is_inference_mode_enabled",
+    # a device object (checkpoint and fork_rng make them): no tensor, no value
+    "device",
 })  # fmt: skip
 
 #: APIs whose output is allocated, never written: their values are whatever the allocator left there, so the

@@ -42,7 +42,7 @@ _Documents = tuple[dict[str, Any], Stacks, dict[str, str | None]]
 _set_grad_enabled = torch._C._set_grad_enabled
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _tf_mode_on = torch._C._is_torch_function_mode_enabled
-_graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: 0)
+_graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 _is_grad_enabled = torch._C.is_grad_enabled
 _DisableTorchFunction = torch._C.DisableTorchFunction
 _SCALARS = (bool, int, float, str)
@@ -384,6 +384,11 @@ class Recorder:
             finally:
                 _set_grad_enabled(grad_on)
             self._data[fwd] = entry
+        recompute = _graph_task_id() >= 0  # a forward call while a backward runs: a recomputation
+        if recompute:
+            if entry is None:
+                entry = self._data[fwd] = {}
+            entry["is_recompute"] = True  # msprobe's key, where msprobe places it (before ``output``)
         out = func(*args, **kwargs)
         self._api_counts[prefix_api] = n + 1
         if self.want_fwd_out:
@@ -519,12 +524,15 @@ class Recorder:
                     leaf = self.tensor_leaf
                     entry["parameters"] = {p: leaf(t, name, "parameters", (p,)) for p, t in params}
             if entry is not None:
+                if _graph_task_id() >= 0:  # a forward while a backward runs: a recomputation (checkpoint)
+                    entry["is_recompute"] = True
                 self._data.pop(name, None)
                 self._data[name] = entry  # re-inserted at completion: a module follows its APIs (§4.4)
             prefix = call.prefix
-            if self.want_bwd and grad_on and prefix not in self._param_grads:
-                # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
-                # ``[null]`` per trainable parameter, filled when the gradient arrives
+            if self.want_bwd and prefix not in self._param_grads:
+                # msprobe 8.3.3 reserves the gradient entry right after the module's first forward (with
+                # grad or not: a reentrant checkpoint's first forward has none), one ``[null]`` per trainable
+                # parameter, filled when the gradient arrives
                 own = params if params is not None else own_parameters(module)
                 slots = {p: [None] for p, t in own if t.requires_grad}
                 if slots:
