@@ -7,9 +7,11 @@ modified inplace") or loses its backward data; tensor hooks do not change the gr
 before an in-place update sees the gradient of the pre-update version, so a module whose output is later
 overwritten in place still gets its own backward entry.
 
-Backward ``input`` = grads of the module outputs, ``output`` = grads of its inputs that require grad (a
-tensor's hook sees its whole gradient, so an input also used outside the module carries every consumer's
-share). Parameter gradients come from ``register_post_accumulate_grad_hook``: the accumulated ``.grad``.
+Backward ``input`` = grads of the module outputs (the whole gradient of each, as msprobe's), ``output`` =
+the gradients through the module to its inputs that require grad: the module gets a view of each such
+input, whose gradient is the module's share alone (:func:`parity.client.recorder.through_views`); none
+arrives, and no entry is made, for a module whose outputs do not depend on its inputs. Parameter gradients
+come from ``register_post_accumulate_grad_hook``: the accumulated ``.grad``.
 Under FSDP (``fully_shard``, or FSDP1) the gradient is assigned to the sharded parameter after its
 reduce-scatter, never accumulated: the recorder reads those ``.grad`` when the backward's callbacks are done
 (a DTensor: its local shard, see :mod:`parity.client.dtensors`), and a sharded module's parameters in its
@@ -90,12 +92,15 @@ class ModuleHooks:
         self._attached.clear()
 
     # ------------------------------------------------------------------------------------------- events
-    def _pre(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _pre(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:  # fmt: skip
         rec: Recorder | None = self._get()
         if rec is None or _is_compiling():
             self._active.append(None)
-            return
-        self._active.append((rec, rec.module_enter(prefix, module, args, kwargs, sys._getframe(1))))
+            return None
+        call = rec.module_enter(prefix, module, args, kwargs, sys._getframe(1))
+        self._active.append((rec, call))
+        return call.inputs  # the inputs the module's backward is observed through, or unchanged
 
     def _post(self, prefix: str, sharded: dict[str, nn.Parameter] | None, module: nn.Module,
               args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:  # fmt: skip

@@ -32,6 +32,7 @@ from parity.shared.dump.naming import backward_of, param_grad_file, parse_entry,
 from parity.shared.dump.writer import RankDirWriter
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
+from torch.utils import _pytree as pytree
 
 __all__ = ["Collective", "ModuleCall", "Recorder", "param_grad_name"]
 
@@ -78,6 +79,26 @@ class _GradFanout:
         self.rec.module_grads(self.items, (grad,))
 
 
+def through_views(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A module's arguments with each tensor that requires grad replaced by a view of itself (``view_as``).
+
+    msprobe's module backward ``output`` is the gradient that flows through the module to its inputs (torch's
+    full backward hook puts an identity Function between the caller's tensors and the module). A hook on
+    the caller's tensor sees its whole gradient instead, every consumer's share summed (``a(h) + b(h)``),
+    and fires for a module whose output does not depend on it (a rotary embedding reads only its input's
+    dtype). A view is that identity without a custom Function: the module's calls consume the view, so the
+    view's gradient is the module's own, and none arrives where the module did not use it; unlike the
+    Function's output, a view may be changed in place (``nn.ReLU(inplace=True)``, whose lost node
+    :meth:`Recorder.module_exit` follows to the base's ``CopySlices``)."""
+    if not kwargs and all(type(a) in _TENSORS for a in args):  # the usual call: tensors only
+        return tuple(a.view_as(a) if a.requires_grad else a for a in args), kwargs
+    return pytree.tree_map_only(Tensor, _view_if_grad, (args, kwargs))  # type: ignore[no-any-return]
+
+
+def _view_if_grad(t: Tensor) -> Tensor:
+    return t.view_as(t) if t.requires_grad else t
+
+
 def own_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """``module.named_parameters(recurse=False)`` without its generator machinery (called per forward)."""
     own = module._parameters
@@ -117,6 +138,11 @@ class ModuleCall:
     selected: bool
     listed: bool  # matched ``list`` at mix: everything inside is recorded
     before: InputNodes  # its grad-requiring inputs and their nodes before the call
+    #: the module's arguments with each grad-requiring tensor replaced by a view of itself (see
+    #: :func:`through_views`), None where they are unchanged
+    inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    #: ``(view, its node, its version)`` of each view in ``inputs``
+    views: list[tuple[Tensor, Any, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -454,35 +480,32 @@ class Recorder:
         # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
         before = input_nodes(args, kwargs) if self.want_bwd and grad_on else []
         entry: dict[str, Any] | None = None
+        inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        views: list[tuple[Tensor, Any, int]] | None = None
         if selected:
             self._dirty = True
             self._selected_modules.add(prefix)
             # quiet(), inline: this runs for every module call
             tf = _DisableTorchFunction()
             tf.__enter__()
-            if grad_on:
-                _set_grad_enabled(False)
             try:
+                if self.want_bwd_out and before:  # (grad on): the views take part in autograd
+                    inputs = through_views(args, kwargs)
+                    views = [(v, v.grad_fn, v._version) for v in grad_tensors(inputs, [])]
+                if grad_on:
+                    _set_grad_enabled(False)
                 if self.want_fwd_in:
                     entry = self.encode_inputs(name, args, kwargs)
                     self._data[name] = entry
-                if self.want_bwd_out and grad_on:
-                    # the usual call, tensors only: its grad-requiring inputs are those just found
-                    if not kwargs and len(args) == 1 and type(args[0]) in _TENSORS:
-                        ins = [before[0][0]] if before else []
-                    elif not kwargs and all(type(a) in _TENSORS for a in args):
-                        ins = [t for t, _ in before]
-                    else:
-                        ins = grad_tensors(args, grad_tensors(kwargs, []))
-                    if ins:
-                        self._grads_hook(ins, bname, False)
+                if views:
+                    self._grads_hook([v for v, _, _ in views], bname, False)
             finally:
                 if grad_on:
                     _set_grad_enabled(True)
                 tf.__exit__(None, None, None)
             if self._extra_info:
                 self._stacks.record(name, frame)
-        return ModuleCall(prefix, name, bname, entry, selected, listed, before)
+        return ModuleCall(prefix, name, bname, entry, selected, listed, before, inputs, views)
 
     def module_exit(self, call: ModuleCall, module: nn.Module, output: Any,
                     sharded: Mapping[str, nn.Parameter] | None = None) -> None:  # fmt: skip
@@ -494,6 +517,11 @@ class Recorder:
         reduce-scatter, where no accumulation hook sees them)."""
         if call.before and self.api_backward.views:
             self.api_backward.follow_inplace(call.before)
+        views = call.views
+        if views and len(views) == 1:
+            view, node, version = views[0]
+            if view._version != version and view.grad_fn is not node:  # changed in place by the module
+                self.api_backward.rebased(view, [(node, partial(self._module_input_rebased, call.bname))])
         if call.listed:  # leaving a module that matched ``list`` at mix: APIs after it are filtered again
             self._list_depth -= 1
         name = call.name
@@ -619,6 +647,9 @@ class Recorder:
 
     def _module_rebased(self, name: str, g_view: Tensor | None, _: Any) -> None:
         self.module_output_grads(name, (g_view,))
+
+    def _module_input_rebased(self, name: str, g_view: Tensor | None, _: Any) -> None:
+        self.module_input_grads(name, (g_view,))
 
     def module_input_grads(self, name: str, grads: Sequence[Tensor | None]) -> None:
         """Gradients of a module's inputs arrived (backward ``output``): the module's backward is complete."""

@@ -9,7 +9,10 @@ case is one step of one run at mix (step N is ``CASES[N]``), so each tool starts
 - ``checkpoint``: a reentrant activation checkpoint (``use_reentrant=True``) at mix: the recomputed forward
   (``is_recompute``) and its backward;
 - ``dtypes``: integer and float64 tensors, whose statistics msprobe computes in float32;
-- ``nonfinite``: a call whose output holds the same ``-inf`` on both sides (T5's relative position buckets).
+- ``nonfinite``: a call whose output holds the same ``-inf`` on both sides (T5's relative position buckets);
+- ``modulegrad``: an input used by two modules and by a third whose output does not depend on it (a rotary
+  embedding reads only its input's dtype): each module's backward ``output`` is the gradient through it,
+  and the third has no backward entry.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-CASES = ("reflected", "patched", "checkpoint", "dtypes", "nonfinite")
+CASES = ("reflected", "patched", "checkpoint", "dtypes", "nonfinite", "modulegrad")
 
 
 def fused_softmax(input: torch.Tensor, dim: int | None = None, _stacklevel: int = 3,
@@ -34,11 +37,27 @@ def fused_softmax(input: torch.Tensor, dim: int | None = None, _stacklevel: int 
     return e / e.sum(dim=dim, keepdim=True)
 
 
+class Rotary(nn.Module):
+    """Like ``LlamaRotaryEmbedding``: its output depends on its input's dtype only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv", torch.linspace(0.1, 1.0, 4))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.inv.to(h.dtype).cos()
+
+
 class Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
         self.out = nn.Linear(4, 2)
+        self.a, self.b, self.rot = nn.Linear(4, 4), nn.Linear(4, 4), Rotary()
+
+    def fan(self, h: torch.Tensor) -> torch.Tensor:
+        """``h`` consumed by ``a`` and ``b`` (its gradient the sum of both) and read by ``rot``."""
+        return (self.a(h) + self.b(h) * self.rot(h)).sum()
 
     def inner(self, t: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.lin(t))
@@ -67,6 +86,8 @@ def run_case(case: str, debugger: object, model: Block) -> None:
         _ = torch.matmul(w, w.t()).sum(), (positions * 3).sum(), positions.float().mean()
     elif case == "nonfinite":
         _ = torch.log(relative.float() / 2) * 3
+    elif case == "modulegrad":
+        model.fan(x).backward()
     debugger.stop()  # type: ignore[attr-defined]
     debugger.step()  # type: ignore[attr-defined]
 

@@ -1,7 +1,8 @@
 """Capture against msprobe 8.3.3's own dump of the same code (``capture_cases.py``, a step per case):
 reflected operators, a replaced torch function, a reentrant checkpoint, statistics of integer and float64
-tensors, and identical non-finite values. Both tools name the same entries and write the same statistics,
-and ``parity compare`` of Parity's dump against msprobe's passes every row, with advice that agrees."""
+tensors, identical non-finite values, module backward entries (the gradient through each module). Both
+tools name the same entries and write the same statistics, and ``parity compare`` of Parity's dump against
+msprobe's passes every row, with advice that agrees."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import RowStatus
 
+from tests.interop.capture_cases import CASES
 from tests.interop.conftest import TIMEOUT
 
 pytestmark = pytest.mark.slow
 
 CASES_SCRIPT = Path(__file__).with_name("capture_cases.py")
-CASES = ("reflected", "patched", "checkpoint", "dtypes", "nonfinite")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,9 @@ def test_same_entries_and_statistics_as_msprobe(case_dumps: dict[str, Path], cas
         assert recomputed == {"Functional.linear.2.forward", "Torch.relu.1.forward",
                               "Module.lin.Linear.forward.1"}
         assert {"Functional.linear.2.backward", "Torch.relu.1.backward"} <= set(parity)
+    elif case == "modulegrad":
+        assert {"Module.a.Linear.backward.0", "Module.b.Linear.backward.0"} <= set(parity)
+        assert not any(n.startswith("Module.rot.") and ".backward." in n for n in parity)
 
 
 @pytest.mark.parametrize("case", CASES)
