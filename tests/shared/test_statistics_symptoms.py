@@ -26,7 +26,7 @@ class Mlp(nn.Module):
 
     def __init__(self, *, bf16: bool = False) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(4))
+        self.layers: list[nn.Linear] = nn.ModuleList(nn.Linear(32, 32) for _ in range(4))  # type: ignore[assignment]
         self.bf16 = bf16
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
