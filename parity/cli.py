@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare-runs": ("compare_runs", "compare two uploaded runs on a server and download the reports"),
     "regressions": ("regressions", "a comparison's new and worse APIs against the baseline"),
     "check": ("check", "the CI gate: exit 1 when a run has APIs new or worse against the baseline"),
+    "overflow-check": ("overflow_check", "the first call to make NaN/Inf across a step's ranks"),
+    "merge-result": ("merge_result", "chosen APIs x ranks x metrics of compare results in one workbook"),
     "plan": ("plan", "write the next dump's config.json: tensor files for a comparison's suspects only"),
     "runs": ("runs", "list, delete or make a baseline of runs on a server"),
     "accept": ("accept", "accept a failing API with a note (or --revoke it) in a project"),
