@@ -284,7 +284,7 @@ def rank_folders(step_dir: Path) -> list[RankFiles]:
         folder = step_dir / name
         for needed in (DUMP_JSON, CONSTRUCT_JSON, STACK_JSON):
             if not (folder / needed).is_file():
-                problem = f"not found (overflow-check reads {DUMP_JSON}, {CONSTRUCT_JSON}, {STACK_JSON} of each rank)"
+                problem = "not found (overflow-check reads dump.json, construct.json and stack.json)"
                 raise DumpError(folder / needed, problem)
         found[rank] = RankFiles(rank, folder)
     if not found:
