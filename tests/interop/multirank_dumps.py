@@ -1,5 +1,6 @@
-"""Step folders for ``overflow_check`` (msprobe 26's and Parity's): two ranks' statistics dumps, written
-directly, with NaN/Inf where each scenario needs it (no torch, no process group)."""
+"""Two-rank step folders for ``overflow_check`` and ``merge_result`` (msprobe 26's and Parity's): statistics
+dumps written directly, with NaN/Inf or differences where each case needs them (no torch, no process
+group)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def write_step(step: Path, ranks: dict[int, dict[str, Any]]) -> Path:
             "data": data,
         }
         (folder / "dump.json").write_text(json.dumps(doc, indent=1))
-        construct = dict.fromkeys(data, "Module.block.Block.forward.0")
+        construct: dict[str, str | None] = dict.fromkeys(data, "Module.block.Block.forward.0")
         construct["Module.block.Block.forward.0"] = "Module.model.Net.forward.0"
         construct["Module.model.Net.forward.0"] = None
         (folder / "construct.json").write_text(json.dumps(construct))
@@ -77,3 +78,23 @@ def scenarios(root: Path) -> dict[str, Path]:
                   1: {"Torch.add.0.forward": call(), ar0: call(group=g)}},
     }  # fmt: skip
     return {name: write_step(root / name / "step0", ranks) for name, ranks in made.items()}
+
+
+def merge_steps(root: Path) -> tuple[Path, Path]:
+    """A target and a golden step folder of two ranks whose statistics differ a little (rank 1 more), with a
+    collective whose non-tensor arguments have no metric."""
+
+    def entry(scale: float, **kwargs: Any) -> dict[str, Any]:
+        out = leaf()
+        out.update(Max=1.0 * scale, Min=-0.5 * scale, Mean=0.1 * scale, Norm=2.0 * scale)
+        return {"input_args": [leaf()], "input_kwargs": kwargs, "output": [out]}
+
+    op = {"type": "str", "value": "sum"}
+    steps = []
+    for side, scale in (("target", 1.01), ("golden", 1.0)):
+        ranks = {rank: {"Torch.add.0.forward": entry(scale + rank / 10),
+                        "Distributed.all_reduce.0.forward": entry(scale, group=group(0, 1), op=op),
+                        "Functional.linear.0.forward": entry(scale * (2 + rank)),
+                        "Functional.linear.1.forward": entry(1.0)} for rank in (0, 1)}  # fmt: skip
+        steps.append(write_step(root / side / "step0", ranks))
+    return steps[0], steps[1]
