@@ -31,6 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gc": ("gc", "server maintenance: remove orphaned blobs, stale temp files and expired runs"),
 }
 
+#: msprobe's spelling of a command, accepted beside Parity's (``parity merge_result``, as msprobe's)
+ALIASES: dict[str, str] = {"overflow_check": "overflow-check", "merge_result": "merge-result"}
+
 EXIT_USAGE = 2
 
 
@@ -49,9 +52,10 @@ def _build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argpars
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    chosen = next((a for a in argv if a in COMMANDS), None)
+    chosen = next((ALIASES.get(a, a) for a in argv if a in COMMANDS or a in ALIASES), None)
     for name, (module_name, help_text) in COMMANDS.items():
-        cmd_parser = sub.add_parser(name, help=help_text, description=help_text)
+        aliases = [alias for alias, command in ALIASES.items() if command == name]
+        cmd_parser = sub.add_parser(name, help=help_text, description=help_text, aliases=aliases)
         if name == chosen:
             module = importlib.import_module(f"parity.commands.{module_name}")
             module.add_arguments(cmd_parser)

@@ -26,6 +26,7 @@ def fails(args: list[str], capsys: pytest.CaptureFixture[str], *words: str) -> N
 def test_overflow_check_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     fails(["overflow-check", "-i", str(tmp_path / "nope"), "-o", str(out)], capsys, "nope", "not a directory")
+    fails(["overflow_check", "-i", str(tmp_path / "nope")], capsys, "nope")  # msprobe's spelling
     step = scenarios(tmp_path / "dumps")["at"]
     (step / "rank1" / "stack.json").unlink()
     fails(["overflow-check", "-i", str(step), "-o", str(out)], capsys, "rank1/stack.json", "not found")
