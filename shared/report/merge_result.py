@@ -4,7 +4,8 @@
 ``compare_result_rank{N}_{ts}.xlsx`` workbooks of one multi-rank compare (msprobe 26's ``--xlsx``, 8.3.3's,
 or Parity's own with its extra columns) and writes ``multi_ranks_compare_merge_{ts}.xlsx``: one sheet per
 metric (named for it), columns ``NPU Name, rank0, rank1, ...``, one row per row whose ``NPU Name`` contains
-an API of the config (``{api}.``), sorted by name. It follows msprobe 26.2.0's ``msprobe.core.compare.merge_result`` (read from its code):
+an API of the config (``{api}.``), sorted by name. It follows msprobe 26.2.0's
+``msprobe.core.compare.merge_result`` (read from its code):
 
 * the config (YAML) holds ``api`` (a non-empty list, e.g. ``[Distributed.all_reduce, Functional.linear]``)
   and optionally ``compare_index`` (metrics of the results' mode; default every metric of that mode, plus
