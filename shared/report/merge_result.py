@@ -42,6 +42,7 @@ from parity.shared.compare.headers import (
     CompareMode,
     msprobe_header,
 )
+from parity.shared.compare.mapping import read_yaml
 from parity.shared.compare.result import Cell
 from parity.shared.errors import CompareInputError
 from parity.shared.report.msprobe26 import header_26
@@ -83,19 +84,8 @@ class RankTable:
 
 def load_merge_config(path: str | Path) -> MergeConfig:
     """Read and check the merge config YAML (msprobe's ``-config``)."""
-    import yaml
-
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CompareInputError(f"{path}: merge config file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CompareInputError(f"{path}: cannot read the merge config: {exc}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CompareInputError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    doc = read_yaml(path, "merge config")
     if not doc:
         raise CompareInputError(f"{path}: the merge config is empty (it needs 'api', a list of API names)")
     if not isinstance(doc, Mapping):
