@@ -261,7 +261,6 @@ class Anomaly:
 class OverflowResult:
     ranks: list[RankFiles]
     anomalies: list[Anomaly]
-    data: dict[int, dict[str, Any]]
 
 
 def rank_folders(step_dir: Path) -> list[RankFiles]:
@@ -310,64 +309,65 @@ def _dump_data(files: RankFiles) -> tuple[str | None, dict[str, Any]]:
 def find_overflow(step_dir: str | Path) -> OverflowResult:
     """Search one step folder; the result's ``anomalies`` is empty when no call overflowed."""
     ranks = rank_folders(Path(step_dir))
-    data: dict[int, dict[str, Any]] = {}
+    search = _Search()
     for index, files in enumerate(ranks):
-        framework, data[files.rank] = _dump_data(files)
+        framework, data = _dump_data(files)
         if index == 0 and framework != "pytorch":
             raise DumpError(
                 files.dump, f"framework is {framework!r}: overflow-check reads PyTorch dumps only"
             )
-    return OverflowResult(ranks, _Search(data).run(), data)
+        search.scan(files.rank, data)  # one rank's entries in memory at a time: the search keeps few
+    return OverflowResult(ranks, search.run())
 
 
 class _Search:
-    def __init__(self, data: dict[int, dict[str, Any]]) -> None:
-        self.data = data
-        self.first_collective: dict[int, str] = {}
+    """The three phases over what one pass per rank keeps: the first anomaly before its first collective,
+    its collectives, and the anomalous calls between and after them (never the whole dump)."""
+
+    def __init__(self) -> None:
+        self.before: list[Call] = []
         self.after: dict[int, list[Call]] = {}
         self.chains: dict[int, dict[str, Collective]] = {}
 
+    def scan(self, rank: int, data: Mapping[str, Any]) -> None:
+        first = self._before(rank, data)
+        self.chains[rank] = self._chain(rank, data, first) if first is not None else {}
+
     def run(self) -> list[Anomaly]:
-        found = self._before()
-        if found:
-            return [Anomaly(call, BEFORE) for call in found]
+        if self.before:
+            return [Anomaly(call, BEFORE) for call in self.before]
         found = self._at()
         if found:
             return [Anomaly(call, AT_COLLECTIVE if is_collective(call.name) else BETWEEN) for call in found]
         return [Anomaly(calls[0], AFTER) for calls in self.after.values() if calls]
 
-    def _before(self) -> list[Call]:
-        found = []
-        for rank, data in self.data.items():
-            if not data:
-                logger.warning("rank %d has no dump data", rank)
-                continue
-            for name, record in data.items():
-                if is_collective(name):
-                    self.first_collective[rank] = name
-                    break
-                call = Call(name, rank, record)
-                if call.is_anomaly():
-                    found.append(call)
-                    break
-        return found
+    def _before(self, rank: int, data: Mapping[str, Any]) -> str | None:
+        """Record the rank's first anomaly before its first collective; that collective's name, if reached."""
+        if not data:
+            logger.warning("rank %d has no dump data", rank)
+            return None
+        for name, record in data.items():
+            if is_collective(name):
+                return name
+            call = Call(name, rank, record)
+            if call.is_anomaly():
+                self.before.append(call)
+                return None
+        return None
 
     def _at(self) -> list[Call]:
-        self.chains = {rank: self._chain(rank) for rank in self.data}
         self._join()
         self._prune()
         return self._first()
 
-    def _chain(self, rank: int) -> dict[str, Collective]:
+    def _chain(self, rank: int, data: Mapping[str, Any], first: str) -> dict[str, Collective]:
         nodes: dict[str, Collective] = {}
-        if rank not in self.first_collective:
-            return nodes
         last: Collective | None = None
         compute: list[Call] = []
         sub_layer = 0
         started = False
-        for name, record in self.data[rank].items():
-            started = started or name == self.first_collective[rank]
+        for name, record in data.items():
+            started = started or name == first
             if not started:
                 continue
             if is_collective(name):
