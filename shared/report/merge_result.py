@@ -221,13 +221,17 @@ def _metrics(config: MergeConfig, mode: CompareMode, path: Path) -> list[str]:
 def _rank_values(table: RankTable, apis: Sequence[str], metrics: list[str]) -> dict[str, dict[str, Any]]:
     """``{metric: {row name: value}}`` of one rank's rows that name an API of the config."""
     names = table.columns.get(NPU_NAME, [])
+    first_row: dict[str, int] = {}
+    for index, name in enumerate(names):
+        if isinstance(name, str):
+            first_row.setdefault(name, index)  # msprobe reads a repeated name's first row
     rows: dict[str, int] = {}
     for api in apis:
-        matched = [name for name in names if isinstance(name, str) and f"{api}." in name]
+        matched = [name for name in first_row if f"{api}." in name]
         if not matched:
             logger.warning("%s not found in rank%d's compare result (%s)", api, table.rank, table.path.name)
         for name in matched:
-            rows.setdefault(name, names.index(name))
+            rows.setdefault(name, first_row[name])
     out: dict[str, dict[str, Any]] = {}
     for metric in metrics:
         column = table.columns[metric]
