@@ -1,8 +1,9 @@
 """``parity overflow-check`` and ``parity merge-result`` against msprobe 26.2.0's ``overflow_check`` and
 ``merge_result`` (its own venv, ``make msprobe26-venv``), on the same inputs:
 
-- overflow: for a NaN made before the first collective, one fed into a collective, one after the last, and a
-  clean step, both tools write the same ``anomaly_analyze_{ns}.json`` (or none);
+- overflow: for a NaN made before the first collective, one fed into a collective, one after the last, a
+  clean step, and a real Parity dump with an exp overflowing, both tools write the same
+  ``anomaly_analyze_{ns}.json`` (or none);
 - merge: from msprobe 26's own ``compare -tp -gp --xlsx`` of two ranks, both tools' workbooks hold the same
   sheets, rows, values and cell types, with and without ``compare_index``; Parity also merges its own
   ``--xlsx`` results (its extra columns), a non-tensor argument's metric read as ``NPU:..  Bench:..``.
@@ -13,6 +14,7 @@ Lean: the dumps are written directly (no torch), msprobe runs once per case.
 from __future__ import annotations
 
 import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,32 @@ def test_overflow_check_writes_msprobe26s_file(msprobe26_bin: Path, tmp_path: Pa
         doc = json.loads(mine.read_text())
         assert list(doc) == [rank] and doc[rank][0]["op_name"] == call, (name, doc)
         assert f"rank {rank[5:]}: {call} ({phase}" in printed, printed
+
+
+OVERFLOWING_STEP = """
+import sys, torch
+from parity.client import PrecisionDebugger
+debugger = PrecisionDebugger(task="statistics", dump_path=sys.argv[1], level="mix")
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+debugger.start(model)
+torch.exp(model(torch.ones(2, 4)) * 1000).sum()
+debugger.stop()
+debugger.step()
+"""
+
+
+def test_overflow_check_of_a_parity_dump(msprobe26_bin: Path, tmp_path: Path) -> None:
+    """A real dump (Parity's layout, stack.json and construct.json): an exp that overflows to inf."""
+    run_tool([sys.executable, "-c", OVERFLOWING_STEP, str(tmp_path / "dump")], tmp_path)
+    step = tmp_path / "dump" / "step0"
+    run_tool([str(msprobe26_bin / "msprobe"), "overflow_check", "-i", str(step), "-o", str(tmp_path / "m")],
+             tmp_path)  # fmt: skip
+    assert main(["overflow-check", "-i", str(step), "-o", str(tmp_path / "p")]) == 0
+    mine, theirs = only(tmp_path / "p", "*.json"), only(tmp_path / "m", "*.json")
+    assert mine is not None and theirs is not None
+    assert mine.read_text() == theirs.read_text()
+    (found,) = json.loads(mine.read_text())["rank_0"]
+    assert found["op_name"] == "Torch.exp.0.forward" and "<string>" in found["stack_info"][0]
 
 
 def cells(path: Path) -> dict[str, list[list[tuple[Any, str]]]]:
