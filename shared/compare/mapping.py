@@ -119,25 +119,29 @@ def parse_data_mapping(doc: Any, *, source: str = "data_mapping.yaml") -> DataMa
 
 def load_data_mapping(path: str | Path) -> DataMapping:
     """Read and check a data mapping YAML file (msprobe's ``-dm``)."""
+    return parse_data_mapping(read_yaml(Path(path), "data mapping"), source=str(path))
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """One of msprobe's YAML files (safely loaded); a missing, unreadable or malformed file becomes a
+    ``CompareInputError`` naming it (and the line and column)."""
     import yaml
 
-    path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise CompareInputError(f"{path}: data mapping file not found") from None
+        raise CompareInputError(f"{path}: {what} file not found") from None
     except IsADirectoryError:
-        raise CompareInputError(f"{path}: is a directory, expected a data mapping YAML file") from None
+        raise CompareInputError(f"{path}: is a directory, expected a {what} YAML file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise CompareInputError(f"{path}: cannot read the data mapping file: {exc}") from None
+        raise CompareInputError(f"{path}: cannot read the {what} file: {exc}") from None
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise CompareInputError(f"{path}: not valid YAML{where}: {problem}") from None
-    return parse_data_mapping(doc, source=str(path))
 
 
 #: msprobe 26's split of a module row name into its ``{module path}.{class}`` and what follows
