@@ -2,23 +2,23 @@
 updates follow from the calls before them; the call whose inputs' statistics agree and whose outputs' do
 not ranks above them.
 
-A team lead's nightly: one training step (forward, loss, backward, Adam) of a small MLP, dumped twice in
+A team lead's nightly: one training step (forward, loss, backward, SGD) of a small MLP, dumped twice in
 statistics mode with Parity's client, the target computing one linear in bfloat16."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from parity.client import PrecisionDebugger
 from parity.shared.compare.choices import Choices
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.localization import CALL_TIER, CAUSE_TIER, SYMPTOM_TIER, _statistics_tiers
 from parity.shared.compare.options import CompareOptions
 from torch import nn
+
+from tests.shared.test_precision_choices import _dump
 
 
 class Mlp(nn.Module):
@@ -39,31 +39,11 @@ class Mlp(nn.Module):
         return x
 
 
-def _dump(root: Path, model: nn.Module) -> Path:
-    PrecisionDebugger.reset()
-    root.mkdir(parents=True)
-    config = root / "config.json"
-    config.write_text(json.dumps({"task": "statistics", "dump_path": str(root), "level": "L1", "step": [0]}))
-    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
-    y = torch.randn(64, 32, generator=torch.Generator().manual_seed(2))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
-    PrecisionDebugger(str(config))
-    PrecisionDebugger.start()
-    loss = F.mse_loss(model(x), y)
-    loss.backward()
-    opt.step()
-    PrecisionDebugger.stop()
-    PrecisionDebugger.step()
-    PrecisionDebugger.drain()
-    PrecisionDebugger.reset()
-    return next(root.glob("step0/*/dump.json"))
-
-
 def test_one_linear_under_bfloat16_is_named_before_its_symptoms(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    bench = _dump(tmp_path / "bench", Mlp())
+    bench = _dump(tmp_path / "bench", Mlp(), task="statistics")
     torch.manual_seed(0)
-    target = _dump(tmp_path / "target", Mlp(bf16=True))
+    target = _dump(tmp_path / "target", Mlp(bf16=True), task="statistics")
     result = compare_dumps(target, bench, CompareOptions(replay_top=0))
     assert result.suspects, "the bfloat16 linear names no call at all"
     first = result.suspects[0].api
