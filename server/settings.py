@@ -9,10 +9,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from parity.shared.replay.sandbox import ReplayBudget
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 1024**3
 
@@ -62,6 +65,19 @@ class Settings(BaseSettings):
         default=None, gt=0,
         description="a compare job still running after this many seconds fails with a message saying so "
         "(unset: no limit)",
+    )  # fmt: skip
+    replay_memory_bytes: int = Field(
+        default=2 * 2**30, gt=0,
+        description="address space the float64 replay's child process may take beyond the interpreter's "
+        "and torch's own; a call that needs more is not replayed (over budget)",
+    )  # fmt: skip
+    replay_call_seconds: float = Field(
+        default=60.0, gt=0, description="CPU seconds one call's replay may take (both sides) before it is "
+        "stopped and not replayed (over budget)",
+    )  # fmt: skip
+    replay_seconds: float = Field(
+        default=600.0, gt=0, description="CPU seconds all the replays of one rank's compare may take; the "
+        "calls left when they are spent are not replayed (over budget)",
     )  # fmt: skip
     retention_days: float | None = Field(
         default=None, gt=0,
@@ -151,6 +167,12 @@ class Settings(BaseSettings):
     @property
     def resolved_store_url(self) -> str:
         return self.store_url or (self.resolved_data_dir / "blobs").as_uri()
+
+    def replay_budget(self) -> ReplayBudget:
+        """What the float64 replays of one rank may spend, in the child process that runs them."""
+        from parity.shared.replay.sandbox import ReplayBudget
+
+        return ReplayBudget(self.replay_memory_bytes, self.replay_call_seconds, self.replay_seconds)
 
     def token_roles(self) -> dict[str, bool]:
         """token -> True when it may write; empty when authentication is off (``PARITY_TOKENS`` unset)."""

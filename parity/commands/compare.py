@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                                 f"{args.input_path} compares step directories (as in msprobe, -dm takes "
                                 "two dump.json files)")  # fmt: skip
 
-    from parity.process_policy import collector_paused, metric_executor, tensor_limits
+    from parity.process_policy import collector_paused, metric_executor, replay_budget, tensor_limits
     from parity.shared.compare.job import run_compare
     from parity.shared.compare.options import TOP_SUSPECTS, CompareOptions
     from parity.shared.replay.text import replay_lines
@@ -196,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
             options = CompareOptions(
                 fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, executor=executor,
                 replay_top=args.replay, tensor_limits=tensor_limits(), data_mapping=mapping,
+                replay_budget=replay_budget(),  # a crash or a runaway replay loses only its verdict
             )  # fmt: skip
             outputs = run_compare(
                 spec,

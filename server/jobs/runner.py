@@ -67,7 +67,8 @@ class TaskRunner:
         self.cache = worker_cache(settings, self.store)
         limits = TensorLimits(settings.max_tensor_file_bytes, settings.max_tensor_elements)
         self.ranks = RankTask(self.db, self.store, tmp_root(self.store, settings),
-                              self._claim_following if pull_next else None, tensor_limits=limits)  # fmt: skip
+                              self._claim_following if pull_next else None, tensor_limits=limits,
+                              replay_budget=settings.replay_budget())  # fmt: skip
         self.validations = ValidationTask(settings, self.db, self.store, self.cache, queue or NullQueue(),
                                           self.worker)  # fmt: skip
 
