@@ -92,4 +92,5 @@ def summary_lines(info: ComparisonPublic, limit: int = TOP_SUSPECTS) -> list[str
     def where(suspect: SuspectPublic) -> str:
         return f"rank {suspect.compare_rank}, {excel_where(suspect)}"
 
-    return [header, *suspect_lines(summary.top_suspects, summary.first_divergence, limit=limit, where=where)]
+    return [header, *suspect_lines(summary.top_suspects, summary.first_divergence, limit=limit, where=where,
+                                   systematic=[f.text for f in summary.systematic])]

@@ -63,6 +63,7 @@ __all__ = [
     "RankTaskPublic",
     "ReplaySidePublic",
     "ReplayVerdictPublic",
+    "SystematicPublic",
     "ReplayVerdictsPublic",
     "RowPublic",
     "RowsPublic",
@@ -350,6 +351,18 @@ class PlanPublic(_Response):
     notes: list[str] = Field(default_factory=list)
 
 
+class SystematicPublic(_Response):
+    """One API class the target computes another way (TF32, a lower precision, bfloat16 autocast): a
+    finding for the pair, not a suspect."""
+
+    api_class: str
+    text: str
+    first: str  # the class's first call: where it shows on identical inputs
+    level: float = 0.0
+    calls: int = 0
+    differing: int = 0
+
+
 class ComparisonSummary(_Response):
     """The verdict of a succeeded comparison, over every compared rank."""
 
@@ -366,6 +379,7 @@ class ComparisonSummary(_Response):
     bench_only_ranks: list[int] = Field(default_factory=list)  # in the bench run's step only: not compared
     replay: list[ReplayVerdictPublic] = Field(default_factory=list)  # the top suspects' float64 replays
     replay_notes: list[str] = Field(default_factory=list)  # why a rank has no replay (statistics mode)
+    systematic: list[SystematicPublic] = Field(default_factory=list)  # each finding once, across ranks
 
 
 class RankTaskPublic(_Response):

@@ -28,6 +28,7 @@ from parity.server.jobs.timeline import Timeline
 from parity.server.models import Comparison, Job
 from parity.server.repositories import RunRepository
 from parity.server.store import BlobStore, comparison_key
+from parity.shared.compare.call_records import call_records
 from parity.shared.compare.slices import CallSlice
 from parity.shared.dump.layout import DUMP_JSON, rank_dir_name, step_dir_name
 from parity.shared.replay.sandbox import ReplayBudget
@@ -166,7 +167,8 @@ class RankTask:
         claim = self.claim_following
         then = (lambda session: following.append(claim(session))) if claim is not None else None
         stored = finish_succeeded(self.db, self.store, comparison_id, rank, attempt, report.result.rows,
-                                  report.summary, list(report.result.header), scores=report.result.row_scores,
+                                  report.summary, list(report.result.header), call_records(report.result),
+                                  scores=report.result.row_scores,
                                   slice_=slice_, timeline=timeline, before_write=lease.stop,
                                   then=then)  # fmt: skip
         if stored and following:  # committed: the task claimed with it is this worker's

@@ -35,11 +35,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from parity.shared.compare.mapping import BASIS_MAPPED, DataMapping
+from parity.shared.compare.mapping import BASIS_MAPPED, RowMapping
 from parity.shared.compare.module_scopes import CallModules, Modules, module_scopes, split_by_scope
 from parity.shared.compare.pairing import FLOAT_FAMILY, Pairing, fuzzy_entry_name, pair_exact, pair_fuzzy
 from parity.shared.compare.rows import SideRows
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
+from parity.shared.dump.naming import FORWARD, parse_entry
 
 __all__ = [
     "BASIS_ALIGNED",
@@ -135,13 +136,11 @@ def _family(dtype: str | None) -> str:
 def _op(entry: str) -> str:
     """The op of an entry, whatever its prefix: ``Tensor.__matmul__.1.forward`` and ``Torch.matmul.0
     .forward`` are both ``matmul.forward``; a module's is its class."""
-    tokens = entry.split(".")
-    direction = "backward" if "backward" in tokens[-2:] else "forward"
-    if tokens[0] == "Module":
-        cls = next((t for t in reversed(tokens[:-2]) if t and t[0].isupper()), tokens[-3])
-        return f"Module.{cls}.{direction}"
-    op = tokens[1].strip("_") if len(tokens) > 1 else entry
-    return f"{op}.{direction}"
+    parsed = parse_entry(entry)
+    if parsed is None:
+        return f"{entry}.forward"
+    direction = parsed.direction or FORWARD
+    return f"Module.{parsed.op}.{direction}" if parsed.kind != "api" else f"{parsed.op}.{direction}"
 
 
 def _keys(rows: SideRows, calls: _Calls,
@@ -570,7 +569,7 @@ def _basis_fast(index: Sequence[int]) -> list[str]:
 Sites = tuple[Mapping[str, str], Mapping[str, str]]
 
 
-def pair_calls(npu: SideRows, bench: SideRows, *, fuzzy: bool = False, mapping: DataMapping | None = None,
+def pair_calls(npu: SideRows, bench: SideRows, *, fuzzy: bool = False, mapping: RowMapping | None = None,
                sites: Callable[[], Sites | None] | None = None,
                modules: Callable[[], Modules | None] | None = None,
                ) -> tuple[Pairing, Aligned | None]:  # fmt: skip

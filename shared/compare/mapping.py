@@ -13,10 +13,11 @@ and the entry (msprobe silently leaves such a row unmatched), and so is a malfor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from parity.shared.errors import CompareInputError
 
@@ -24,9 +25,19 @@ if TYPE_CHECKING:
     from parity.shared.compare.pairing import Pairing
     from parity.shared.compare.rows import SideRows
 
-__all__ = ["DataMapping", "load_data_mapping", "parse_data_mapping"]
+__all__ = [
+    "DataMapping", "MappingChain", "ModuleMapping", "RowMapping", "load_data_mapping", "load_module_mapping",
+    "parse_data_mapping",
+]  # fmt: skip
 
 BASIS_MAPPED = "mapped"
+
+
+class RowMapping(Protocol):
+    """A user's pairs over the alignment (``-dm``, ``-cm``): ``apply`` returns the pairing with its rows
+    paired as it says, marking them ``mapped`` in ``basis``."""
+
+    def apply(self, npu: SideRows, bench: SideRows, pairing: Pairing, basis: list[str]) -> Pairing: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,3 +138,93 @@ def load_data_mapping(path: str | Path) -> DataMapping:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise CompareInputError(f"{path}: not valid YAML{where}: {problem}") from None
     return parse_data_mapping(doc, source=str(path))
+
+
+#: msprobe 26's split of a module row name into its ``{module path}.{class}`` and what follows
+_MODULE_PART = re.compile(r"\.(?:forward|backward|parameters_grad)(?:\.|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleMapping:
+    """msprobe 26's module mapping (``-cm cell_mapping.yaml``) for PyTorch dumps: target module names
+    (``{module path}.{class}``, or a part of one such as a class name) to golden ones::
+
+        MindSpeedTELayerNormColumnParallelLinear: TELayerNormColumnParallelLinear
+
+    A module row's ``{module}.{class}`` (``Module.`` or MindSpore's ``Cell.`` stripped) that equals an entry
+    is replaced whole; otherwise every entry found in it is replaced once, in file order (msprobe 26's
+    rule, ``process_cell_mapping``). The row then pairs with the bench row of the new name, overriding
+    what the alignment chose; a new name the bench does not have leaves the row as the alignment paired it.
+    Unlike msprobe, an entry that names no module of the target dump is an error naming the file and the
+    entry (msprobe leaves it unused without a word). API rows are left alone: they have no module.
+    """
+
+    pairs: tuple[tuple[str, str], ...]
+    source: str = "cell_mapping.yaml"
+
+    def module_of(self, name: str) -> tuple[str, str, str] | None:
+        """``(prefix, module.class, rest)`` of a module row name, None for any other row."""
+        head, _, tail = name.partition(".")
+        if head not in ("Module", "Cell") or not tail:
+            return None
+        found = _MODULE_PART.search(tail)
+        if found is None:
+            return None
+        return "Module.", tail[: found.start()], tail[found.start() :]
+
+    def mapped(self, module: str) -> tuple[str, list[str]]:
+        """``module`` as mapped, and the entries that changed it."""
+        exact = dict(self.pairs)
+        if module in exact:
+            return exact[module], [module]
+        used = []
+        for target, golden in self.pairs:
+            if target in module:
+                module = module.replace(target, golden, 1)
+                used.append(target)
+        return module, used
+
+    def apply(self, npu: SideRows, bench: SideRows, pairing: Pairing, basis: list[str]) -> Pairing:
+        from parity.shared.compare.pairing import Pairing
+
+        index = list(pairing.bench_index)
+        b_rows = {name: j for j, name in reversed(list(enumerate(bench.names)))}
+        used: set[str] = set()
+        cache: dict[str, tuple[str, list[str]]] = {}
+        for r, name in enumerate(npu.names):
+            parts = self.module_of(name)
+            if parts is None:
+                continue
+            prefix, module, rest = parts
+            if module not in cache:
+                cache[module] = self.mapped(module)
+            new_module, entries = cache[module]
+            used.update(entries)
+            j = b_rows.get(prefix + new_module + rest)
+            if entries and j is not None:
+                index[r], basis[r] = j, BASIS_MAPPED
+        for target, golden in self.pairs:
+            if target not in used:
+                raise CompareInputError(f"{self.source}: entry '{target}: {golden}': '{target}' is no module "
+                                        "(or part of a module name) of the target dump")  # fmt: skip
+        taken = set(index)
+        return Pairing(index, [j for j in range(len(bench.names)) if j not in taken])
+
+
+@dataclass(frozen=True, slots=True)
+class MappingChain:
+    """Several mappings applied in turn (``-cm`` then ``-dm``): a later one overrides an earlier one."""
+
+    mappings: tuple[RowMapping, ...]
+
+    def apply(self, npu: SideRows, bench: SideRows, pairing: Pairing, basis: list[str]) -> Pairing:
+        for mapping in self.mappings:
+            pairing = mapping.apply(npu, bench, pairing, basis)
+        return pairing
+
+
+def load_module_mapping(path: str | Path) -> ModuleMapping:
+    """Read and check a module mapping YAML file (msprobe 26's ``-cm``): the same shape as ``-dm``'s, a
+    mapping of non-empty names to non-empty names, read by the same checked reader."""
+    data = load_data_mapping(path)
+    return ModuleMapping(data.pairs, data.source)

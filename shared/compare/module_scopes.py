@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from parity.shared.dump.naming import parse_entry
+
 __all__ = ["CallModules", "Modules", "module_path", "module_scopes", "pair_modules", "split_by_scope"]
 
 #: Each side's construct.json (``{node: parent or None}``), target then bench.
@@ -36,10 +38,10 @@ MAX_DEPTH = 64
 def _module_key(node: str) -> tuple[str, str, str] | None:
     """``Module.{path}.{Class}.{direction}.{n}`` as ``(path, direction, n)``: what identifies a module
     call whatever its class is called; None for a node that is no module call (``optimizer``)."""
-    tokens = node.split(".")
-    if len(tokens) < 5 or tokens[0] != "Module" or tokens[-2] not in ("forward", "backward"):
+    parsed = parse_entry(node)
+    if parsed is None or parsed.kind != "module" or parsed.direction is None:
         return None
-    return ".".join(tokens[1:-3]), tokens[-2], tokens[-1]
+    return parsed.name, parsed.direction, str(parsed.index)
 
 
 def module_path(node: str) -> str:

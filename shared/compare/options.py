@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
-    from parity.shared.compare.mapping import DataMapping
+    from parity.shared.compare.mapping import RowMapping
     from parity.shared.replay.sandbox import ReplayBudget
     from parity.shared.tensor_io import TensorLimits
 
@@ -44,5 +44,5 @@ class CompareOptions:
     tensor_limits: TensorLimits | None = None  # the caps of every tensor load (None: the defaults)
     mixed_tasks: bool = False
     executor: Executor | None = field(default=None, compare=False, repr=False)
-    data_mapping: DataMapping | None = None  # ``-dm``: the user's own pairs, over the alignment
+    data_mapping: RowMapping | None = None  # ``-dm``/``-cm``: the user's own pairs, over the alignment
     replay_budget: ReplayBudget | None = None

@@ -106,14 +106,8 @@ def call_entries(api: str) -> list[str]:
     """Both entries of the call ``api`` names (forward and backward), the given one first; a name that is
     not a call entry (a parameter gradient, an unknown grammar) alone."""
     parsed = parse_entry(api)
-    if parsed is None or parsed.direction is None:
-        return [api]
-    other = "backward" if parsed.direction == "forward" else "forward"
-    if parsed.kind == "module":
-        head, _, n = api.rpartition(".")
-        return [api, f"{head.rpartition('.')[0]}.{other}.{n}"]
-    head, _, _direction = api.rpartition(".")
-    return [api, f"{head}.{other}"]
+    partner = parsed.partner if parsed is not None else None
+    return [api] if partner is None else [api, partner]
 
 
 def _rank_documents(summary: Any) -> list[Mapping[str, Any]]:

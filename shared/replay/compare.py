@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from parity.shared.dump.layout import TENSOR_DIR
 from parity.shared.replay.verdicts import ReplayVerdict
@@ -47,18 +47,22 @@ def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageF
     replays run in a child process under it (``replay.sandbox``), None: in this process. Raises
     ``ParityError`` when a dump.json cannot be read."""
 
-    def replay(entries: Sequence[str], partners: Mapping[str, str] | None = None) -> list[ReplayVerdict]:
-        """``partners``: the bench call of an entry paired under another name, ``""`` for a gap."""
+    def replay(entries: Sequence[str], partners: Mapping[str, str] | None = None, *,
+               asked: Mapping[str, str] | None = None, identical: Sequence[str] = ()) -> list[ReplayVerdict]:
+        """``partners``: the bench call of an entry paired under another name, ``""`` for a gap; ``asked``
+        and ``identical`` as ``engine.replay_calls`` takes them."""
         if stage is not None:
             bench_entries = [p for p in (partners.get(e, e) if partners else e for e in entries) if p]
             stage(_lacking(npu_dump, entries), _lacking(bench_dump, bench_entries))
-        extra = {"limits": limits} if limits else {}
+        extra: dict[str, Any] = {"limits": limits} if limits else {}
         if budget is not None:
             from parity.shared.replay.sandbox import replay_isolated
 
-            return replay_isolated(npu_dump, bench_dump, entries, budget=budget, partners=partners, **extra)
+            return replay_isolated(npu_dump, bench_dump, entries, budget=budget, partners=partners,
+                                   asked=asked, identical=identical, **extra)  # fmt: skip
         from parity.shared.replay.engine import replay_calls
 
-        return replay_calls(npu_dump, bench_dump, entries, partners=partners, **extra)
+        return replay_calls(npu_dump, bench_dump, entries, partners=partners, asked=asked,
+                            identical=identical, **extra)
 
     return replay

@@ -31,7 +31,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import IO, Any
@@ -76,14 +76,16 @@ def _encode(verdict: ReplayVerdict) -> dict[str, Any]:
         return {f.name: getattr(s, f.name) for f in fields(s)}
 
     out = {f.name: getattr(verdict, f.name) for f in fields(verdict)}
-    out.update(verdict=verdict.verdict.value, target=side(verdict.target), bench=side(verdict.bench))
+    out.update(verdict=verdict.verdict.value, target=side(verdict.target), bench=side(verdict.bench),
+               asked=side(verdict.asked) if verdict.asked is not None else None)  # fmt: skip
     return out
 
 
 def _decode(doc: Mapping[str, Any]) -> ReplayVerdict:
     values = dict(doc)
     values.update(verdict=Verdict(doc["verdict"]), target=SideReplay(**doc["target"]),
-                  bench=SideReplay(**doc["bench"]))  # fmt: skip
+                  bench=SideReplay(**doc["bench"]),
+                  asked=SideReplay(**doc["asked"]) if doc.get("asked") else None)  # fmt: skip
     return ReplayVerdict(**values)
 
 
@@ -167,6 +169,8 @@ def replay_isolated(
     budget: ReplayBudget,
     limits: TensorLimits = DEFAULT_LIMITS,
     partners: Mapping[str, str] | None = None,
+    asked: Mapping[str, str] | None = None,
+    identical: Collection[str] = (),
     argv: Sequence[str] | None = None,
 ) -> list[ReplayVerdict]:
     """``engine.replay_calls`` in a child process under ``budget`` (see the module docstring): one verdict
@@ -183,7 +187,9 @@ def replay_isolated(
             verdicts += [_refused(entry, why) for entry in pending]
             break
         request = {"npu_dump": str(npu_dump), "bench_dump": str(bench_dump), "entries": pending,
-                   "partners": dict(partners) if partners else None, "budget": budget.as_dict(),
+                   "partners": dict(partners) if partners else None,
+                   "asked": {e: asked[e] for e in pending if e in asked} if asked else None,
+                   "identical": [e for e in pending if e in identical], "budget": budget.as_dict(),
                    "cpu_left": left, "limits": [limits.max_file_bytes, limits.max_elements]}  # fmt: skip
         child = _Child(argv, request)
         done, in_flight, failure, timed_out = _collect(child, budget)
@@ -296,9 +302,11 @@ def _over_memory(verdict: ReplayVerdict, memory_bytes: int) -> ReplayVerdict:
         return replace(s, refusal=why) if failed else s
 
     target, bench = side(verdict.target), side(verdict.bench)
-    if (target, bench) == (verdict.target, verdict.bench):
+    asked = side(verdict.asked) if verdict.asked is not None else None
+    if (target, bench, asked) == (verdict.target, verdict.bench, verdict.asked):
         return verdict
-    return verdict_of(verdict.entry, verdict.direction, target, bench)
+    return verdict_of(verdict.entry, verdict.direction, target, bench, asked=asked,
+                      arguments=verdict.arguments, identical=verdict.identical)  # fmt: skip
 
 
 def _warm_up() -> None:
@@ -338,7 +346,8 @@ def child_main() -> int:
     try:  # both dump.json files parsed before the caps: the same files the compare itself read
         limits = TensorLimits(*request["limits"])
         replays = iter_replays(request["npu_dump"], request["bench_dump"], entries, limits=limits,
-                               partners=request["partners"])  # fmt: skip
+                               partners=request["partners"], asked=request["asked"],
+                               identical=frozenset(request["identical"]))  # fmt: skip
     except DumpError as exc:
         _answer({"failure": {"file": exc.file, "problem": exc.problem, "where": exc.where}})
         return 0

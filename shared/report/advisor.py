@@ -82,23 +82,28 @@ def excel_where(suspect: RankedSuspect) -> str:
     return f"Excel row {row}"
 
 
+NO_SUSPECT_LINE = ("Top suspects: none (no API call's outputs stand out from what its inputs and the run "
+                   "pair's background explain).")
+
+
 def suspect_lines(
     suspects: Sequence[S],
     first_divergence: S | None,
     *,
     limit: int | None = None,
     where: Callable[[S], str] = excel_where,
+    systematic: Sequence[str] = (),
 ) -> list[str]:
-    """The first divergence, then the ranked suspects, one numbered entry each, each with its evidence in
-    numbers, its row as Excel numbers it (``where``: a multi-rank list names the rank too), and the innermost
-    frame in the user's code when stack.json has one. The one formatter of the advisor file, ``parity
-    compare`` and ``parity compare-runs``."""
+    """The systematic findings (``systematic``, in words), the first divergence, then the ranked suspects,
+    one numbered entry each, each with its evidence in numbers, its row as Excel numbers it (``where``: a
+    multi-rank list names the rank too), and the innermost frame in the user's code when stack.json has one.
+    The one formatter of the advisor file, ``parity compare`` and ``parity compare-runs``."""
     total = len(suspects)
     suspects = suspects if limit is None else suspects[:limit]
+    found = [f"Systematic: {text}." for text in systematic]
     if not suspects:
-        return ["Top suspects: none (no API call's outputs stand out from what its inputs and the run pair's "
-                "background explain)."]  # fmt: skip
-    lines: list[str] = []
+        return [*found, NO_SUSPECT_LINE]
+    lines: list[str] = [*found]
     first = first_divergence
     if first is not None:
         lines.append(f"First divergence: [{first.direction}] {named(first)} ({where(first)})")

@@ -138,17 +138,32 @@ def write_xlsx(
     of data rows per sheet before splitting (msprobe's 1,048,500 by default).
     """
     header = _check_rows(result)
-    sheets = plan_sheets(len(result.rows), row_limit, "Sheet" if highlight else "Sheet1")
-    chosen = _choose_engine(engine, header, len(result.rows))
+    return write_table_xlsx(header, result.rows, path, highlight=highlight, row_limit=row_limit,
+                            engine=engine)  # fmt: skip
+
+
+def write_table_xlsx(
+    header: list[str],
+    rows: list[CompareRow],
+    path: Path,
+    *,
+    highlight: bool = True,
+    row_limit: int = EXCEL_DATA_ROW_LIMIT,
+    engine: Engine = "auto",
+) -> list[str]:
+    """Write a table of ``header`` and ``rows`` (cells in header order) as :func:`write_xlsx` does; the
+    writer of both report forms (8.3.3's columns, msprobe 26's)."""
+    sheets = plan_sheets(len(rows), row_limit, "Sheet" if highlight else "Sheet1")
+    chosen = _choose_engine(engine, header, len(rows))
     writer = _write_rust if chosen == "rust" else _write_xlsxwriter
     with publish_atomically(Path(path)) as tmp:
         try:
-            writer(tmp, header, result.rows, sheets, highlight)
+            writer(tmp, header, rows, sheets, highlight)
         except ReportError:
             raise
         except Exception as exc:  # a writer library failing on odd data must name the report, not crash
             raise ReportError(f"{path}: the {chosen} xlsx writer failed: {exc}") from exc
-    logger.debug("wrote %s (%d rows, sheets %s, engine %s)", path, len(result.rows), sheets, chosen)
+    logger.debug("wrote %s (%d rows, sheets %s, engine %s)", path, len(rows), sheets, chosen)
     return [sheet.name for sheet in sheets]
 
 
