@@ -132,7 +132,8 @@ class Settings(BaseSettings):
     forwarded_allow_ips: str | None = Field(
         default=None,
         description="comma-separated addresses of the reverse proxies whose X-Forwarded-For/-Proto are "
-        "trusted (uvicorn's setting; unset: uvicorn's default, 127.0.0.1 or $FORWARDED_ALLOW_IPS)",
+        "trusted (uvicorn's forwarded_allow_ips); unset: none, every client is the address it connects "
+        "from (the wrong-token throttle counts that)",
     )  # fmt: skip
     auth_failure_limit: int = Field(
         default=10, ge=1,
