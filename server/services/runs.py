@@ -31,7 +31,9 @@ from parity.server.services.paths import check_sha256, check_upload_path
 from parity.server.store import BlobStore, run_key, upload_key
 from parity.shared.contract import split_tag
 from parity.shared.dump.layout import DUMP_JSON
+from parity.shared.naming import skeleton
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,21 @@ def listing(items: Sequence[str]) -> str:
     """``items`` joined for a one-line message, the first :data:`LISTED_IDS` of them."""
     more = f" and {len(items) - LISTED_IDS} more" if len(items) > LISTED_IDS else ""
     return ", ".join(items[:LISTED_IDS]) + more
+
+
+def refuse_taken_name(session: Session, project: str, name: str, advice: str, *, renamed: str | None = None
+                      ) -> None:  # fmt: skip
+    """:class:`Conflict` when ``project`` has a run called ``name`` or a look-alike of it (the same
+    :func:`~parity.shared.naming.skeleton`), other than the run ``renamed``; names are unique in a project so
+    that ``compare-runs NAME`` is never ambiguous, to the eye either. Concurrent creates of one name (or of
+    two look-alikes) are made to take turns first."""
+    serialize_on(session, f"run-name\0{project}\0{skeleton(name)}")
+    taken = [t for t in RunRepository(session).alike(name, project) if t.id != renamed]
+    if taken:
+        t = taken[-1]
+        alike = "" if t.name == name else f" (which {name!r} looks like)"
+        raise Conflict(f"name: project {project!r} already has a run named {t.name!r}{alike} ({t.id}, "
+                       f"{t.status}); names are unique in a project: {advice}")  # fmt: skip
 
 
 def resolve_run(repo: RunRepository, ref: str, *, project: str | None = None, field: str | None = None,
@@ -132,15 +149,8 @@ class RunService:
             auto_compare=body.auto_compare, baseline=False, planned_by=body.planned_by,
         )  # fmt: skip
         with self.db.write() as session:
-            serialize_on(session, f"run-name\0{body.project}\0{body.name}")
-            taken = RunRepository(session).named(body.name, body.project)
-            if taken:
-                t = taken[-1]
-                raise Conflict(
-                    f"name: project {body.project!r} already has a run named {body.name!r} ({t.id}, "
-                    f"{t.status}); names are unique in a project: resume that run's upload, delete it, or "
-                    "choose another name"
-                )
+            refuse_taken_name(session, body.project, body.name,
+                              "resume that run's upload, delete it, or choose another name")  # fmt: skip
             session.add(run)
             session.flush()
             session.add_all(RunTag(run_id=run.id, key=k, value=v) for k, v in body.tags.items())
