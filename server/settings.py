@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from parity.shared.replay.sandbox import ReplayBudget
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 1024**3
+#: every job has a deadline by default (issue 37): a held worker is never the queue's fate. A rank of a big
+#: compare runs minutes, not hours; a validation parses dump.json files in seconds.
+DEFAULT_JOB_TIMEOUT_S = 2 * 3600.0
+DEFAULT_VALIDATION_TIMEOUT_S = 3600.0
 
 #: ``PARITY_TOKENS`` roles: a token without one may write.
 TOKEN_ROLES = {"rw": True, "ro": False}
@@ -61,10 +65,15 @@ class Settings(BaseSettings):
         description="how long a running job stays its worker's without a renewal (renewed every third of "
         "it); a job whose worker died is claimed again once its lease has passed",
     )  # fmt: skip
-    job_timeout_seconds: float | None = Field(
-        default=None, gt=0,
-        description="a compare job still running after this many seconds fails with a message saying so "
-        "(unset: no limit)",
+    job_timeout_seconds: float = Field(
+        default=DEFAULT_JOB_TIMEOUT_S, gt=0,
+        description="a rank of a compare (its replays included) still running after this many seconds "
+        "fails with a message saying so, and its worker takes the next job",
+    )  # fmt: skip
+    validation_timeout_seconds: float = Field(
+        default=DEFAULT_VALIDATION_TIMEOUT_S, gt=0,
+        description="a run's validation still running after this many seconds leaves the run invalid, "
+        "saying so (complete it again to retry), and its worker takes the next job",
     )  # fmt: skip
     replay_memory_bytes: int = Field(
         default=2 * 2**30, gt=0,
