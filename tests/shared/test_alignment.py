@@ -367,3 +367,22 @@ def test_modules_pair_by_name_then_by_path_and_a_gap_is_cut_at_a_module_boundary
     cut = split_by_scope((0, 4, 0, 3), ["a", "a", "b", "b"], ["b", "c", "b"])
     assert cut == [(0, 2, 0, 0), (2, 4, 0, 1), (4, 4, 1, 2), (4, 4, 2, 3)]
     assert split_by_scope((0, 2, 0, 1), [None, None], [None]) == [(0, 2, 0, 1)]
+
+
+def test_alternating_scopes_align_in_linear_work(tmp_path: Path) -> None:
+    """Issue 37's probe (``tests/alignment_probes.py``) at 20,000 calls a side: every call a gap of its own
+    module scope, every tensor of one value. Quadratic before (50,000 held a worker 3 min 50 s), about a
+    second now (``benchmarks/bench_alignment_scale.py`` times 200,000); each gap pairs its call's input and
+    output with the bench's call of the same scope and place."""
+    from tests.alignment_probes import write_alternating_scopes
+
+    calls = 20_000
+    target, bench = write_alternating_scopes(tmp_path, calls)
+    npu = side_rows(load_dump(target), tensor_mode=False)
+    ref = side_rows(load_dump(bench), tensor_mode=False)
+    modules = (load_construct(target.parent / "construct.json"),
+               load_construct(bench.parent / "construct.json"))  # fmt: skip
+    pairing, aligned = align_rows(npu, ref, modules=modules)
+    assert len(aligned.gaps) == calls
+    assert aligned.gaps[3].label == "target Torch.add.3.forward ~ bench Torch.mul.3.forward"
+    assert all(j >= 0 for j in pairing.bench_index) and len(set(pairing.bench_index)) == 2 * calls
