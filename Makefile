@@ -14,7 +14,7 @@ MSPROBE_STAMP := $(MSPROBE_VENV)/.installed-$(shell cat scripts/msprobe_venv.sh 
 MSPROBE26_VENV := .venv-msprobe26
 MSPROBE26_STAMP := $(MSPROBE26_VENV)/.installed-$(shell cat scripts/msprobe_venv.sh | sha1sum | cut -c1-12)
 
-.PHONY: venv msprobe-venv msprobe26-venv demo test test-accelerator test-fast lint typecheck bench clean services
+.PHONY: venv msprobe-venv msprobe26-venv demo demo-stop test test-accelerator test-fast lint typecheck bench clean services
 
 venv: $(STAMP)
 
@@ -44,7 +44,10 @@ $(MSPROBE26_STAMP): scripts/msprobe_venv.sh
 	@touch $@
 
 demo: venv
-	$(BIN)/python -m parity.demo
+	$(BIN)/python -m parity.demo --keep-server --data-dir parity-data --port 8000
+
+demo-stop:
+	@if [ -f parity-data/server.pid ]; then kill "$$(cat parity-data/server.pid)" 2>/dev/null && echo "demo: server $$(cat parity-data/server.pid) stopped" || echo "demo: server $$(cat parity-data/server.pid) was not running"; rm -f parity-data/server.pid; else echo "demo: no server left running (parity-data/server.pid)"; fi
 
 # The three venvs are independent (network and disk bound): built side by side, they cost the longest of them.
 test:
@@ -72,4 +75,4 @@ bench: venv
 	$(BIN)/python benchmarks/bench_localization.py
 
 clean:
-	rm -rf $(VENV) $(MSPROBE_VENV) $(MSPROBE26_VENV) demo-output parity-data .pytest_cache
+	rm -rf $(VENV) $(MSPROBE_VENV) $(MSPROBE26_VENV) demo-output parity-check parity-data .pytest_cache

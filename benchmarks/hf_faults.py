@@ -2,7 +2,7 @@
 
 Each fault replaces one piece of a model's own code in the target run: a module's ``forward`` (every module
 of a class, or those at some paths) or a function of the modeling module (``eager_attention_forward``,
-``rotate_half``), with a copy of transformers' code (5.25, Apache-2.0) that differs where the port differs.
+``rotate_half``), with a copy of transformers' code (5.23, Apache-2.0) that differs where the port differs.
 Nothing perturbs a call from outside: what the dump shows is what this code computes.
 
 The faulty lines carry the marker ``# <- fault``; they are the ground truth (``hf_suite.truth``): the

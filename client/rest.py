@@ -35,7 +35,7 @@ from urllib.parse import quote
 import httpx
 import pydantic
 from parity.client.errors import UploadError
-from parity.client.server_address import base_url, clean_token
+from parity.client.server_address import base_url, clean_token, unreachable_hint
 from parity.shared.contract import (
     API_PREFIX,
     AcceptanceCreate,
@@ -240,7 +240,8 @@ class ParityClient:
                 response = _read_bounded(response, max_bytes)
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__
-            raise ServerUnreachable(f"{method} {url}: server unreachable: {reason}") from None
+            raise ServerUnreachable(f"{method} {url}: server unreachable: {reason}"
+                                    f"{unreachable_hint(self.server)}") from None  # fmt: skip
         if response.status_code not in ok:
             raise ApiError(method, url, response.status_code, _detail(response))
         return response
@@ -267,7 +268,8 @@ class ParityClient:
         try:
             response = self._http.post(url, content=b"{}", headers=headers, timeout=timeout)
         except httpx.TransportError as exc:
-            raise ServerUnreachable(f"POST {url}: server unreachable: {exc or type(exc).__name__}") from None
+            raise ServerUnreachable(f"POST {url}: server unreachable: {exc or type(exc).__name__}"
+                                    f"{unreachable_hint(self.server)}") from None  # fmt: skip
         if response.status_code != 422:
             raise ApiError("POST", url, response.status_code, _detail(response))
 
@@ -328,10 +330,14 @@ class ParityClient:
         tags: Mapping[str, str] | None = None,
         limit: int = 50,
         offset: int = 0,
+        verdicts: bool = False,
     ) -> tuple[list[RunPublic], int]:
         """One page of ``GET /runs`` and the total count of runs matching the filters (``name`` exact,
-        ``name_contains`` a substring in any case, every one of ``tags``)."""
+        ``name_contains`` a substring in any case, every one of ``tags``); ``verdicts``: each run with its
+        verdict against its project's baseline (``RunPublic.verdict``)."""
         params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
+        if verdicts:
+            params.append(("verdicts", "true"))
         for key, value in (("name", name), ("name_contains", name_contains), ("project", project),
                            ("device", device), ("status", status)):  # fmt: skip
             if value is not None:
@@ -566,6 +572,7 @@ class ParityClient:
                         fh.write(chunk)
         except httpx.TransportError as exc:
             partial.unlink(missing_ok=True)
-            raise ServerUnreachable(f"GET {url}: server unreachable: {exc or type(exc).__name__}") from None
+            raise ServerUnreachable(f"GET {url}: server unreachable: {exc or type(exc).__name__}"
+                                    f"{unreachable_hint(self.server)}") from None  # fmt: skip
         os.replace(partial, dest)
         return dest

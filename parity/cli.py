@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "upload": ("upload", "upload an existing dump directory to a server"),
     "compare-runs": ("compare_runs", "compare two uploaded runs on a server and download the reports"),
     "regressions": ("regressions", "a comparison's new and worse APIs against the baseline"),
+    "check": ("check", "the CI gate: exit 1 when a run has APIs new or worse against the baseline"),
     "plan": ("plan", "write the next dump's config.json: tensor files for a comparison's suspects only"),
     "runs": ("runs", "list, delete or make a baseline of runs on a server"),
     "accept": ("accept", "accept a failing API with a note (or --revoke it) in a project"),

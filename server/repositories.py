@@ -18,6 +18,7 @@ from parity.server.models import (
     RunFile,
     RunTag,
 )
+from parity.shared.incomplete import INCOMPLETE_FILE
 from parity.shared.naming import skeleton
 from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, text
 from sqlalchemy.orm import Session, aliased
@@ -44,6 +45,7 @@ class RunStats:
     total_bytes: int = 0
     steps: set[int] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
+    incomplete: set[tuple[int, int]] = field(default_factory=set)  # (step, rank) marked cut short
 
 
 class RunRepository:
@@ -133,6 +135,13 @@ class RunRepository:
             stats[run_id].steps.add(int(step))
             if rank is not None:
                 stats[run_id].ranks.add(int(rank))
+        marked = self.session.execute(
+            select(RunFile.run_id, RunFile.step, RunFile.rank)
+            .where(RunFile.run_id.in_(run_ids), RunFile.path.like(f"step%/rank%/{INCOMPLETE_FILE}"))
+        )  # fmt: skip
+        for run_id, step, rank in marked:
+            if step is not None and rank is not None:
+                stats[run_id].incomplete.add((int(step), int(rank)))
         return stats
 
     def files(self, run_id: str) -> list[RunFile]:

@@ -327,6 +327,10 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
 
+    from parity.shared.incomplete import incomplete_lines
+
+    for warning in incomplete_lines(outputs.results):
+        sys.stderr.write(f"parity compare: warning: {warning}\n")
     out = sys.stdout
     for result in outputs.results:
         where = f"rank {result.rank}: " if result.rank is not None else ""

@@ -30,7 +30,7 @@ from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic,
 from parity.server.services.paths import check_sha256, check_upload_path
 from parity.server.store import BlobStore, run_key, upload_key
 from parity.shared.contract import split_tag
-from parity.shared.dump.layout import DUMP_JSON
+from parity.shared.dump.layout import DUMP_JSON, stored_prefix
 from parity.shared.naming import skeleton
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -53,6 +53,7 @@ def run_public(run: Run, stats: RunStats) -> RunPublic:
         steps=sorted(stats.steps), ranks=sorted(stats.ranks), baseline=bool(run.baseline),
         auto_compare=bool(run.auto_compare), auto_compare_note=run.auto_compare_note,
         planned_by=run.planned_by, dump_task=run.dump_task,
+        incomplete=[stored_prefix(step, rank) for step, rank in sorted(stats.incomplete)],
     )  # fmt: skip
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -460,6 +460,32 @@ class _Provenance:
         return -1
 
 
+class _PairedRows:
+    """The bench rows of calls both sides make (``rows``), and by value the sorted ones holding it, each
+    list filtered once (issue 37: filtering it per look-up was quadratic where many rows share a value)."""
+
+    def __init__(self, values: _Values, rows: Set[int]) -> None:
+        self.values, self.rows = values, rows
+        self._where: dict[tuple[Any, ...], list[int]] = {}
+
+    def where(self, key: tuple[Any, ...]) -> list[int]:
+        found = self._where.get(key)
+        if found is None:
+            found = self._where[key] = [r for r in self.values.where.get(key, ()) if r in self.rows]
+        return found
+
+
+def _same_value_near(key: tuple[Any, ...] | None, at: int, paired: _PairedRows) -> int:
+    """The paired bench row holding the value ``key`` nearest to row ``at``, after it first (the call that
+    reads it there: a parameter the target's gap casts before its first use); -1 if none. Only rows of calls
+    both sides make count: a tensor only the bench's own gap reads says nothing of where the target's went."""
+    where = paired.where(key) if key is not None else []
+    if not where:
+        return -1
+    k = bisect.bisect_left(where, at)
+    return where[k] if k < len(where) else where[-1]
+
+
 #: At most this many bench candidates of one shape are weighed for one boundary tensor without provenance.
 MAX_CANDIDATES = 64
 
@@ -488,8 +514,8 @@ def _closest(t_rows: SideRows, r: int, b_rows: SideRows, buckets: dict[tuple[Any
     return best
 
 
-def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, provenance: _Provenance,
-              gap: GapRange, index: list[int], aligned: Aligned, number: int) -> None:  # fmt: skip
+def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, provenance: _Provenance, gap: GapRange,
+              index: list[int], aligned: Aligned, number: int, paired: _PairedRows) -> None:  # fmt: skip
     """Pair the boundary tensors of one gap, mark its internal rows, and its rows' gap and call."""
     lo, hi, blo, bhi = gap
     t_in, t_out, t_internal = _boundary(t, tv, lo, hi)
@@ -533,6 +559,16 @@ def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, provenance: _Provena
                 else:
                     rest.append(r)
             unpaired = rest
+        if not two_sided and before and unpaired:  # a tensor the target casts first, read as it is there
+            at = b.calls.starts[blo] if blo < len(b.calls.starts) else len(b.rows)
+            rest = []
+            for r in unpaired:
+                partner = _same_value_near(tv.keys[r], at, paired)
+                if partner >= 0:
+                    index[r] = partner
+                else:
+                    rest.append(r)
+            unpaired = rest
         for r in unpaired:
             # an unpaired floating input leaves the gap unjudged (the loss may come from it); the rest of
             # what has no partner (an index, a mask, an output nobody reads) is internal
@@ -566,11 +602,12 @@ def align_rows(npu: SideRows, bench: SideRows, *, sites: Sites | None = None,
     if gaps:
         tv, bv = _Values(npu), _Values(bench)
         provenance = _Provenance(tv, index)
+        paired = _PairedRows(bv, {j for j in index if j >= 0})  # the bench rows of calls both sides make
         for number, gap in enumerate(gaps):
             lo, hi, blo, bhi = gap
             aligned.gaps.append(Gap(tuple(t.calls.names[lo:hi]), tuple(b.calls.names[blo:bhi])))
             if hi > lo and max(hi - lo, bhi - blo) <= MAX_GAP_CALLS:
-                _pair_gap(t, b, tv, bv, provenance, gap, index, aligned, number)
+                _pair_gap(t, b, tv, bv, provenance, gap, index, aligned, number, paired)
                 continue
             for k in range(lo, hi):
                 for r in range(t.calls.starts[k], t.calls.stops[k]):

@@ -42,6 +42,7 @@ __all__ = [
     "Choices",
     "argument_rows",
     "call_choices",
+    "rewired_rows",
 ]
 
 #: Ops that exist to change a tensor's dtype: a cast in the code.
@@ -70,6 +71,45 @@ def argument_rows(facts: RowFacts, states: Sequence[str]) -> np.ndarray:
         other = bench.values.get(j, _MISSING) if present[j] else _MISSING
         rows[j] = not _data_like(value, other)
     return rows
+
+
+def rewired_rows(facts: RowFacts, states: Sequence[str], errors: np.ndarray) -> dict[int, tuple[int, int]]:
+    """The input rows where the target reads another tensor than the bench: row -> (the output row the
+    target's value comes from, the one the bench's comes from). Each side's tensor is traced to the latest
+    earlier output holding exactly its value (its statistics and dimensions); the target's producer agrees
+    with the bench (error 0) and the two producers are different rows: the inputs differ because the
+    call was wired to another tensor (``rotate_half`` negating the other half), not because a value drifted
+    on the way. Constant and empty tensors say nothing of where they come from and are left out."""
+    n = len(facts)
+    out: dict[int, tuple[int, int]] = {}
+    if n == 0:
+        return out
+    sides = (facts.npu, facts.bench)
+    stats = [side.stats_array() for side in sides]
+    informative = [side.tensor_array() & side.numeric_array().all(axis=1) & side.present_array()
+                   & (st[:, 0] != st[:, 1]) & (st[:, 3] != 0.0) & np.isfinite(st).all(axis=1)
+                   for side, st in zip(sides, stats, strict=True)]  # fmt: skip
+    is_out = np.fromiter(map(STATE_OUTPUT.__eq__, states), dtype=bool, count=n)
+    is_in = np.fromiter(map(JUDGED_INPUTS.__contains__, states), dtype=bool, count=n)
+    with np.errstate(invalid="ignore"):
+        differs = is_in & informative[0] & informative[1] & (errors > 0.0) & np.isfinite(errors)
+    if not differs.any():
+        return out
+    latest: list[dict[tuple[Any, ...], int]] = [{}, {}]
+    rows_t, rows_b = stats[0].tolist(), stats[1].tolist()
+    dims_t, dims_b = sides[0].dims, sides[1].dims
+    for r in range(n):
+        if differs[r]:
+            pt = latest[0].get((dims_t[r], *rows_t[r]))
+            pb = latest[1].get((dims_b[r], *rows_b[r]))
+            if pt is not None and pb is not None and pt != pb and errors[pt] == 0.0:
+                out[r] = (pt, pb)
+        if is_out[r]:
+            if informative[0][r]:
+                latest[0][(dims_t[r], *rows_t[r])] = r
+            if informative[1][r]:
+                latest[1][(dims_b[r], *rows_b[r])] = r
+    return out
 
 
 def _data_like(a: Any, b: Any) -> bool:
@@ -105,6 +145,12 @@ class Choices:
     #: call -> the arguments as ``{place: (target value, bench value)}`` (the replay's seam)
     argument_values: dict[int, dict[str, tuple[Any, Any]]] = field(default_factory=dict)
     findings: list[SystematicFinding] = field(default_factory=list)
+
+    def asked(self) -> np.ndarray:
+        """The calls whose target asked for other arguments than the bench."""
+        out = np.zeros(self.lower.size, dtype=bool)
+        out[list(self.arguments)] = True
+        return out
 
     def chosen(self) -> np.ndarray:
         """The calls judged by the bench's precision: a lower precision the class does not share."""
@@ -146,9 +192,11 @@ def _reduce_max(values: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> np.
     return np.maximum.reduceat(np.where(mask, values, 0.0), starts) if starts.size else np.zeros(0)
 
 
-def call_choices(facts: RowFacts, states: Sequence[str], cols: CallColumns, arguments: np.ndarray) -> Choices:
+def call_choices(facts: RowFacts, states: Sequence[str], cols: CallColumns, arguments: np.ndarray,
+                 rewired: dict[int, tuple[int, int]] | None = None) -> Choices:  # fmt: skip
     """Each call's precision and argument choices (``arguments``: the rows that are requests,
-    ``argument_rows``), and the classes that make a precision choice systematically."""
+    ``argument_rows``; ``rewired``: the inputs it reads from another tensor, ``rewired_rows``), and the
+    classes that make a precision choice systematically."""
     n = len(cols.apis)
     starts = cols.first_row
     t_units, b_units = facts.npu.units(), facts.bench.units()
@@ -163,6 +211,12 @@ def call_choices(facts: RowFacts, states: Sequence[str], cols: CallColumns, argu
     lower = (bench_out > 0.0) & (target_out > bench_out) & (target_out > target_in)
     target_dtype, bench_dtype = _coarsest_dtypes(facts, is_out, cols, lower)
     words, values, dtype_asked = _arguments(facts, cols, arguments)
+    for r, (pt, pb) in sorted((rewired or {}).items()):
+        k = int(np.searchsorted(cols.first_row, r, side="right")) - 1
+        if 0 <= k < n and r < int(cols.stop_row[k]):
+            words.setdefault(k, []).append(
+                f"{_place(facts, r, cols.apis[k])} is {facts.names[pt]} where the bench reads "
+                f"{facts.names[pb]}")  # fmt: skip
     explicit = np.fromiter((op_of(api) in CAST_OPS for api in cols.apis), dtype=bool, count=n) | dtype_asked
     choices = Choices(target_out, bench_out, target_in, bench_unit, lower, explicit & lower,
                       np.zeros(n, dtype=bool), target_dtype, bench_dtype, words, values)  # fmt: skip
@@ -216,6 +270,11 @@ def _arguments(facts: RowFacts, cols: CallColumns, arguments: np.ndarray) -> Arg
         words.setdefault(k, []).append(f"{label}: {_value_text(target)} vs {_value_text(other)}")
         values.setdefault(k, {})[place] = (target, None if other is _MISSING else other)
     return words, values, dtype_asked
+
+
+def _place(facts: RowFacts, r: int, api: str) -> str:
+    name = facts.names[r]
+    return name[len(api) + 1 :] if name.startswith(api + ".") else name
 
 
 def _systematic_choices(choices: Choices, cols: CallColumns, target_out: np.ndarray) -> None:

@@ -78,7 +78,7 @@ from parity.shared.compare.call_errors import (
     row_norms,
     stats_error,
 )
-from parity.shared.compare.choices import Choices, argument_rows, call_choices
+from parity.shared.compare.choices import Choices, argument_rows, call_choices, rewired_rows
 from parity.shared.compare.expected_error import (
     Recorded,
     api_class,
@@ -454,8 +454,11 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
         errs = np.array([math.nan if e is None else e for e in errors], dtype=np.float64)
     norms = row_norms(facts)
     arguments = argument_rows(facts, states)
-    cols = group_calls(rows, states, errs, norms, arguments)
-    choices = call_choices(facts, states, cols, arguments)
+    rewired = rewired_rows(facts, states, errs) if mode is not CompareMode.MD5 else {}
+    ignored = arguments.copy()
+    ignored[list(rewired)] = True  # an input wired to another tensor is the call's choice, not its error
+    cols = group_calls(rows, states, errs, norms, ignored)
+    choices = call_choices(facts, states, cols, arguments, rewired)
     apis = cols.apis
     directions = [direction_of(a) for a in apis]
     i_err, o_err = cols.input_err.copy(), cols.output_err
@@ -467,6 +470,8 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
     with np.errstate(invalid="ignore", divide="ignore"):
         finite_out = np.isfinite(o_err) & (o_err > 0.0)
         sample = samplers & (i_err == 0.0) & finite_out  # what a call adds on its own: a noise sample
+        # ... unless it asked for something else than the bench: a choice is no noise
+        sample &= ~(choices.chosen() | choices.asked())
         has_gain = finite_out & np.isfinite(i_err) & (i_err > 0.0)
         gain = np.where(has_gain, o_err / i_err, np.nan)
         judged = ~np.isnan(i_err) & ~np.isnan(o_err) & (o_err != 0.0) & ~np.isinf(i_err)
@@ -515,9 +520,7 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
     _allow_for_small_tensors(facts, states, cols, scores, finite, threshold)
     # A call that asked for other arguments and whose outputs differ is named, however little they differ:
     # the difference is the request's (a tanh GELU under bfloat16 autocast hides in bfloat16's rounding).
-    asked = np.zeros(n, dtype=bool)
-    asked[list(choices.arguments)] = True
-    named = asked & judged & (o_err > 0.0)
+    named = choices.asked() & judged & (o_err > 0.0)
     scores[named] = np.maximum(scores[named], threshold)
     shares = _routed_shares(facts, states, cols, routed)
     element_wise = shares > 0.0

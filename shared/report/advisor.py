@@ -36,12 +36,14 @@ def one_line(text: str) -> str:
 
 
 def advisor_lines(result: CompareResult) -> list[str]:
-    """msprobe's three advisor lines for ``result``."""
+    """msprobe's three advisor lines for ``result``; ``Line`` is the Excel row of the row it names."""
     advice = result.advice
     if advice.line is None:
         return [f"Line: {NO_ERROR}", f"Suspect Nodes: {advice.suspect_node or NO_ERROR}",
                 f"Expert Advice: {advice.text or NO_ERROR_ADVICE}"]  # fmt: skip
-    return [f"Line: {advice.line}", f"Suspect Nodes: {advice.suspect_node or NO_ERROR}",
+    # The row as Excel numbers it (the header is row 1), the one row number the suspects, the page and the
+    # workbook use; msprobe writes its table's 0-based index here (README: "Where Parity differs").
+    return [f"Line: {advice.line + 2}", f"Suspect Nodes: {advice.suspect_node or NO_ERROR}",
             f"Expert Advice: {advice.text}"]  # fmt: skip
 
 

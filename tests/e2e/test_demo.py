@@ -47,6 +47,13 @@ def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
     rows = list(openpyxl.load_workbook(report, read_only=True).worksheets[0].iter_rows(values_only=True))
     assert len(rows) > 10 and any("Functional.gelu" in str(r[0]) for r in rows[1:])
     assert len(list(out_dir.glob("advisor_*.txt"))) == 1
+    # It ends with what to open and where the parity command is; the server it stopped is never linked.
+    assert "http://" not in done.stdout, done.stdout
+    assert f"next: the parity command is {Path(sys.executable).with_name('parity')}" in done.stdout
+    assert "next: the server is stopped; python -m parity.demo --keep-server (make demo)" in done.stdout
+    # Every file it saved reads like the others (the summary was 0600, the reports 0644).
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out_dir.iterdir()}
+    assert len(set(modes.values())) == 1, modes
     # statistics first, then only the suspects in tensor mode: the plan's re-dump names the faulty GELU, and
     # its float64 replay blames the target's kernel
     plan = json.loads((out_dir / "plan_config.json").read_text())

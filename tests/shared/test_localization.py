@@ -385,7 +385,7 @@ def test_suspects_carry_the_user_frame_and_the_excel_row(tmp_path: Path) -> None
     assert result.rows[suspect.row_index].cells[0] == "Torch.f2.0.forward.output.0"
     text = advisor_text(result)
     assert f"Excel row {suspect.excel_row}" in text and "model.py, line 42" in text
-    assert text.splitlines()[0] == f"Line: {suspect.row_index}"  # msprobe's 0-based line, kept
+    assert text.splitlines()[0] == f"Line: {suspect.excel_row}"  # one row number everywhere (issue 36)
 
 
 # ------------------------------------------------------------------------------------------------------
