@@ -150,10 +150,12 @@ def _keys(rows: SideRows, calls: _Calls,
     cols = rows.columns
     fine: list[tuple[Any, ...]] = []
     kinds = [fuzzy_entry_name(name) for name in calls.names]
+    canonical: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # one tuple per distinct key: calls repeat
     for kind, start, stop, scope in zip(kinds, calls.starts, calls.stops, scopes, strict=True):
         sig = tuple((cols.states[r][:1], cols.shapes[r], _family(cols.dtypes[r]))
                     for r in range(start, stop) if cols.is_tensor[r])  # fmt: skip
-        fine.append((kind, sig, scope))
+        key = (kind, sig, scope)
+        fine.append(canonical.setdefault(key, key))
     return fine, kinds, [_op(name) for name in calls.names]
 
 
@@ -344,7 +346,9 @@ def _vkey(rows: SideRows, r: int) -> tuple[Any, ...] | None:
     if not cols.is_tensor[r]:
         return None
     stats = cols.stats_of(r)
-    if any(isinstance(s, float) and math.isnan(s) for s in stats) or all(s is None for s in stats):
+    high, low, mean, norm = stats  # x != x: NaN only (None, ints and text equal themselves); no generators
+    unknown = high != high or low != low or mean != mean or norm != norm  # noqa: PLR0124 - the NaN test
+    if unknown or (high is None and low is None and mean is None and norm is None):
         if cols.md5s[r] is None:
             return None
     return (cols.shapes[r], cols.dtypes[r], stats, cols.md5s[r])
@@ -357,8 +361,10 @@ class _Values:
         self.rows = rows
         self.keys: list[tuple[Any, ...] | None] = [_vkey(rows, r) for r in range(len(rows))]
         self.where: dict[tuple[Any, ...], list[int]] = {}
+        canonical: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # one tuple per value: rows repeat values
         for r, key in enumerate(self.keys):
             if key is not None:
+                self.keys[r] = key = canonical.setdefault(key, key)
                 self.where.setdefault(key, []).append(r)
 
 
