@@ -10,8 +10,11 @@ UV_LINKS := $(foreach link,$(PIP_FIND_LINKS),--find-links $(link))
 # msprobe itself, for the interoperability tests (tests/interop): a venv of its own (it pins numpy<2, pandas<2.1)
 MSPROBE_VENV := .venv-msprobe
 MSPROBE_STAMP := $(MSPROBE_VENV)/.installed-$(shell cat scripts/msprobe_venv.sh | sha1sum | cut -c1-12)
+# msprobe 26.2.0 (the 26.x line: `msprobe compare -tp -gp`, CSV, xor checksums), built by the same script
+MSPROBE26_VENV := .venv-msprobe26
+MSPROBE26_STAMP := $(MSPROBE26_VENV)/.installed-$(shell cat scripts/msprobe_venv.sh | sha1sum | cut -c1-12)
 
-.PHONY: venv msprobe-venv demo test test-accelerator test-fast lint typecheck bench clean services
+.PHONY: venv msprobe-venv msprobe26-venv demo demo-stop test test-accelerator test-fast lint typecheck bench clean services
 
 venv: $(STAMP)
 
@@ -23,7 +26,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml setup.py shared/metrics/_fused.c
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q uv
-	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode $(UV_LINKS) -e '.[compare,server,celery,postgres,dev]' $(TORCH)
+	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode $(UV_LINKS) -e '.[compare,server,celery,postgres,dev,hf]' $(TORCH)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -34,12 +37,21 @@ $(MSPROBE_STAMP): scripts/msprobe_venv.sh
 	PY=$(PY) bash scripts/msprobe_venv.sh $(MSPROBE_VENV)
 	@touch $@
 
-demo: venv
-	$(BIN)/python -m parity.demo
+msprobe26-venv: $(MSPROBE26_STAMP)
 
-# The two venvs are independent (network and disk bound): built side by side, they cost the longer of the two.
+$(MSPROBE26_STAMP): scripts/msprobe_venv.sh
+	PY=$(PY) bash scripts/msprobe_venv.sh $(MSPROBE26_VENV) 26.2.0
+	@touch $@
+
+demo: venv
+	$(BIN)/python -m parity.demo --keep-server --data-dir parity-data --port 8000
+
+demo-stop:
+	@if [ -f parity-data/server.pid ]; then kill "$$(cat parity-data/server.pid)" 2>/dev/null && echo "demo: server $$(cat parity-data/server.pid) stopped" || echo "demo: server $$(cat parity-data/server.pid) was not running"; rm -f parity-data/server.pid; else echo "demo: no server left running (parity-data/server.pid)"; fi
+
+# The three venvs are independent (network and disk bound): built side by side, they cost the longest of them.
 test:
-	$(MAKE) --no-print-directory -j2 venv msprobe-venv
+	$(MAKE) --no-print-directory -j3 venv msprobe-venv msprobe26-venv
 	bash scripts/test.sh
 
 # The capture tests on each accelerator present (cuda, npu, xpu, mps), beside their CPU half; on a machine
@@ -63,4 +75,4 @@ bench: venv
 	$(BIN)/python benchmarks/bench_localization.py
 
 clean:
-	rm -rf $(VENV) $(MSPROBE_VENV) demo-output parity-data .pytest_cache
+	rm -rf $(VENV) $(MSPROBE_VENV) $(MSPROBE26_VENV) demo-output parity-check parity-data .pytest_cache

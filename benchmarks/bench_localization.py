@@ -31,6 +31,15 @@ or noise-only pairs. Statistics mode is reported as measured.
     .venv/bin/python benchmarks/bench_localization.py --device cuda   # adds cuda, cuda-tf32 (needs a GPU)
     .venv/bin/python benchmarks/bench_localization.py --alignment     # only the pairs whose traces differ
     .venv/bin/python benchmarks/bench_localization.py --pairing-cost  # identical traces: here vs --base
+    .venv/bin/python benchmarks/bench_localization.py --models hf     # port faults on transformers models
+    .venv/bin/python benchmarks/bench_localization.py --models hf --families llama,gpt2 --modes tensor \
+        --levels L1,mix --variants clean,aten-default --verbose --quick
+
+``--models hf`` (issue 34, ``hf_suite.py``, needs the ``[hf]`` extra) runs the port faults of ``hf_faults.py``
+(precision choices, approximations, eps, kernels, backward-only, overflow, MoE routing, RoPE) on Hugging Face
+transformers models from tiny configs, at L1 and mix, in tensor and statistics mode, in the kernel variants
+clean, aten-default, onednn-bf16 (where the CPU has AMX or AVX512-BF16) and autocast-bf16 (and ``sdpa`` when
+named): a table per fault family and variant. Its truth sets come from the faulty lines, not the engine.
 
 Pairs whose call traces differ (issue 24, ``alignment_suite.py``): fused attention, a fused norm, an extra
 cast and a split op, each dumped at L1 and at mix, with its fault and without; reported are the pairing
@@ -218,7 +227,7 @@ def table(outcomes: list[suite.Outcome]) -> str:
                 continue
             top1 = sum(o.top1 for o in cases) / len(cases)
             top3 = sum(o.top3 for o in cases) / len(cases)
-            first = sum(o.first == o.truth for o in cases) / len(cases)
+            first = sum(o.first_hit for o in cases) / len(cases)
             lines.append(f"{mode:<11}{variant:<10}{len(cases):>6}{top1:>9.1%}{top3:>9.1%}{first:>12.1%}")
     lines.append("")
     lines.append(f"{'mode':<11}{'pairs without a fault':<22}{'calls named':>12}{'systematic':>12}")
@@ -346,8 +355,76 @@ def pairing_cost(base: str, repeat: int) -> str:
     return "\n".join(lines)
 
 
+def run_hf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``--models hf``: the port faults on Hugging Face transformers models (``hf_suite.py``), one worker per
+    model and mode; the table per fault family and kernel variant."""
+    import hf_suite
+
+    why = hf_suite.missing()
+    if why is not None:
+        print(f"--models hf skipped: {why}")
+        return 0
+    import transformers
+
+    known = hf_suite.available_models()
+    models = tuple(args.families.split(",")) if args.families else known
+    if not set(models) <= set(known):
+        unknown = sorted(set(models) - set(known))
+        parser.error(f"--families: unknown {unknown}; known with --models hf: {list(known)}")
+    modes = tuple(args.modes.split(","))
+    levels = tuple(args.levels.split(","))
+    variants = tuple(args.variants.split(",")) if args.variants else hf_suite.DEFAULT_VARIANTS
+    for flag, given, allowed in (("--modes", modes, hf_suite.MODES), ("--levels", levels, hf_suite.LEVELS),
+                                 ("--variants", variants, hf_suite.VARIANTS)):  # fmt: skip
+        if not set(given) <= set(allowed):
+            unknown = sorted(set(given) - set(allowed))
+            parser.error(f"{flag}: unknown {unknown}; known with --models hf: {list(allowed)}")
+    notes = []
+    if "onednn-bf16" in variants and (skip := hf_suite.onednn_bf16_skip()):
+        variants = tuple(v for v in variants if v != "onednn-bf16")
+        notes.append(skip)
+    faults = [f for f in hf_suite.FAULTS if f.model in models]
+    if args.quick:  # the first fault of each fault family
+        firsts: dict[str, hf_suite.HFFault] = {}
+        for fault in faults:
+            firsts.setdefault(fault.family, fault)
+        faults = list(firsts.values())
+    work = [(model, mode, [f.label for f in faults if f.model == model], variants, levels, args.verbose)
+            for mode in modes for model in models]  # fmt: skip
+    logging.basicConfig(level=logging.ERROR)
+    started = time.perf_counter()
+    if args.jobs <= 1:
+        outcomes = [o for unit in work for o in hf_suite.run_unit(*unit)]
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
+            futures = [pool.submit(hf_suite.run_unit, *unit) for unit in work]
+            outcomes = [o for fut in futures for o in fut.result()]
+    for variant in variants:
+        why = sorted({w for f in faults if (w := hf_suite.skipped(f, variant))})
+        for reason in why:
+            count = sum(hf_suite.skipped(f, variant) == reason for f in faults)
+            notes.append(f"{variant}: {count} of the faults not run ({reason})")
+    families = sorted({f.family for f in faults}, key=hf_suite.FAMILIES.index)
+    print(f"\nlocalization on real model code (transformers {transformers.__version__}, torch "
+          f"{torch.__version__}, dumped by parity): {len(faults)} port faults in {len(families)} families on "
+          f"{len(models)} model(s) "
+          f"({', '.join(models)}) x variants ({', '.join(variants)}) x levels ({', '.join(levels)}) x modes "
+          f"({', '.join(modes)}), {time.perf_counter() - started:.0f} s with {args.jobs} jobs "
+          f"(load average {os.getloadavg()[0]:.1f} at the end)")  # fmt: skip
+    for note in notes:
+        print(f"  {note}")
+    print(hf_suite.table(outcomes))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", choices=("toy", "hf"), default="toy",
+                        help="toy: the suite's own small models (default); hf: Hugging Face transformers "
+                        "models with port faults (hf_suite.py; needs the [hf] extra)")  # fmt: skip
+    parser.add_argument("--levels", default="L1,mix",
+                        help="--models hf: comma-separated dump levels (default L1,mix)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="one fault per model family")
     parser.add_argument("--verbose", action="store_true", help="print every case's top suspects")
     parser.add_argument("--seed", type=int, default=10, help="seed of the noise levels (default 10)")
@@ -370,6 +447,8 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: also the target on the GPU, TF32 off and on (variants cuda, cuda-tf32)")
     args = parser.parse_args()
+    if args.models == "hf":
+        return run_hf(args, parser)
     if args.speed:
         print(speed(repeat=5))
         return 0

@@ -324,10 +324,12 @@ class Dumper(Protocol):
     def quiet(self) -> AbstractContextManager[object]:
         """A context in which the fault's own tensor work is not dumped."""
 
-    def session(self, dump_dir: Path, task: str, summary_mode: str) -> AbstractContextManager[object]:
-        """Configure the tool to dump one step into ``dump_dir``, and finish the dump on exit."""
+    def session(self, dump_dir: Path, task: str, summary_mode: str,
+                level: str = "L1") -> AbstractContextManager[object]:  # fmt: skip
+        """Configure the tool to dump one step into ``dump_dir`` at ``level``, and finish the dump on exit."""
 
-    def start(self) -> None: ...
+    def start(self, model: nn.Module | None = None) -> None:
+        """Start dumping (``model``: the modules to record, at mix)."""
 
     def stop(self) -> None: ...
 
@@ -361,9 +363,9 @@ class ParityDumper:
         return nullcontext()
 
     @contextmanager
-    def session(self, dump_dir: Path, task: str, summary_mode: str) -> Iterator[None]:
+    def session(self, dump_dir: Path, task: str, summary_mode: str, level: str = "L1") -> Iterator[None]:
         self.debugger.reset()
-        body: dict[str, Any] = {"task": task, "dump_path": str(dump_dir), "level": "L1", "step": [0]}
+        body: dict[str, Any] = {"task": task, "dump_path": str(dump_dir), "level": level, "step": [0]}
         if task == "statistics":
             body["statistics"] = {"summary_mode": summary_mode}
         self.debugger(_write_config(dump_dir, body))
@@ -374,8 +376,8 @@ class ParityDumper:
             self.debugger.drain()
             self.debugger.reset()
 
-    def start(self) -> None:
-        self.debugger.start()
+    def start(self, model: nn.Module | None = None) -> None:
+        self.debugger.start(model)
 
     def stop(self) -> None:
         self.debugger.stop()
@@ -426,18 +428,18 @@ class MsprobeDumper:
             self.switch[tid] = before
 
     @contextmanager
-    def session(self, dump_dir: Path, task: str, summary_mode: str) -> Iterator[None]:
+    def session(self, dump_dir: Path, task: str, summary_mode: str, level: str = "L1") -> Iterator[None]:
         section: dict[str, Any] = {"scope": [], "list": [], "data_mode": ["all"]}
         if task == "statistics":
             section["summary_mode"] = summary_mode
-        body = {"task": task, "dump_path": str(dump_dir), "rank": [], "step": [], "level": "L1",
+        body = {"task": task, "dump_path": str(dump_dir), "rank": [], "step": [], "level": level,
                 "async_dump": False, task: section}  # fmt: skip
         self.debugger = self.debugger_type(config_path=str(_write_config(dump_dir, body)))
         yield
         self.debugger.step()
 
-    def start(self) -> None:
-        self.debugger.start()
+    def start(self, model: nn.Module | None = None) -> None:
+        self.debugger.start(model)
 
     def stop(self) -> None:
         self.debugger.stop()
@@ -654,6 +656,12 @@ class Outcome:
 
     #: the systematic findings the pair reported (the engine's ``Localization.systematic``, in words)
     systematic: list[str] = field(default_factory=list)
+    #: every right answer, where a fault is more than one call (``hf_suite``'s truth sets); else ``truth``
+    answers: frozenset[str] = frozenset()
+    #: per ranked suspect, the target calls it stands for (a gap judged as one call: all of them)
+    named_calls: list[frozenset[str]] = field(default_factory=list)
+    #: the target calls the first divergence stands for (empty: ``first`` alone)
+    first_calls: frozenset[str] = frozenset()
 
     @property
     def noisy(self) -> bool:
@@ -661,12 +669,29 @@ class Outcome:
         return self.variant != "clean"
 
     @property
+    def right(self) -> frozenset[str]:
+        """The entries that are right answers: the truth set, or the faulty call alone."""
+        if self.answers:
+            return self.answers
+        return frozenset() if self.truth is None else frozenset({self.truth})
+
+    def hit(self, k: int) -> bool:
+        """Whether the ``k``-th suspect (0-based) is a right answer (a gap: if a call in it is)."""
+        calls = self.named_calls[k] if k < len(self.named_calls) else frozenset()
+        return bool((calls or {self.ranked[k]}) & self.right)
+
+    @property
     def top1(self) -> bool:
-        return bool(self.ranked) and self.ranked[0] == self.truth
+        return bool(self.ranked) and self.hit(0)
 
     @property
     def top3(self) -> bool:
-        return self.truth in self.ranked[:3]
+        return any(self.hit(k) for k in range(min(3, len(self.ranked))))
+
+    @property
+    def first_hit(self) -> bool:
+        """Whether the first divergence is a right answer."""
+        return self.first is not None and bool((self.first_calls or {self.first}) & self.right)
 
     @property
     def false_alarm(self) -> bool:
@@ -681,6 +706,26 @@ def compare(target: Path, bench: Path) -> tuple[list[str], str | None, dict[str,
 
 def judged(target: Path, bench: Path) -> tuple[list[str], str | None, dict[str, float], list[str]]:
     """``compare``'s three, and the systematic findings the pair reported (in words)."""
+    j = judgement(target, bench)
+    return j.ranked, j.first, j.scores, j.systematic
+
+
+@dataclass
+class Judgement:
+    """What the engine said of one pair: the ranked suspects (and the target calls each stands for: a gap
+    judged as one call is all of its calls), the first divergence, every judged call's score, and the
+    systematic findings in words."""
+
+    ranked: list[str]
+    named_calls: list[frozenset[str]]
+    first: str | None
+    first_calls: frozenset[str]
+    scores: dict[str, float]
+    systematic: list[str]
+
+
+def judgement(target: Path, bench: Path) -> Judgement:
+    """The engine's verdict on one pair (``compare_dumps`` with its default options)."""
     from parity.shared.compare.engine import compare_dumps
     from parity.shared.compare.options import CompareOptions
 
@@ -689,9 +734,29 @@ def judged(target: Path, bench: Path) -> tuple[list[str], str | None, dict[str, 
     for row, score in zip(result.rows, result.row_scores or [], strict=False):
         if score is not None:
             scores[row.api] = score
-    first = result.first_divergence.api if result.first_divergence else None
+    order: list[str] = []
+    if any(s.gap for s in [*result.suspects, result.first_divergence] if s is not None):
+        order = list(json.loads(target.read_text())["data"])
+    calls = [_stands_for(s.api, s.gap, order) for s in result.suspects]
+    first = result.first_divergence
+    first_calls = _stands_for(first.api, first.gap, order) if first else frozenset()
+    ranked = [s.api for s in result.suspects]
     systematic = [f.text for f in result.systematic]
-    return [s.api for s in result.suspects], first, scores, systematic
+    return Judgement(ranked, calls, first.api if first else None, first_calls, scores, systematic)
+
+
+def _stands_for(api: str, gap: str | None, order: list[str]) -> frozenset[str]:
+    """The target calls a suspect stands for: itself, or a gap's target calls from its first to its last
+    (the gap's label, ``target A ... C ~ bench B``, names them by those two; the dump's order fills in)."""
+    if not gap or not gap.startswith("target "):
+        return frozenset({api})
+    span = gap[len("target ") :].split(" ~ bench ", 1)[0]
+    first, _, last = span.partition(" ... ")
+    if first not in order or (last and last not in order):
+        return frozenset({api})
+    start = order.index(first)
+    stop = order.index(last) if last else start
+    return frozenset(order[start : stop + 1]) | {api}
 
 
 def workdir() -> Path:

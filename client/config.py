@@ -1,9 +1,14 @@
 """config.json (dump-format.md §2) parsed and validated once, at ``PrecisionDebugger`` construction.
 
-An msprobe user's config.json works unchanged: every field msprobe 8.3.3 and 26.x ship or document is
-accepted. The fields Parity acts on are checked against their allowed values; the others (``precision``,
-``enable_dataloader``, ``risk_level``, ``statistics.tensor_list``, the ``overflow_check``/``run_ut``/... task
-sections) are named in one warning, so nobody believes a setting took effect when it did not. A field
+An msprobe user's config.json works unchanged where Parity does what it asks: every field msprobe 8.3.3 and
+26.x ship or document is known. The fields Parity acts on are checked against their allowed values (26.x's
+``summary_mode: "xor"``, ``statistics.tensor_list``, ``precision: "low"``, ``risk_level: "ALL"``,
+``dump_enable: true`` included); a 26.x setting Parity does not carry out (``task: "diff_check"``, the
+``load`` section, ``level: "debug"``, ``tensor.bench_path``, ``precision: "high"``, ``risk_level`` ``CORE`` or
+``FOCUS``, ``dump_enable: false``, ``slice``) is refused by name with the reason (:data:`REFUSED_26`), never
+accepted and ignored; the fields neither tool acts on for a PyTorch dump of this task (the
+``overflow_check``/``run_ut``/... sections of other tasks, ``enable_dataloader``, ``seed``,
+``file_format``...) are named in one warning. A field
 neither tool knows is an error with the closest known name, so a typo (``"levle"``) fails before training
 starts instead of producing an empty dump hours later. Constructor arguments win over the file;
 ``PARITY_SERVER`` / ``PARITY_TOKEN`` fill in ``server`` / ``token``. The run's name, project and tags follow
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.client.errors import ConfigError
+from parity.client.index_ranges import IndexRanges
 from parity.client.server_address import base_url, clean_token
 from parity.shared.naming import NameRefused, check_name, check_tags
 
@@ -32,7 +38,28 @@ log = logging.getLogger(__name__)
 
 TASKS = ("statistics", "tensor")
 LEVELS = ("L0", "L1", "mix")
-SUMMARY_MODES = ("statistics", "md5")
+SUMMARY_MODES = ("statistics", "md5", "xor")
+#: msprobe 26's tasks and levels that Parity does not run, each with the reason (refused by name)
+REFUSED_26 = {
+    "task:diff_check": "msprobe 26's online divergence dump (tensor files only for the calls whose inputs "
+    "agree with a baseline and whose outputs do not) is not implemented in Parity; compare the statistics "
+    "or xor dumps, then `parity plan` writes the tensor dump of the culprits and their neighbours",
+    "task:structure": "msprobe 26's structure-only dump is not implemented; use task statistics",
+    "task:acc_check": "msprobe's online accuracy check is not a dump Parity writes",
+    "task:nan_check": "msprobe 26's NaN check is not implemented; `parity compare` flags NaN/Inf rows",
+    "level:debug": "PrecisionDebugger.save and debug.json (level debug) are not implemented in Parity",
+    "level:L2": "the kernel-level (L2) dump needs msprobe's NPU kernel hooks",
+    "load": "msprobe 26's module input override (load) is not implemented in Parity",
+    "bench_path": "the one-pass divergence dump against a baseline is not implemented in Parity (see "
+    "task diff_check); leave it empty",
+    "slice": "msprobe 26's tensor slicing before statistics is not implemented in Parity; leave it empty",
+    "precision:high": "msprobe 26.2.0's high precision writes no Mean and Norm; Parity computes them as "
+    "\"low\" does (its default)",
+    "risk_level": "Parity records every API (risk_level \"ALL\"); msprobe 26's CORE/FOCUS API tables are "
+    "not carried; choose the calls with list or scope instead",
+    "dump_enable:false": "the config hot reload (dump_enable) is not implemented in Parity: a dump that "
+    "starts disabled would never record; start and stop the dump with PrecisionDebugger.start()/stop()",
+}
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 COMMON_FIELDS = (
     "task", "dump_path", "rank", "step", "level", "async_dump", "extra_info", "host_buffer_mb",
@@ -44,14 +71,14 @@ STATISTICS_FOR_ALL = "parity_statistics_for_all"
 TASK_FIELDS = ("scope", "list", "data_mode", "summary_mode", STATISTICS_FOR_ALL)
 #: msprobe's fields (8.3.3's shipped config.json and docs, 26.x's docs) that Parity accepts and does not act
 #: on; a task section of msprobe's other tasks is accepted whole.
-MSPROBE_FIELDS = (
-    "enable_dataloader", "precision", "seed", "is_deterministic", "risk_level", "dump_enable",
-    "custom_op_namespaces",
-)  # fmt: skip
+MSPROBE_FIELDS = ("enable_dataloader", "seed", "is_deterministic", "custom_op_namespaces")
+#: msprobe 26's common fields Parity acts on (or refuses a value of, by name: REFUSED_26)
+MSPROBE_26_ACTED = ("precision", "risk_level", "dump_enable", "load")
 MSPROBE_SECTIONS = ("overflow_check", "run_ut", "acc_check", "grad_probe", "free_benchmark", "nan_check",
                     "exception_dump")  # fmt: skip
-MSPROBE_TASK_FIELDS = ("tensor_list", "file_format", "backward_input", "slice", "request_id", "bench_path",
-                       "diff_nums", "overflow_nums", "check_mode")  # fmt: skip
+MSPROBE_TASK_FIELDS = ("file_format", "backward_input", "request_id", "overflow_nums", "check_mode")
+#: msprobe 26's task fields Parity acts on, or refuses a value of by name (REFUSED_26)
+MSPROBE_26_TASK_FIELDS = ("tensor_list", "slice", "bench_path", "diff_nums")
 
 
 @dataclass(frozen=True)
@@ -61,8 +88,8 @@ class DebuggerConfig:
     task: str = "statistics"
     dump_path: Path = Path("./dump_path")
     level: str = "L1"
-    ranks: frozenset[int] | None = None
-    steps: frozenset[int] | None = None
+    ranks: IndexRanges | None = None
+    steps: IndexRanges | None = None
     async_dump: bool = False
     extra_info: bool = True
     #: task ``tensor``: host memory (MiB) that copies of device tensors may hold while waiting to be written;
@@ -95,11 +122,12 @@ class DebuggerConfig:
 
     @property
     def max_step(self) -> int | None:
-        return max(self.steps) if self.steps else None
+        return self.steps.max() if self.steps else None
 
 
-def parse_index_list(value: Any, field_name: str, source: str | None = None) -> frozenset[int] | None:
-    """Parse ``rank``/``step``: a list of ints, ``"N"`` or inclusive ``"a-b"`` ranges; ``[]`` = all."""
+def parse_index_list(value: Any, field_name: str, source: str | None = None) -> IndexRanges | None:
+    """Parse ``rank``/``step``: a list of ints, ``"N"`` or inclusive ``"a-b"`` ranges; ``[]`` = all. The
+    ranges stay ranges (``"0-4000000000"`` is two ints, not four billion)."""
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -108,32 +136,32 @@ def parse_index_list(value: Any, field_name: str, source: str | None = None) -> 
         raise ConfigError(
             field_name, f'must be a list of ints, "N" or "a-b" strings, got {value!r}', source=source
         )
-    out: set[int] = set()
+    out: list[tuple[int, int]] = []
     for item in value:
         if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
-            out.add(item)
+            out.append((item, item))
             continue
         if isinstance(item, str):
             text = item.strip()
             lo, sep, hi = text.partition("-")
             try:
                 if not sep:
-                    out.add(int(text))
                     if int(text) < 0:
                         raise ValueError
+                    out.append((int(text), int(text)))
                     continue
                 a, b = int(lo), int(hi)
             except ValueError:
                 a, b = -1, -1
             if 0 <= a <= b:
-                out.update(range(a, b + 1))
+                out.append((a, b))
                 continue
         raise ConfigError(
             field_name,
             f'bad item {item!r}: allowed are ints >= 0, "N" and ranges "a-b" with a <= b',
             source=source,
         )
-    return frozenset(out) if out else None
+    return IndexRanges(out) if out else None
 
 
 def _choice(
@@ -152,11 +180,29 @@ def _bool(raw: Mapping[str, Any], key: str, default: bool, src: str | None) -> b
     return value
 
 
-def _str_list(value: Any, where: str, src: str | None) -> tuple[str, ...]:
+#: a ``list`` is matched against every call's name while training: bounded in items and in characters
+MAX_PATTERNS = 10_000
+MAX_PATTERN_CHARS = 1_000
+
+
+def _str_list(value: Any, where: str, src: str | None, *, patterns: bool = False) -> tuple[str, ...]:
+    """A list of strings; ``patterns``: names or parts of names (``list``), each non-empty (an empty one
+    would match every call, a full tensor dump from a targeted config) and within the bounds above."""
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(where, f"must be a list of strings, got {value!r}", source=src)
+        shown = repr(value) if len(repr(value)) <= 200 else f"a {type(value).__name__}"
+        raise ConfigError(where, f"must be a list of strings, got {shown}", source=src)
+    if patterns:
+        if len(value) > MAX_PATTERNS:
+            raise ConfigError(where, f"has {len(value):,} items; at most {MAX_PATTERNS:,}", source=src)
+        for i, item in enumerate(value):
+            if not item.strip():
+                raise ConfigError(f"{where}[{i}]", "is empty: it would match every call; name the calls (or "
+                                  "leave list out for all of them)", source=src)  # fmt: skip
+            if len(item) > MAX_PATTERN_CHARS:
+                raise ConfigError(f"{where}[{i}]", f"has {len(item):,} characters; at most "
+                                  f"{MAX_PATTERN_CHARS:,}", source=src)  # fmt: skip
     return tuple(value)
 
 
@@ -183,9 +229,45 @@ def _task_section(raw: Any, task: str, src: str | None, ignored: list[str]) -> d
     for key in raw:
         if key in MSPROBE_TASK_FIELDS:
             ignored.append(f"{task}.{key}")
-        elif key not in TASK_FIELDS:
-            raise _unknown(f"{task}.{key}", key, (*TASK_FIELDS, *MSPROBE_TASK_FIELDS), src)
+        elif key not in TASK_FIELDS and key not in MSPROBE_26_TASK_FIELDS:
+            known = (*TASK_FIELDS, *MSPROBE_26_TASK_FIELDS, *MSPROBE_TASK_FIELDS)
+            raise _unknown(f"{task}.{key}", key, known, src)
+    for key in ("slice", "bench_path"):
+        if raw.get(key):
+            raise ConfigError(f"{task}.{key}", f"{raw[key]!r} not supported: {REFUSED_26[key]}", source=src)
+    if "diff_nums" in raw:
+        ignored.append(f"{task}.diff_nums")  # msprobe reads it only with a bench_path or task diff_check
     return raw
+
+
+def _refuse_26(raw: Mapping[str, Any], src: str | None) -> None:
+    """msprobe 26's tasks, levels and common settings that Parity does not carry out: refused by name."""
+    for key in ("task", "level"):
+        reason = REFUSED_26.get(f"{key}:{raw.get(key)}")
+        if reason is not None:
+            raise ConfigError(key, f"{raw[key]!r} not supported: {reason}", source=src)
+    if "load" in raw:
+        raise ConfigError("load", f"not supported: {REFUSED_26['load']}", source=src)
+    precision = raw.get("precision", "low")
+    if precision == "high":
+        raise ConfigError("precision", f"'high' not supported: {REFUSED_26['precision:high']}", source=src)
+    if precision != "low":
+        raise ConfigError("precision", f"{precision!r} is not allowed; allowed: low, high", source=src)
+    risk = raw.get("risk_level", "ALL")
+    if risk in ("CORE", "FOCUS"):
+        raise ConfigError("risk_level", f"{risk!r} not supported: {REFUSED_26['risk_level']}", source=src)
+    if risk != "ALL":
+        raise ConfigError("risk_level", f"{risk!r} is not allowed; allowed: CORE, FOCUS, ALL", source=src)
+    enable = raw.get("dump_enable")
+    if enable is False:
+        raise ConfigError("dump_enable", f"false not supported: {REFUSED_26['dump_enable:false']}",
+                          source=src)  # fmt: skip
+    if enable is not None and enable is not True:
+        raise ConfigError("dump_enable", f"must be true or false, got {enable!r}", source=src)
+    if enable is True:
+        log.warning("parity: %s: dump_enable: the dump is on; Parity does not reload config.json while the "
+                    "job runs (msprobe 26 checks it every 0.5 s): stop and start the dump with "
+                    "PrecisionDebugger.stop()/start()", src or "config")  # fmt: skip
 
 
 def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: Any) -> DebuggerConfig:
@@ -205,8 +287,10 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
     for key in raw:
         if key in MSPROBE_FIELDS or key in MSPROBE_SECTIONS:
             ignored.append(key)
-        elif key not in COMMON_FIELDS:
-            raise _unknown(key, key, (*COMMON_FIELDS, *MSPROBE_FIELDS, *MSPROBE_SECTIONS), src)
+        elif key not in COMMON_FIELDS and key not in MSPROBE_26_ACTED:
+            known = (*COMMON_FIELDS, *MSPROBE_26_ACTED, *MSPROBE_FIELDS, *MSPROBE_SECTIONS)
+            raise _unknown(key, key, known, src)
+    _refuse_26(raw, src)
     for key, value in overrides.items():
         if key not in COMMON_FIELDS:
             raise ConfigError(key, f"unknown argument; allowed: {', '.join(COMMON_FIELDS)}")
@@ -231,8 +315,8 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
         raise ConfigError(f"{task}.data_mode", '"all" cannot be combined with other modes', source=src)
     summary_mode = _choice(section, "summary_mode", SUMMARY_MODES, "statistics", f"{task}.summary_mode", src)
     async_dump = _bool(raw, "async_dump", False, src)
-    if async_dump and summary_mode == "md5":
-        raise ConfigError("async_dump", 'cannot be combined with summary_mode "md5"', source=src)
+    if async_dump and summary_mode in ("md5", "xor"):
+        raise ConfigError("async_dump", f'cannot be combined with summary_mode "{summary_mode}"', source=src)
     host_buffer_mb = raw.get("host_buffer_mb", 1024)
     if isinstance(host_buffer_mb, bool) or not isinstance(host_buffer_mb, int) or host_buffer_mb < 1:
         raise ConfigError("host_buffer_mb", f"must be a positive integer (MiB), got {host_buffer_mb!r}",
@@ -263,6 +347,18 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
     if not isinstance(statistics_for_all, bool):
         raise ConfigError(f"{task}.{STATISTICS_FOR_ALL}",
                           f"must be true or false, got {statistics_for_all!r}", source=src)  # fmt: skip
+    api_list = _str_list(section.get("list"), f"{task}.list", src, patterns=True)
+    tensor_list = _str_list(section.get("tensor_list"), f"{task}.tensor_list", src, patterns=True)
+    if tensor_list and task != "statistics":
+        ignored.append(f"{task}.tensor_list")  # msprobe 26 reads it in a statistics task only
+    elif tensor_list:
+        # msprobe 26: a statistics dump that also writes the tensors of the calls whose names contain an item
+        # of tensor_list; Parity's planned dump is that (statistics for every call, files for the listed)
+        if api_list:
+            raise ConfigError("statistics.tensor_list", "cannot be combined with statistics.list in Parity "
+                              "(its tensor files follow a list that selects no calls): use one",
+                              source=src)  # fmt: skip
+        task, api_list, statistics_for_all = "tensor", tensor_list, True
     return DebuggerConfig(
         task=task,
         dump_path=Path(dump_path),
@@ -273,7 +369,7 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
         extra_info=_bool(raw, "extra_info", True, src),
         host_buffer_mb=host_buffer_mb,
         scope=scope,
-        api_list=_str_list(section.get("list"), f"{task}.list", src),
+        api_list=api_list,
         data_mode=frozenset(data_mode),
         summary_mode=summary_mode,
         server=server,
@@ -299,7 +395,7 @@ def apply_plan(cfg: DebuggerConfig, plan: Mapping[str, Any], comparison: str) ->
     return replace(
         cfg, task="tensor", level=level, steps=parse_index_list(plan.get("step"), "step", src),
         ranks=parse_index_list(plan.get("rank"), "rank", src), scope=(),
-        api_list=_str_list(section.get("list"), "tensor.list", src), statistics_for_all=True,
+        api_list=_str_list(section.get("list"), "tensor.list", src, patterns=True), statistics_for_all=True,
         plan=comparison, planned_by=comparison,
     )  # fmt: skip
 

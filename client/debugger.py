@@ -16,6 +16,7 @@ import gc
 import logging
 import os
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -343,8 +344,10 @@ class PrecisionDebugger:
         except Exception as exc:  # the upload is best effort: never break the training loop over it
             log.warning("parity: could not hand %s to the uploader: %s", rank_dir, exc)
 
-    def _at_exit(self) -> None:
+    def _at_exit(self, exiting: bool = True) -> None:
         try:
+            if exiting:  # not reset(): the person chose to end the dump there
+                self._mark_cut_short()
             if self.running:
                 type(self).stop()
             self._finish_step()
@@ -365,12 +368,34 @@ class PrecisionDebugger:
                 log.warning("parity: closing the uploader failed: %s", exc)
             self._uploader = None
 
+    def _mark_cut_short(self) -> None:
+        """At exit, a step that ``step()`` did not end because the process raised (or ended while still
+        recording) is written as it is, and marked incomplete beside its dump.json (``parity.shared.
+        incomplete``): compared with a warning, never as a whole step."""
+        rec = self.recorder
+        if rec is None or rec.step != self.current_step:
+            return
+        raised = getattr(sys, "last_value", None)
+        if raised is not None:
+            reason = f"the process raised {type(raised).__name__}: {str(raised)[:200]} before step()"
+        elif self.running:
+            reason = "the process ended while the step was recording (neither stop() nor step() was called)"
+        else:
+            return
+        from parity.shared.dump.layout import rank_dir_path
+        from parity.shared.incomplete import mark_incomplete
+
+        path = mark_incomplete(rank_dir_path(self.config.dump_path, rec.step, rec.rank), step=rec.step,
+                               rank=rec.rank, reason=reason)  # fmt: skip
+        log.warning("parity: step %d rank %d is incomplete, %s; marked so (%s)", rec.step, rec.rank,
+                    reason.removeprefix("the process "), path)  # fmt: skip
+
     @classmethod
     def reset(cls) -> None:
         """Flush, remove every hook and forget the singleton (tests, or a second independent dump)."""
         inst = cls._instance
         if inst is not None and inst._initialised:
-            inst._at_exit()
+            inst._at_exit(exiting=False)
             inst._modules.detach()
             atexit.unregister(inst._at_exit)
         cls._instance = None

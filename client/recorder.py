@@ -223,7 +223,8 @@ class Recorder:
         self._scope_done = False
         self._selected_modules: set[str] = set()
         self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host,
-                                 fill_later=self.background.submit_call)  # fmt: skip
+                                 fill_later=self.background.submit_call,
+                                 xor=self.cfg.summary_mode == "xor")  # fmt: skip
         # statistics only (no tensor files to name): encoding a tensor is just its leaf
         self._stats_leaf = self.stats.leaf if self.writer is None else None
         # a planned dump's unlisted calls: the same leaf, the method bound once

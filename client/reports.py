@@ -50,7 +50,9 @@ def download_reports(api: ParityClient, info: ComparisonPublic, out_dir: Path) -
     try:
         summary = api.download(info.id, "summary.json", out_dir / f"compare_summary_{stamp}.json")
         doc = json.loads(summary.read_text(encoding="utf-8"))
-        write_text_atomically(summary, json.dumps(saved_files(doc, names), indent=2) + "\n")
+        # Where it came from, so ``parity plan SUMMARY`` asks that server (it holds the dumps and the level).
+        doc = {**saved_files(doc, names), "comparison": info.id, "server": api.server}
+        write_text_atomically(summary, json.dumps(doc, indent=2) + "\n")
         paths.append(summary)
     except ApiError as exc:
         if exc.status_code != 404:
@@ -92,4 +94,5 @@ def summary_lines(info: ComparisonPublic, limit: int = TOP_SUSPECTS) -> list[str
     def where(suspect: SuspectPublic) -> str:
         return f"rank {suspect.compare_rank}, {excel_where(suspect)}"
 
-    return [header, *suspect_lines(summary.top_suspects, summary.first_divergence, limit=limit, where=where)]
+    return [header, *suspect_lines(summary.top_suspects, summary.first_divergence, limit=limit, where=where,
+                                   systematic=[f.text for f in summary.systematic])]

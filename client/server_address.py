@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from parity.shared.contract import API_PREFIX
 
-__all__ = ["base_url", "clean_token"]
+__all__ = ["DEFAULT_PORT", "base_url", "clean_token", "unreachable_hint", "with_default_port"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,29 @@ def base_url(text: str) -> str:
         log.debug("server URL %s: %s removed, the client adds it to each request", url, API_PREFIX)
         url = url[: -len(API_PREFIX)].rstrip("/")
     return url
+
+
+#: The port ``parity server`` listens on unless told another.
+DEFAULT_PORT = 8000
+
+
+def with_default_port(url: str) -> str | None:
+    """``url`` with ``parity server``'s port when it names none (``http://host`` -> ``http://host:8000``),
+    else None: without a port an http URL means port 80, where a Parity server rarely listens."""
+    parts = urlsplit(url)
+    if parts.port is not None or not parts.hostname:
+        return None
+    return parts._replace(netloc=f"{parts.netloc}:{DEFAULT_PORT}").geturl()
+
+
+def unreachable_hint(url: str) -> str:
+    """What to say after "server unreachable" for ``url``: the port it tried when it names none."""
+    guess = with_default_port(url)
+    if guess is None:
+        return ""
+    default = 443 if url.startswith("https://") else 80
+    return (f" (the URL names no port, so port {default} was tried; parity server listens on "
+            f"{DEFAULT_PORT} unless told otherwise: {guess}?)")
 
 
 def clean_token(token: str) -> str:

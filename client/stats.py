@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from parity.client.devices import host_dtype, synchronize, to_host, unreadable
 from parity.client.dtensors import DTENSOR_TYPE, is_dtensor, layout_keys, local_tensor
+from parity.client.xor_checksum import XorChecksums
 
 __all__ = ["StatsBuffer", "crc32_hex", "grad_off", "quiet"]
 
@@ -189,8 +190,11 @@ class StatsBuffer:
     CACHE_SIZE = 64
 
     def __init__(self, *, md5: bool, stage: Stage | None = None, stage_cpu: bool = False,
-                 fill_later: Callable[[Callable[[], object]], None] | None = None) -> None:  # fmt: skip
+                 fill_later: Callable[[Callable[[], object]], None] | None = None, xor: bool = False,
+                 ) -> None:  # fmt: skip
         self.md5 = md5
+        # summary_mode "xor": msprobe 26's checksum instead of the statistics (client/xor_checksum.py)
+        self.xor = XorChecksums() if xor else None
         # ``fill_later(job)``: run ``job`` later, in order with what reads the leaves (the writer thread: its
         # next job writes the documents): the leaves get their numbers (a Python loop over every leaf) and
         # the staged copies are freed there, off the training thread; None: at once, in :meth:`resolve`
@@ -230,6 +234,8 @@ class StatsBuffer:
         plain = cls is _Tensor or cls is _Parameter
         if not plain and layout is None and is_dtensor(t):
             return self.leaf(local_tensor(t), data_name, (t.requires_grad, layout_keys(t)))
+        if self.xor is not None:
+            return self._xor_leaf(t, data_name)
         version = t._version
         shape = t.shape
         cache = self._cache
@@ -345,6 +351,27 @@ class StatsBuffer:
         leaf["note"] = f"{what}: uninitialised memory, values not recorded"
         return leaf
 
+    def _xor_leaf(self, t: torch.Tensor, data_name: str | None) -> dict[str, Any]:
+        """msprobe 26's xor leaf (no statistics; ``md5`` filled at :meth:`resolve`)."""
+        info = _DTYPES.get(t.dtype) or _dtype_info(t.dtype)
+        plain = type(t) is _Tensor or type(t) is _Parameter
+        leaf: dict[str, Any] = {
+            "type": "torch.Tensor" if plain else _type_name(t), "dtype": info[0], "shape": list(t.shape),
+            "md5": None, "requires_grad": t.requires_grad,
+        }  # fmt: skip
+        if data_name is not None:
+            leaf["data_name"] = data_name
+        reason = unreadable(t) if not plain or t.is_meta or _is_functional(t) else None
+        if reason is not None:
+            self.unreadable += 1
+            note_unreadable(reason, f"a {info[0]} tensor of shape {list(t.shape)}")
+            return leaf
+        assert self.xor is not None
+        self.xor.add(t, leaf)
+        if self.xor.pending >= self.MAX_PENDING:
+            self.xor.resolve()
+        return leaf
+
     def later(self, t: torch.Tensor) -> Later | None:
         """The leaf of ``t`` with its statistics left to :meth:`take_later`, or None where ``t`` is not a
         tensor that path takes (the caller uses :meth:`leaf`).
@@ -355,7 +382,7 @@ class StatsBuffer:
         contiguous, floating point, no md5), so the statistics are the same, bit for bit. A parameter's
         checks are kept for the process, keyed by its storage and shape (``.data =`` and ``.to()``
         change the storage)."""
-        if self.md5:
+        if self.md5 or self.xor is not None:
             return None
         cls = type(t)
         if cls is _Parameter:
@@ -388,8 +415,8 @@ class StatsBuffer:
         dtype, shape, device and layout, so the parameter's cached checks serve once these few match (else
         the gradient is looked at as any tensor)."""
         known = _PARAMS.get(id(param))
-        if (known is None or self.md5 or type(grad) is not _Tensor or grad.layout is not _STRIDED
-                or known[0]() is not param):  # fmt: skip
+        if (known is None or self.md5 or self.xor is not None or type(grad) is not _Tensor
+                or grad.layout is not _STRIDED or known[0]() is not param):  # fmt: skip
             return self.later(grad)
         key = known[4]
         if (grad.dtype is not key[1] or grad.shape != known[2] or not grad.is_contiguous()
@@ -470,6 +497,8 @@ class StatsBuffer:
         per device) and fill the leaves: now, or in a ``fill_later`` job (off the training thread: a reader of
         the leaves then waits for that job, as the documents' writer does); ``later=False``: now in any case.
         """
+        if self.xor is not None:
+            self.xor.resolve()
         # statistics may have been queued on any stream of their device (the user's side streams): wait for
         # the whole device once, so that any stream (and thread) may read them
         devices = {key[0] for key in self._groups} | {key[0] for key in self._staged}

@@ -88,8 +88,10 @@ def collect_files(dump_dir: Path) -> list[DumpFile]:
     files: list[DumpFile] = []
     for step, rank_dir in find_dump_ranks(dump_dir):
         if not rank_dir.has_dump:
-            log.warning("%s: no dump.json (step %d rank %d); its other files are sent anyway",
-                        rank_dir.path, step, rank_dir.number)  # fmt: skip
+            count = sum(1 for _ in iter_dump_files(rank_dir.path))
+            log.warning("%s: step %d rank %d: %d files but no dump.json: the process died or was killed "
+                        "before step() wrote it, so the step cannot be compared; its files are sent anyway",
+                        rank_dir.path, step, rank_dir.number, count)  # fmt: skip
         files.extend(rank_files(step, rank_dir.number, rank_dir.path))
     return files
 

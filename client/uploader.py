@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import httpx
 from parity.client.errors import ConfigError, RunInvalid, UploadError
 from parity.client.rest import ApiError, ParityClient, ServerUnreachable
+from parity.client.server_address import with_default_port
 from parity.client.upload import RunFiles, complete_run, rank_files, retry_call
 from parity.shared.contract import RunPublic
 
@@ -300,7 +301,9 @@ class BackgroundUploader:
         from parity.client.run_metadata import detect_device
 
         root = self.dump_root or Path("DUMP_DIR")
-        parts = ["parity", "upload", str(root), "--server", self.server, "--name", self.run_name or "NAME",
+        # A URL with no port that never answered was most likely missing parity server's: suggest it.
+        server = (with_default_port(self.server) if self.offline else None) or self.server
+        parts = ["parity", "upload", str(root), "--server", server, "--name", self.run_name or "NAME",
                  "--project", self.project, "--device", self.device or detect_device()]  # fmt: skip
         for key, value in self.tags.items():
             parts += ["--tag", f"{key}={value}"]
@@ -489,5 +492,6 @@ class BackgroundUploader:
         except UploadError as exc:
             self._warn(f"run {run_id} could not be completed: {exc}; finish it with: {resume}")
             return
-        log.info("parity upload: run %s complete, %d files (%.1f MB) uploaded, %d already there",
-                 run_id, s.files_uploaded, s.bytes_uploaded / 1e6, s.files_present)
+        log.info("parity upload: run %s (%s) complete, %d files (%.1f MB) uploaded, %d already there: "
+                 "%s/runs/%s", run_id, self.run_name, s.files_uploaded, s.bytes_uploaded / 1e6,
+                 s.files_present, self.server, run_id)  # fmt: skip

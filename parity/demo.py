@@ -10,9 +10,13 @@
 4. statistics first, then only the suspects in tensor mode (``parity.demo_plan``): a statistics run pair
    with a faulty GELU, their comparison, its plan, a tensor re-dump with it, the tensor comparison whose
    top suspect and float64 replay name the GELU;
-5. stop the server.
+5. say what to open and what to run next, and stop the server (``--keep-server``, which ``make demo`` passes,
+   leaves it up on ``--port`` with its data in ``--data-dir`` and says how to stop it; without it no link
+   to the stopped server is printed).
 
-``python -m parity.demo --data-dir ./parity-data`` keeps the server's data; ``--keep-server`` leaves it up.
+The fp32 run is made project ``demo``'s baseline, so the bf16 run's comparison is judged against it: the
+runs list shows its verdict, and ``parity check`` gates on it. ``python -m parity.demo --data-dir
+./parity-data`` keeps the server's data.
 :class:`ServerProcess` is reused by the end-to-end tests and the server benchmark.
 """
 
@@ -210,49 +214,109 @@ def _wait_complete(api: ParityClient, name: str, project: str, timeout: float = 
         time.sleep(0.2)
 
 
-def run_demo(out_dir: Path, data_dir: Path | None, *, keep_server: bool = False) -> Path:
+#: Where ``make demo``'s server writes its pid, for ``make demo-stop``.
+PID_FILE = "server.pid"
+
+
+def run_demo(out_dir: Path, data_dir: Path | None, *, keep_server: bool = False,
+             port: int | None = None) -> Path:  # fmt: skip
     """The whole flow; returns the report's path."""
     from parity.client.reports import download_reports, summary_lines
     from parity.client.rest import ParityClient
 
     start = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="parity-demo-"))
-    server = ServerProcess(data_dir or tmp / "server-data", env={"PARITY_WORKERS": "1"})
+    if port is not None and not _port_free(port):
+        sys.stderr.write(f"demo: port {port} is taken; the server gets a free one\n")
+        port = None
+    server = ServerProcess(data_dir or tmp / "server-data", port=port, env={"PARITY_WORKERS": "1"})
     try:
         url = server.start()
         sys.stderr.write(f"demo: parity server on {url} (data in {server.data_dir})\n")
         stamp = time.strftime("%Y%m%d-%H%M%S")
         names = {"bench": f"demo-fp32-{stamp}", "target": f"demo-bf16-{stamp}"}
         _run_training(tmp / "dump-fp32", url, names["bench"], bf16=False)
+        with ParityClient(url) as api:
+            bench = _wait_complete(api, names["bench"], "demo")
+            api.set_baseline(bench)  # the bf16 run is compared with it, and judged against it
         _run_training(tmp / "dump-bf16", url, names["target"], bf16=True)
         sys.stderr.write(f"demo: trained and uploaded {names['bench']} and {names['target']}\n")
         with ParityClient(url) as api:
-            bench = _wait_complete(api, names["bench"], "demo")
             target = _wait_complete(api, names["target"], "demo")
-            info = api.create_comparison(target, bench)
+            info = api.create_comparison(target, bench)  # the one auto-compare queued, or queued here
             info = api.wait_for_comparison(info.id, timeout=120)
             if info.status != "succeeded":
                 raise RuntimeError(f"comparison {info.id} failed: {info.error}")
             paths = download_reports(api, info, out_dir)
             from parity.demo_plan import plan_demo
 
-            plan_lines = plan_demo(api, url, tmp, out_dir, stamp)
+            plan_lines = plan_demo(api, url, tmp, out_dir, stamp, links=keep_server)
         sys.stdout.writelines(f"{line}\n" for line in summary_lines(info))
         sys.stdout.writelines(f"{line}\n" for line in plan_lines)
         report = next(p for p in paths if p.suffix == ".xlsx")
         for path in paths:
             sys.stdout.write(f"wrote {path}\n")
         sys.stdout.write(f"report: {report.resolve()}\n")
+        sys.stdout.writelines(f"{line}\n" for line in next_lines(server, info.id, names, report,
+                                                                  keep_server=keep_server))  # fmt: skip
         sys.stderr.write(f"demo: done in {time.monotonic() - start:.1f} s\n")
         return report
+    except BaseException:
+        keep_server = False  # a failed demo leaves nothing running
+        raise
     finally:
-        if keep_server:
-            sys.stderr.write(
-                f"demo: server left running on {server.url} (pid {server.proc and server.proc.pid})\n"
-            )
+        if keep_server and server.proc is not None:
+            (server.data_dir / PID_FILE).write_text(f"{server.proc.pid}\n")
         else:
             server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def next_lines(server: ServerProcess, comparison: str, names: Mapping[str, str], report: Path, *,
+               keep_server: bool) -> list[str]:  # fmt: skip
+    """What to open and run next: the report, the pages (only while the server is up), the ``parity``
+    command (the venv's, which is not on the PATH unless the venv is activated)."""
+    parity = Path(sys.executable).with_name("parity")
+    here = Path.cwd()
+    shown = parity.relative_to(here) if parity.is_relative_to(here) else parity
+    lines = [f"next: open the report {report.resolve()} (or the advisor beside it)"]
+    if keep_server:
+        url = server.url
+        pid = server.proc.pid if server.proc is not None else "?"
+        lines += [
+            f"next: open {url}/ (the runs, each with its verdict against the baseline) and "
+            f"{url}/comparisons/{comparison} (bf16 against fp32)",
+            f"next: the parity command is {shown} (or run: source {shown.parent}/activate), e.g.",
+            f"        {shown} runs list --server {url} --project demo",
+            f"        {shown} check {names['target']} --project demo --server {url}    # the CI gate; "
+            "exit 1: this first comparison's failing APIs are new",
+            f"next: the server keeps running (pid {pid}, data in {server.data_dir}); stop it with "
+            f"make demo-stop (or kill {pid})",
+        ]
+    else:
+        lines += [f"next: the parity command is {shown} (or run: source {shown.parent}/activate)",
+                  "next: the server is stopped; python -m parity.demo --keep-server (make demo) leaves it "
+                  "up to open its pages"]  # fmt: skip
+    return lines
+
+
+def _running_demo_server(data_dir: Path) -> int | None:
+    """The pid of the server an earlier ``--keep-server`` demo left running on ``data_dir``, if it is up."""
+    try:
+        pid = int((data_dir / PID_FILE).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,9 +334,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m parity.demo", description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", type=Path, default=Path("demo-output"), help="report folder")
     parser.add_argument("--data-dir", type=Path, default=None, help="server data dir (default: a temp dir)")
-    parser.add_argument("--keep-server", action="store_true", help="leave the server running afterwards")
+    parser.add_argument("--keep-server", action="store_true",
+                        help="leave the server running afterwards (its pid in DATA_DIR/server.pid)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="the server's port (default: a free one; a taken one falls back to a free one)")
     a = parser.parse_args(args)
-    run_demo(a.output, a.data_dir, keep_server=a.keep_server)
+    if a.keep_server and a.data_dir is None:
+        parser.error("--keep-server needs --data-dir (a server left running keeps its data there)")
+    running = _running_demo_server(a.data_dir) if a.data_dir is not None else None
+    if running is not None:
+        parser.error(f"a demo server is still running on {a.data_dir} (pid {running}): make demo-stop "
+                     f"(or kill {running}) first")  # fmt: skip
+    run_demo(a.output, a.data_dir, keep_server=a.keep_server, port=a.port)
     return 0
 
 

@@ -86,8 +86,9 @@ def _compare(api: ParityClient, target: str, bench: str) -> ComparisonPublic:
     return info
 
 
-def plan_demo(api: ParityClient, server: str, tmp: Path, out_dir: Path, stamp: str) -> list[str]:
-    """The step; returns the lines it prints."""
+def plan_demo(api: ParityClient, server: str, tmp: Path, out_dir: Path, stamp: str, *,
+              links: bool = True) -> list[str]:  # fmt: skip
+    """The step; returns the lines it prints (``links``: with a link to the page, the server staying up)."""
     names = {k: f"demo-{k}-{stamp}" for k in ("stats-bench", "stats-target", "plan-bench", "plan-target")}
     _train(tmp / "stats-bench", server, names["stats-bench"], faulty=False, task="statistics", level="L1")
     _train(tmp / "stats-target", server, names["stats-target"], faulty=True, task="statistics", level="L1")
@@ -114,5 +115,5 @@ def plan_demo(api: ParityClient, server: str, tmp: Path, out_dir: Path, stamp: s
         f"plan: tensor re-dump with PrecisionDebugger(plan={stats.id!r}): {names['plan-target']}, "
         f"{names['plan-bench']}",
         f"plan: tensor comparison {tensor.id}: top suspect {top}; float64 replay: {'; '.join(replays)}",
-        f"plan: the chain on the web page: {server}/comparisons/{tensor.id}",
+        *([f"plan: the chain on the web page: {server}/comparisons/{tensor.id}"] if links else []),
     ]

@@ -197,7 +197,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         message = " ".join(exc.message.split("\n"))
         response: Response
         if _is_page(request):
-            response = web.error_page(request, exc.status_code, message)
+            response = await web.error_page(request, exc.status_code, message)
         else:
             response = JSONResponse({"detail": message}, status_code=exc.status_code)
         if isinstance(exc, TooManyRequests):
@@ -226,7 +226,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         status_code = 400 if first.get("loc", ("",))[0] == "header" else 422
         msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")  # a validator's own words
         if _is_page(request):
-            return web.error_page(request, status_code, f"{loc}: {msg}")
+            return await web.error_page(request, status_code, f"{loc}: {msg}")
         return JSONResponse({"detail": f"{loc}: {msg}"}, status_code=status_code)
 
     @app.get("/healthz", tags=["health"])

@@ -18,6 +18,8 @@ from parity.server.models import (
     RunFile,
     RunTag,
 )
+from parity.shared.incomplete import INCOMPLETE_FILE
+from parity.shared.naming import skeleton
 from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
@@ -43,6 +45,7 @@ class RunStats:
     total_bytes: int = 0
     steps: set[int] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
+    incomplete: set[tuple[int, int]] = field(default_factory=set)  # (step, rank) marked cut short
 
 
 class RunRepository:
@@ -64,6 +67,19 @@ class RunRepository:
         if project is not None:
             stmt = stmt.where(Run.project == project)
         return list(self.session.scalars(stmt.order_by(Run.created_at, Run.id)))
+
+    def alike(self, name: str, project: str) -> list[Run]:
+        """The runs of ``project`` whose name looks like ``name`` (the same :func:`skeleton`: ``nightly`` and
+        ``nіghtly`` with a Cyrillic ``і``), oldest first; the exact name first of all when it is taken."""
+        exact = self.named(name, project)
+        if exact:
+            return exact
+        target = skeleton(name)
+        names = self.session.execute(select(Run.id, Run.name).where(Run.project == project))
+        ids = [rid for rid, other in names if skeleton(other) == target]
+        if not ids:
+            return []
+        return list(self.session.scalars(select(Run).where(Run.id.in_(ids)).order_by(Run.created_at, Run.id)))
 
     def filtered(
         self,
@@ -119,6 +135,13 @@ class RunRepository:
             stats[run_id].steps.add(int(step))
             if rank is not None:
                 stats[run_id].ranks.add(int(rank))
+        marked = self.session.execute(
+            select(RunFile.run_id, RunFile.step, RunFile.rank)
+            .where(RunFile.run_id.in_(run_ids), RunFile.path.like(f"step%/rank%/{INCOMPLETE_FILE}"))
+        )  # fmt: skip
+        for run_id, step, rank in marked:
+            if step is not None and rank is not None:
+                stats[run_id].incomplete.add((int(step), int(rank)))
         return stats
 
     def files(self, run_id: str) -> list[RunFile]:

@@ -38,6 +38,8 @@ __all__ = [
     "ApiHistoryPoint",
     "ApiHistoryPublic",
     "ApiVerdict",
+    "BaselineVerdict",
+    "BaselineVerdictKind",
     "Verdict",
     "CallPublic",
     "CallsPublic",
@@ -63,6 +65,7 @@ __all__ = [
     "RankTaskPublic",
     "ReplaySidePublic",
     "ReplayVerdictPublic",
+    "SystematicPublic",
     "ReplayVerdictsPublic",
     "RowPublic",
     "RowsPublic",
@@ -208,6 +211,40 @@ class RunUpdate(_Request):
         return None if tags is None else _tagged(tags)
 
 
+#: A run against its project's baseline, as every list shows it: ``worse`` or ``new`` (its latest
+#: comparison against the baseline has an API worse or new), ``clean`` (nothing new nor worse), ``pending``
+#: (that comparison is queued or running), ``failed`` (it failed), ``not compared`` (none; ``note`` says
+#: why where the server knows), ``baseline`` (the run is the baseline).
+BaselineVerdictKind = Literal["worse", "new", "clean", "pending", "failed", "not compared", "baseline"]
+
+
+class BaselineVerdict(_Response):
+    """A run's verdict against its project's baseline (``GET /runs?verdicts=true``): the counts are the
+    verdicts of the APIs of its latest comparison against the baseline (``.../regressions``)."""
+
+    verdict: BaselineVerdictKind
+    baseline_run: str | None = None  # the project's baseline (None: the project has none)
+    baseline_name: str | None = None
+    comparison: str | None = None  # the comparison judged
+    new: int = 0
+    worse: int = 0
+    known: int = 0
+    fixed: int = 0
+    note: str | None = None  # why it was not compared, where known
+
+    @property
+    def failing(self) -> bool:
+        """Whether a gate fails on it: something new or worse."""
+        return self.verdict in ("worse", "new")
+
+    def text(self) -> str:
+        """The verdict in a few words, as the lists show it: ``WORSE (2 worse, 3 known)``, ``clean``."""
+        counted = (("worse", self.worse), ("new", self.new), ("known", self.known), ("fixed", self.fixed))
+        counts = ", ".join(f"{n} {k}" for k, n in counted if n)
+        word = self.verdict.upper() if self.failing else self.verdict
+        return f"{word} ({counts})" if counts and self.verdict in ("worse", "new", "clean") else word
+
+
 class RunPublic(_Response):
     """A run as the server describes it; ``steps`` and ``ranks`` are read from its stored paths."""
 
@@ -234,6 +271,17 @@ class RunPublic(_Response):
     # What its dump holds: tensor, statistics, md5 (statistics with checksums), another msprobe task, or
     # mixed; None until validated (or validated before revision 0015).
     dump_task: str | None = None
+    # Against the project's baseline: filled by ``GET /runs?verdicts=true`` only (None otherwise).
+    verdict: BaselineVerdict | None = None
+    # Rank folders (``step{N}/rank{R}``) whose step was cut short: the process raised or ended before
+    # ``step()`` (``parity.shared.incomplete``); their comparisons are not of whole steps.
+    incomplete: list[str] = Field(default_factory=list)
+
+    def incomplete_in(self, step: int | None, ranks: list[int] | None) -> list[str]:
+        """The rank folders of ``step`` (of ``ranks``, None: any) that are marked incomplete."""
+        prefix = f"step{step if step is not None else 0}/rank"
+        return [p for p in self.incomplete
+                if p.startswith(prefix) and (ranks is None or int(p[len(prefix):]) in ranks)]  # fmt: skip
 
 
 class RunsPublic(_Response):
@@ -350,6 +398,18 @@ class PlanPublic(_Response):
     notes: list[str] = Field(default_factory=list)
 
 
+class SystematicPublic(_Response):
+    """One API class the target computes another way (TF32, a lower precision, bfloat16 autocast): a
+    finding for the pair, not a suspect."""
+
+    api_class: str
+    text: str
+    first: str  # the class's first call: where it shows on identical inputs
+    level: float = 0.0
+    calls: int = 0
+    differing: int = 0
+
+
 class ComparisonSummary(_Response):
     """The verdict of a succeeded comparison, over every compared rank."""
 
@@ -366,6 +426,7 @@ class ComparisonSummary(_Response):
     bench_only_ranks: list[int] = Field(default_factory=list)  # in the bench run's step only: not compared
     replay: list[ReplayVerdictPublic] = Field(default_factory=list)  # the top suspects' float64 replays
     replay_notes: list[str] = Field(default_factory=list)  # why a rank has no replay (statistics mode)
+    systematic: list[SystematicPublic] = Field(default_factory=list)  # each finding once, across ranks
 
 
 class RankTaskPublic(_Response):
@@ -434,9 +495,10 @@ class RowsPublic(_Response):
 # -- baselines and regressions ------------------------------------------------------------------------------
 
 
-#: A failing API against a baseline: ``new`` (passing in the previous comparison against the same baseline,
-#: or there was none), ``worse`` (failing before or accepted, and its error grew beyond the stated factor),
-#: ``known`` (failing before or accepted, not grown beyond it), ``fixed`` (failing before, passing now).
+#: An API against a baseline, judged by its error: ``new`` (failing, and passing in the previous comparison
+#: against the same baseline, or there was none), ``worse`` (failing before or accepted, and its error grew
+#: beyond the stated factor, passing msprobe's thresholds now or not), ``fixed`` (passing now, its error
+#: dropped below the level accepted or the error before by that factor), ``known`` (the rest).
 Verdict = Literal["new", "worse", "known", "fixed"]
 
 
@@ -444,7 +506,9 @@ class ApiVerdict(_Response):
     """One API of a comparison against a baseline, judged against the project's previous comparison against
     the same baseline and the notes that accepted it. ``before`` and ``after`` are its error (the largest
     max relative error of its calls over the ranks) then and now; ``growth`` is ``after`` over what it is
-    judged against (the error before, or the level accepted); ``reason`` says it in words."""
+    judged against (the error before, or the level accepted); ``reason`` says it in words; ``failing``
+    whether it fails now; ``stack`` the line of the user's code that called it, where the comparison's
+    suspects name it."""
 
     api: str
     verdict: Verdict
@@ -457,6 +521,8 @@ class ApiVerdict(_Response):
     note: str | None = None
     accepted_by: str | None = None  # the signed-in identity (token name or fingerprint)
     author: str | None = None  # free text the acceptance named, not checked
+    failing: bool = True
+    stack: str | None = None
 
 
 class RegressionsPublic(_Response):
@@ -472,6 +538,11 @@ class RegressionsPublic(_Response):
     fixed: int = 0
     worse_factor: float = 0.0
     metric: str = "max relative error"
+
+    def overall(self) -> Literal["worse", "new", "clean"]:
+        """The comparison's verdict as a whole: ``worse`` when an API is worse, else ``new`` when one is
+        new, else ``clean`` (what a gate passes)."""
+        return "worse" if self.worse else "new" if self.new else "clean"
 
 
 class AcceptanceCreate(_Request):

@@ -36,3 +36,15 @@ def prose_number(value: object) -> str:
             return value
         return f"{number:.{PROSE_DIGITS}g}{percent}"
     return str(value)
+
+
+def listed(values: list[int], what: str | None = None) -> str:
+    """Steps or ranks as a list, never read as a count: ``0``, ``0, 2``, ``0-7`` (``what="step"``: ``step 0``,
+    ``steps 0, 2``, ``steps 0-7``); ``none`` (``no steps``) for none."""
+    if not values:
+        return f"no {what}s" if what else "none"
+    if len(values) > 2 and values == list(range(values[0], values[-1] + 1)):
+        text, many = f"{values[0]}-{values[-1]}", True
+    else:
+        text, many = ", ".join(map(str, values)), len(values) > 1
+    return f"{what}{'s' if many else ''} {text}" if what else text

@@ -25,6 +25,18 @@ def validate_waiting(settings: Settings) -> int:
         runner.close()
 
 
+def run_waiting(settings: Settings) -> int:
+    """Run every task waiting (validations, then the rank tasks they queue) in this thread; how many."""
+    runner = TaskRunner(settings, worker="test")
+    try:
+        done = 0
+        while runner.run_next():
+            done += 1
+        return done
+    finally:
+        runner.close()
+
+
 @contextmanager
 def validation_thread(settings: Settings, poll_s: float = 0.05) -> Iterator[None]:
     """Validate runs as they wait, from a daemon thread, until the block ends."""

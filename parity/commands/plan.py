@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -68,8 +69,21 @@ def _dump_loader(summary_path: Path) -> Any:
     return load
 
 
+#: How a server names the dumps of its comparisons in a summary (``target run ID: step0``).
+_SERVER_SIDE = re.compile(r"^target run (\w+): step(\d+)")
+
+
 def _from_summary(args: argparse.Namespace, path: Path) -> tuple[dict[str, Any] | None, list[Any], list[str]]:
     summary = _read_json(path, "compare summary")
+    if isinstance(summary, dict) and isinstance(summary.get("comparison"), str):
+        # Saved by ``compare-runs --wait``: its dumps, level and steps are on the server that compared them.
+        args.source = summary["comparison"]
+        args.server = args.server or summary.get("server")
+        return _from_server(args)
+    side = _SERVER_SIDE.match(str(summary.get("npu_path") or "")) if isinstance(summary, dict) else None
+    if side is not None:
+        raise PlanError(f"{path}: a server's summary (its dumps are on the server, run {side[1]}): plan its "
+                        "comparison there: parity plan COMPARISON_ID --server URL")  # fmt: skip
     try:
         plan = make_plan(summary, top=args.top, neighbours=args.neighbours, step=args.step,
                          load_dump=_dump_loader(path))  # fmt: skip

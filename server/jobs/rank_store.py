@@ -72,23 +72,23 @@ def finish_slice(db: Database, comparison_id: str, rank: int, slice_: int, attem
 
 
 def finish_succeeded(db: Database, store: BlobStore, comparison_id: str, rank: int, attempt: int,
-                     rows: Sequence[Any], summary: dict[str, Any], header: list[str], *,
+                     rows: Sequence[Any], summary: dict[str, Any], header: list[str],
+                     calls: Sequence[dict[str, Any]], *,
                      scores: Sequence[float | None] | None = None, slice_: int = 0,
                      timeline: Timeline | None = None, before_write: Callable[[], None] | None = None,
                      then: Callable[[Session], object] | None = None) -> bool:  # fmt: skip
-    """Store one rank's rows, calls and summary, as that rank finishes; merge if it is the last one. False
+    """Store one rank's rows, calls (the engine's ``call_records``) and summary, as that rank finishes; merge
+    if it is the last one. False
     when this attempt no longer held the task (nothing stored). ``then`` runs in the same transaction once
     the rank is stored (the runner claims its next task there).
 
     Everything that takes CPU (the cells as JSON, the rank's calls) is built before the write transaction:
     on SQLite that transaction holds the one write lock every other worker waits for.
     """
-    from parity.server.services.calls import rank_calls
-
     records = _row_records(comparison_id, rank, rows, scores)
-    keyed = ((r["index"], r["api"], r["status"], r["name"], r["cells"]) for r in records)
-    calls, _ = rank_calls(comparison_id, rank, header, keyed)
-    tables = ((ComparisonRow.__table__, records), (ComparisonCall.__table__, calls))
+    call_rows = [{"comparison_id": comparison_id, "rank": rank, "seq": seq, **call}
+                 for seq, call in enumerate(calls)]  # fmt: skip
+    tables = ((ComparisonRow.__table__, records), (ComparisonCall.__table__, call_rows))
     inserts = [bulk for table, batch in tables if (bulk := _BulkInsert.of(db, table, batch)) is not None]
     timeline = timeline or Timeline()
     timeline.mark("records")

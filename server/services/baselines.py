@@ -3,34 +3,34 @@ completes, failing APIs judged new or known, notes that accept an API, an API's 
 and what differs between two runs' environments.
 
 A comparison is *against the baseline* when its bench run was its project's baseline when it was queued
-(``Comparison.against_baseline``). Each of its failing APIs is judged against the project's previous
-succeeded comparison against the same baseline and the notes that accepted it (``regressions``):
-
-* **new**: it passed before (or there was no comparison before) and was not accepted;
-* **worse**: it failed before or was accepted, and its error grew beyond :data:`WORSE_FACTOR` times the
-  level it had when accepted, or (not accepted) the error before: a regression hiding behind a known failure;
-* **known**: it failed before or was accepted, and its error did not grow beyond that;
-
-and an API that failed before and passes now is **fixed**. An API's error is the largest max relative error
-of its calls over the compared ranks (the ``comparison_calls`` the chart reads).
+(``Comparison.against_baseline``). Each API that fails in it, or failed in the previous comparison, is judged
+new, worse, known or fixed by its error (``parity.shared.report.regressions``, the one rule) against the
+project's previous succeeded comparison with the same bench run (and the same ``against_baseline``) and the
+notes that accepted it. An API's error is the largest max relative error of its calls over the compared
+ranks (the ``comparison_calls`` the chart reads). Comparisons not against the baseline are judged the same
+way (``parity check --baseline RUN``); the pages show the verdicts of comparisons against the baseline only.
+Every list of runs shows each run's verdict against the baseline there is now (``with_verdicts``).
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from parity.server.db import Database
-from parity.server.errors import Conflict, NotFound, Unprocessable
-from parity.server.models import ApiAcceptance, Comparison, ComparisonCall, Run, RunTag, utcnow
-from parity.server.repositories import RunRepository, serialize_on
+from parity.server.errors import NotFound, Unprocessable
+from parity.server.models import ApiAcceptance, Comparison, ComparisonCall, Run, RunFile, RunTag, utcnow
+from parity.server.repositories import RunRepository
 from parity.server.schemas import (
     AcceptanceCreate,
     AcceptancePublic,
     AcceptancesPublic,
     ApiHistoryPoint,
     ApiHistoryPublic,
-    ApiVerdict,
+    BaselineVerdict,
     ComparisonCreate,
     ComparisonPublic,
     EnvironmentChange,
@@ -40,22 +40,22 @@ from parity.server.schemas import (
     RunUpdate,
 )
 from parity.server.services.comparisons import ComparisonService
-from parity.server.services.runs import RunService, resolve_run
-from parity.shared.numbers import prose_number
+from parity.server.services.runs import RunService, refuse_taken_name, resolve_run
+from parity.shared.compare.localization import forward_of, user_frame
+from parity.shared.dump.layout import STACK_JSON, stored_prefix
+from parity.shared.dump.reader import load_stack
+from parity.shared.errors import ParityError
+from parity.shared.report.regressions import judge_apis, summary_stacks
 from sqlalchemy import delete, func, select, update
 
 logger = logging.getLogger(__name__)
 
+#: The largest stack.json read for the stack lines of a comparison's regressions.
+STACK_JSON_LIMIT = 64 * 1024 * 1024
+
 #: Comparisons an API's history reaches back over (newest first), enough for months of nightly runs.
 HISTORY_LIMIT = 500
 
-#: An API failing before (or accepted) is ``worse`` once its error exceeds this many times the error of the
-#: previous comparison against the same baseline, or the level it had when accepted. Nightly drift under a
-#: changed dtype moves errors by well under 2x between runs; a real regression moves them by 10x and more.
-WORSE_FACTOR = 3.0
-
-#: The order verdicts are listed in: what changed for the worse first.
-_VERDICT_ORDER = {"new": 0, "worse": 0, "known": 1, "fixed": 2}
 
 
 def _environment(meta: dict[str, Any]) -> dict[str, Any]:
@@ -100,11 +100,7 @@ class BaselineService:
             if body.name is not None and body.name != run.name:
                 # Names are unique in a project (RunService.create): a rename must not bring back the
                 # ambiguity that made ``compare-runs NAME`` fail.
-                serialize_on(session, f"run-name\0{run.project}\0{body.name}")
-                taken = RunRepository(session).named(body.name, run.project)
-                if taken:
-                    raise Conflict(f"name: project {run.project!r} already has a run named {body.name!r} "
-                                   f"({taken[-1].id}); names are unique in a project")  # fmt: skip
+                refuse_taken_name(session, run.project, body.name, "choose another name", renamed=run_id)
                 run.name = body.name
             if body.tags is not None:
                 run.tags = dict(body.tags)
@@ -123,6 +119,57 @@ class BaselineService:
         with self.db.read() as session:
             run_id = session.scalar(select(Run.id).where(Run.project == project, Run.baseline.is_(True)))
         return self.runs.get(run_id) if run_id is not None else None
+
+    # -- every list's verdict --------------------------------------------------------------------------
+    def with_verdicts(self, runs: Sequence[RunPublic]) -> list[RunPublic]:
+        """``runs``, each with its verdict against its project's baseline (``RunPublic.verdict``): the
+        verdicts of its latest comparison against the baseline there is now. A few reads for the page, then
+        one ``regressions`` per run compared (a page of runs: 50)."""
+        projects = {r.project for r in runs}
+        ids = [r.id for r in runs if not r.baseline]
+        with self.db.read() as session:
+            baselines = {
+                project: (run_id, name)
+                for run_id, name, project in session.execute(
+                    select(Run.id, Run.name, Run.project)
+                    .where(Run.project.in_(projects), Run.baseline.is_(True))
+                )
+            }  # fmt: skip
+            latest: dict[tuple[str, str], tuple[str, str]] = {}
+            for cid, target, bench, status in session.execute(
+                select(Comparison.id, Comparison.target_run_id, Comparison.bench_run_id, Comparison.status)
+                .where(Comparison.target_run_id.in_(ids), Comparison.against_baseline.is_(True))
+                .order_by(Comparison.created_at)
+            ):  # fmt: skip
+                latest[(target, bench)] = (cid, status)  # the newest last
+        return [r.model_copy(update={"verdict": self._verdict(r, baselines.get(r.project), latest)})
+                for r in runs]  # fmt: skip
+
+    def _verdict(self, run: RunPublic, baseline: tuple[str, str] | None,
+                 latest: dict[tuple[str, str], tuple[str, str]]) -> BaselineVerdict:  # fmt: skip
+        if run.baseline:
+            return BaselineVerdict(verdict="baseline", baseline_run=run.id, baseline_name=run.name)
+        if baseline is None:
+            return BaselineVerdict(verdict="not compared", note=f"project {run.project!r} has no baseline")
+        base_id, base_name = baseline
+        found = latest.get((run.id, base_id))
+        if found is None:
+            note = run.auto_compare_note or (
+                f"the run is {run.status}" if run.status != "complete"
+                else "created with auto_compare off" if not run.auto_compare
+                else f"no comparison with baseline {base_name} yet"
+            )  # fmt: skip
+            return BaselineVerdict(verdict="not compared", baseline_run=base_id, baseline_name=base_name,
+                                   note=note)  # fmt: skip
+        cid, status = found
+        known = {"baseline_run": base_id, "baseline_name": base_name, "comparison": cid}
+        if status in ("queued", "running"):
+            return BaselineVerdict(verdict="pending", **known)
+        if status != "succeeded":
+            return BaselineVerdict(verdict="failed", **known)
+        r = self.regressions(cid)
+        return BaselineVerdict(verdict=r.overall(), new=r.new, worse=r.worse, known=r.known, fixed=r.fixed,
+                               **known)  # fmt: skip
 
     # -- auto-compare -----------------------------------------------------------------------------------
     def compare_with_baseline(self, run_id: str) -> ComparisonPublic | None:
@@ -170,26 +217,25 @@ class BaselineService:
 
     # -- new, worse, known, fixed -----------------------------------------------------------------------
     def regressions(self, comparison_id: str) -> RegressionsPublic:
-        """Each failing API of the comparison judged new, worse or known, and the APIs it fixed; new and
-        worse first, in execution order (see the module's docstring)."""
+        """Each API of the comparison failing now or in the previous comparison, judged new, worse, known or
+        fixed; new and worse first, each group in execution order (see the module's docstring)."""
         with self.db.read() as session:
             c = session.get(Comparison, comparison_id)
             if c is None:
                 raise NotFound(f"comparison {comparison_id!r} not found")
             failing = list((c.summary or {}).get("failing_apis", []))
             project = session.scalar(select(Run.project).where(Run.id == c.target_run_id)) or ""
-            previous = None
-            if c.against_baseline:
-                previous = session.scalars(
-                    select(Comparison)
-                    .join(Run, Run.id == Comparison.target_run_id)
-                    .where(
-                        Run.project == project, Comparison.bench_run_id == c.bench_run_id,
-                        Comparison.against_baseline.is_(True), Comparison.status == "succeeded",
-                        Comparison.created_at < c.created_at, Comparison.id != c.id,
-                    )  # fmt: skip
-                    .order_by(Comparison.created_at.desc())
-                ).first()
+            previous = session.scalars(
+                select(Comparison)
+                .join(Run, Run.id == Comparison.target_run_id)
+                .where(
+                    Run.project == project, Comparison.bench_run_id == c.bench_run_id,
+                    Comparison.against_baseline.is_(bool(c.against_baseline)),
+                    Comparison.status == "succeeded", Comparison.created_at < c.created_at,
+                    Comparison.id != c.id,
+                )  # fmt: skip
+                .order_by(Comparison.created_at.desc())
+            ).first()
             before_failing = list((previous.summary or {}).get("failing_apis", [])) if previous else []
             apis = set(failing) | set(before_failing)
             accepted = {
@@ -200,18 +246,54 @@ class BaselineService:
             }
             now = api_errors(session, c.id, apis)
             then = api_errors(session, previous.id, apis) if previous is not None else {}
-        failed_before = set(before_failing)
-        verdicts = [judge(api, now.get(api), then.get(api), api in failed_before, accepted.get(api))
-                    for api in failing]  # fmt: skip
-        failing_now = set(failing)
-        verdicts += [judge(api, now.get(api), then.get(api), True, None, fixed=True)
-                     for api in before_failing if api not in failing_now]  # fmt: skip
-        verdicts.sort(key=_listing_order)
-        count = {v: sum(x.verdict == v for x in verdicts) for v in ("new", "worse", "known", "fixed")}
-        return RegressionsPublic(
-            against_baseline=bool(c.against_baseline), previous_comparison=previous.id if previous else None,
-            data=verdicts, worse_factor=WORSE_FACTOR, **count,
-        )  # fmt: skip
+            order = call_order(session, c.id, apis)
+            summary = dict(c.summary or {})
+        return judge_apis(failing, now, before_failing, then, order=order, accepted=accepted,
+                          stacks=summary_stacks(summary), against_baseline=bool(c.against_baseline),
+                          previous_comparison=previous.id if previous else None)  # fmt: skip
+
+    def with_stack_lines(self, found: RegressionsPublic, comparison_id: str) -> RegressionsPublic:
+        """``found`` with the stack line of each new or worse API the comparison's suspects did not name,
+        read from the target run's stack.json (of the comparison's step and first rank, at most
+        :data:`STACK_JSON_LIMIT` bytes): the line of the user's code a gate's report names."""
+        missing = {v.api for v in found.data if v.verdict in ("new", "worse") and not v.stack}
+        if not missing:
+            return found
+        stacks = self._stacks(comparison_id)
+        if not stacks:
+            return found
+        data = []
+        for v in found.data:
+            frames = stacks.get(v.api) or stacks.get(forward_of(v.api)) if v.api in missing else None
+            line = user_frame(frames) or (frames[0] if frames else None)
+            data.append(v.model_copy(update={"stack": line}) if line else v)
+        return found.model_copy(update={"data": data})
+
+    def _stacks(self, comparison_id: str) -> dict[str, list[str]]:
+        with self.db.read() as session:
+            c = session.get(Comparison, comparison_id)
+            if c is None or not c.summary:
+                return {}
+            ranks = (c.summary or {}).get("compared_ranks") or [0]
+            path = f"{stored_prefix(c.step or 0, int(ranks[0] or 0))}/{STACK_JSON}"
+            row = session.execute(
+                select(RunFile.blob, RunFile.size)
+                .where(RunFile.run_id == c.target_run_id, RunFile.path == path)
+            ).first()  # fmt: skip
+        if row is None or row.size > STACK_JSON_LIMIT:
+            return {}
+        store = self.comparisons.store
+        try:
+            local = store.local_path(row.blob)
+            if local is not None:
+                return load_stack(local)
+            with tempfile.TemporaryDirectory() as tmp:
+                dest = Path(tmp) / STACK_JSON
+                store.download(row.blob, dest)
+                return load_stack(dest)
+        except (OSError, ParityError) as exc:  # a stack line is a help, never a reason to fail the answer
+            logger.warning("comparison %s: no stack lines from %s: %s", comparison_id, path, exc)
+            return {}
 
     def _require_project(self, session: Any, project: str) -> None:
         if session.scalar(select(Run.id).where(Run.project == project).limit(1)) is None:
@@ -364,52 +446,16 @@ def api_errors(session: Any, comparison_id: str, apis: set[str]) -> dict[str, fl
     return {api: rel if rel is not None else cos for api, rel, cos in rows}
 
 
-def judge(api: str, after: float | None, before: float | None, failed_before: bool,
-          note: ApiAcceptance | None, *, fixed: bool = False) -> ApiVerdict:  # fmt: skip
-    """One API's verdict (see the module's docstring), with the reason in words."""
-    level = note.level if note is not None else None
-    # An acceptance accepts a level: judged against it (the error may have grown since the previous
-    # comparison, which is what was accepted); otherwise against the previous comparison.
-    reference, what = (level, "the level accepted") if level is not None else \
-        (before if failed_before else None, "the previous comparison")  # fmt: skip
-    growth, against = None, ""
-    if after is not None and reference is not None and reference > 0:
-        growth, against = after / reference, f"{prose_number(reference)} of {what}"
-    if fixed:
-        verdict = "fixed"
-        reason = f"passing now ({_err(after)}), failing in the previous comparison ({_err(before)})"
-    elif not failed_before and note is None:
-        verdict = "new"
-        growth = after / before if after is not None and before else None
-        reason = (f"failing now ({_err(after)}), passing in the previous comparison ({_err(before)})"
-                  if before is not None else f"failing ({_err(after)}); no earlier comparison had it failing")
-    elif growth is not None and growth > WORSE_FACTOR:
-        verdict = "worse"
-        reason = (f"{_err(after)}, {prose_number(growth)}x the {against} "
-                  f"(worse beyond {prose_number(WORSE_FACTOR)}x)")  # fmt: skip
-    else:
-        verdict = "known"
-        if level is not None:
-            reason = f"accepted with a note at {_err(level)}; {_err(after)} now"
-        elif failed_before:
-            reason = f"failing in the previous comparison too ({_err(before)} then, {_err(after)} now)"
-        else:
-            reason = f"accepted with a note; {_err(after)} now"
-    return ApiVerdict(
-        api=api, verdict=verdict, failed_before=failed_before, before=before, after=after, growth=growth,  # type: ignore[arg-type]
-        accepted_level=level, reason=reason, note=note.note if note else None,
-        accepted_by=note.accepted_by if note else None, author=note.author if note else None,
-    )  # fmt: skip
-
-
-def _err(value: float | None) -> str:
-    return "error unknown" if value is None else f"max relative error {prose_number(value)}"
-
-
-def _listing_order(v: ApiVerdict) -> int:
-    """New and worse first, then known, then fixed; within each, execution order (the first call that got
-    worse is where a regression starts, the calls after it carry it on)."""
-    return _VERDICT_ORDER[v.verdict]
+def call_order(session: Any, comparison_id: str, apis: set[str]) -> dict[str, int]:
+    """Each of ``apis``' place in execution order in a comparison (its first call's, over the ranks)."""
+    if not apis:
+        return {}
+    c = ComparisonCall
+    rows = session.execute(
+        select(c.api, func.min(c.seq))
+        .where(c.comparison_id == comparison_id, c.api.in_(apis)).group_by(c.api)
+    ).all()  # fmt: skip
+    return {api: int(seq) for api, seq in rows}
 
 
 def _acceptance_public(row: ApiAcceptance) -> AcceptancePublic:

@@ -3,9 +3,9 @@
 The comparison page's chart and heatmap and an API's history across comparisons all read these instead of
 the comparison's rows: a 1,000,000-row comparison has some tens of thousands of calls, and the rows' cells
 are JSON text that would have to be parsed again for every view. Each rank task stores its rank's calls with
-its rows (``rank_calls``, from the same row records) and the merge step their counts; a page that finds a
-succeeded comparison without them (finished before that) builds them then, from the stored rows
-(``index_comparison``).
+its rows (the engine's ``compare.call_records``, from the rows' typed facts) and the merge step their
+counts. A comparison stored before the tasks stored calls has only its rows: its page builds the calls once
+from the stored cells (``index_comparison``, the one place cells are read back: nothing else remains of it).
 
 Execution order is the order of the rows within a rank, which is the dump's order: the order the calls ran
 in, forward and backward interleaved, for Parity's dumps (the writer numbers entries as they are recorded).
@@ -24,13 +24,12 @@ import orjson
 from cachetools import LRUCache
 from parity.server.db import Database
 from parity.server.models import Comparison, ComparisonCall, ComparisonCounts, ComparisonRow
+from parity.shared.compare.call_records import STATUS_RANK
 from sqlalchemy import delete, insert, select
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Worst first: the status a call shows is the worst of its rows'.
-STATUS_RANK = {"fail": 5, "unmatched": 4, "warning": 3, "uncomparable": 2, "bench-only": 1, "pass": 0}
 INSERT_BATCH = 5000
 
 

@@ -40,6 +40,15 @@ def mount(app: FastAPI) -> None:
         return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
 
 
-def error_page(request: Request, status_code: int, message: str) -> HTMLResponse:
-    return render(request, "error.html", {"status_code": status_code, "message": message, "user": None},
+async def error_page(request: Request, status_code: int, message: str) -> HTMLResponse:
+    """The error page, with the header of the person signed in (sign-out and all), as every page has it;
+    none for someone not signed in (or when the session cannot be read: the error is what to show)."""
+    from parity.server.web.auth import current_user
+    from starlette.concurrency import run_in_threadpool
+
+    try:
+        user = await run_in_threadpool(current_user, request)
+    except Exception:  # noqa: BLE001 - signed out, or the database is what failed: no header, the error stands
+        user = None
+    return render(request, "error.html", {"status_code": status_code, "message": message, "user": user},
                   status_code=status_code)  # fmt: skip

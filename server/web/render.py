@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from parity.server.web.auth import csrf_token, set_csrf_cookie
-from parity.shared.numbers import prose_number
+from parity.shared.numbers import listed, prose_number
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 STATIC = Path(__file__).resolve().parent / "static"
@@ -81,7 +81,8 @@ ENV = Environment(
     loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True, default_for_string=True),
     trim_blocks=True, lstrip_blocks=True,
 )  # fmt: skip
-ENV.filters.update(number=_number, when=_when, size=_size, heat=_heat, prose=prose_number)
+ENV.filters.update(number=_number, when=_when, size=_size, heat=_heat, prose=prose_number,
+                   listed=listed)  # fmt: skip
 ENV.globals["static"] = static_url
 
 

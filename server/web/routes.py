@@ -55,6 +55,8 @@ router = APIRouter(include_in_schema=False)
 
 UserDep = Annotated[WebUser, Depends(current_user)]
 RUNS_PER_PAGE = 50
+#: Comparisons of a run page judged new/worse/known (one ``regressions`` each; the others show their status).
+RUN_VERDICTS = 20
 ROWS_PER_PAGE = 100
 #: Calls drawn at most: about four per horizontal pixel of the chart (``calls.decimate`` keeps the spikes).
 CHART_POINTS = 4000
@@ -145,6 +147,7 @@ def runs_page(
     request: Request,
     user: UserDep,
     runs: RunServiceDep,
+    baselines: BaselineServiceDep,
     project: str = "",
     name: str = "",
     device: str = "",
@@ -158,15 +161,25 @@ def runs_page(
     params = {"project": project, "name": name, "device": device, "tag": tag, "status": status}
     result = runs.search(
         project=project or None, name=None, name_contains=name or None, device=device or None,
-        status=status or None,
-        tags=[t.strip() for t in tag.split(",") if t.strip()], limit=RUNS_PER_PAGE,
+        status=status or None, tags=tag_filters(tag), limit=RUNS_PER_PAGE,
         offset=(page - 1) * RUNS_PER_PAGE,
     )  # fmt: skip
     pages = max(1, math.ceil(result.count / RUNS_PER_PAGE))
     return render(request, "runs.html", {
-        "user": user, "runs": result.data, "count": result.count, "params": params, "page": page,
+        "user": user, "runs": baselines.with_verdicts(result.data), "count": result.count, "params": params,
+        "page": page,
         "pages": pages, "url": lambda **kw: query_url("/", params, **kw),
     })  # fmt: skip
+
+
+def tag_filters(text: str) -> list[str]:
+    """The tag filter's ``KEY=VALUE`` items (comma-separated), checked here so that a mistyped one is the
+    filter form's 400 naming the item and the form, never a bare query error."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    for item in items:
+        if "=" not in item:
+            raise BadRequest(f"tag: {item!r} is not KEY=VALUE (as the runs list shows tags, e.g. hw=gpu)")
+    return items
 
 
 def _one_of(field: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -191,9 +204,18 @@ def run_page(
     related = comparisons.search(run=run_id, project=None, status=None, limit=100, offset=0)
     names = _run_names(runs, {r for c in related.data for r in (c.target_run, c.bench_run)})
     baseline = baselines.baseline_of(run.project)
+    (run,) = baselines.with_verdicts([run])
+    # The comparison against the baseline first (the newest), then the others, newest first.
+    ordered = sorted(related.data, key=lambda c: c.created_at, reverse=True)
+    ordered.sort(key=lambda c: not (c.against_baseline and c.target_run == run.id))
+    verdicts = {c.id: baselines.regressions(c.id) for c in ordered[:RUN_VERDICTS]
+                if c.status == "succeeded" and c.against_baseline}  # fmt: skip
+    against = run.verdict.comparison if run.verdict is not None else None
+    changed = [v for v in verdicts[against].data if v.verdict in CHANGED] if against in verdicts else []
     return render(request, "run.html", {
         "user": user, "run": run, "files": files.data[:200], "file_count": files.count,
-        "comparisons": related.data, "comparison_count": related.count, "names": names,
+        "comparisons": ordered, "comparison_count": related.count, "names": names, "verdicts": verdicts,
+        "changed": changed,
         "baseline": baseline, "baseline_unfit": _unfit_baseline(run, baseline),
         "chain": plan_chain(comparisons, runs, run_id=run.id),
     })  # fmt: skip

@@ -57,14 +57,6 @@ NEED_DETERMINISTIC_API = ("conv2d", "conv3d", "matmul", "nll_loss", "layer_norm"
 _FUNC_BATCH_NORM = "Functional_batch_norm"
 _FORWARD_INPUT_1 = "forward_input.1"
 
-#: the verdict that makes a row "failing" for the advisor, per mode, and its column
-FAILING_VERDICT = {
-    CompareMode.TENSOR: ("Accuracy Reached or Not", "No"),
-    CompareMode.STATISTICS: ("Result", "Warning"),
-    CompareMode.MD5: ("Result", "Different"),
-}
-
-
 def advice_text(node_name: str) -> str:
     """msprobe's hint for a failing row, by substring tests on its name."""
     if "forward" in node_name:
@@ -85,7 +77,7 @@ def _deterministic(message: str, node_name: str) -> str:
     return DETERMINISTIC_SUGGEST if any(api in node_name for api in NEED_DETERMINISTIC_API) else message
 
 
-def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
+def advise(rows: Sequence[CompareRow], names: Sequence[str], mode: CompareMode,
            localization: Localization | None = None,
            replays: Mapping[str, ReplayVerdict] | None = None) -> Advice:  # fmt: skip
     """msprobe's three lines, from the same judgement as the suspects below them.
@@ -98,11 +90,10 @@ def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
     msprobe's rule as it stands: the first failing row (its verdict column, or a row Parity's highlight
     rules paint red).
     """
-    name_col = header.index("NPU Name")
     if localization is not None and localization.suspects:
         top = localization.suspects[0]
         line = top.worst_row if top.worst_row >= 0 else top.first_row
-        name = str(rows[line].cells[name_col])
+        name = names[line]
         verdict = replays.get(top.api) if replays else None
         replayed = verdict is not None and verdict.verdict is not Verdict.NOT_REPLAYED
         hint = _replayed(name, verdict) if verdict is not None and replayed else advice_text(name)
@@ -111,12 +102,12 @@ def advise(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
     if localization is not None and localization.systematic:
         text = _with_findings("", localization.systematic, replays)
         return Advice(line=None, suspect_node=None, text=text)
-    failing_row = _first_failing(rows, header, mode, localization)
+    failing_row = _first_failing(rows, localization)
     if failing_row is None:
         return Advice(line=None, suspect_node=None, text=NO_ERR_SUGGEST)
     if localization is not None and mode is not CompareMode.MD5:
         return Advice(line=None, suspect_node=None, text=NO_SUSPECT_SUGGEST)
-    name = str(rows[failing_row].cells[name_col])
+    name = names[failing_row]
     return Advice(line=failing_row, suspect_node=name, text=advice_text(name))
 
 
@@ -148,16 +139,14 @@ def _with_findings(text: str, findings: Sequence[SystematicFinding],
     return "\n".join(part for part in (text, *extra) if part)
 
 
-def _first_failing(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode,
-                   localization: Localization | None) -> int | None:  # fmt: skip
-    """msprobe's failing row: the first whose verdict column fails or that a highlight rule paints red,
-    and whose values are not identical on both sides (where the localization knows)."""
-    column, failing = FAILING_VERDICT[mode]
-    verdict_col = header.index(column)
+def _first_failing(rows: Sequence[CompareRow], localization: Localization | None) -> int | None:
+    """msprobe's failing row: the first whose verdict fails (its verdict column's No, Warning or Different
+    fails the row's status) or that a highlight rule paints red, and whose values are not identical on both
+    sides (where the localization knows)."""
     fail = RowStatus.FAIL
     errors = localization.errors if localization is not None else None
     for line, row in enumerate(rows):
-        if row.cells[verdict_col] == failing or row.status is fail:
+        if row.status is fail:
             if errors is not None and errors[line] == 0.0:
                 continue
             return line

@@ -1,10 +1,8 @@
 """Each row's relative error, and each call's input and output error: the numbers localization judges.
 
-A statistics table has ~60,000 rows in ~20,000 calls; read row by row in Python this was half of a compare's
-time. Here the common row (eight finite float statistics, matched) is computed for the whole column at once,
-and calls are cut and reduced with ``np.*.reduceat``. Rows the vector rule does not cover (NaN, inf, None,
-texts, tensor and md5 modes) take the row-at-a-time rule (``row_error``); both give the same numbers (the
-vector path does the same IEEE operations in the same order).
+A statistics table has ~60,000 rows in ~20,000 calls: every rule here is column-wise over the rows' typed
+facts (``facts.RowFacts``: statistics as numbers, metrics as numbers, flags), never over display cells, and
+calls are cut and reduced with ``np.*.reduceat``. ``stats_error`` states the statistics rule for one row.
 
 Errors are float64 arrays with NaN for "cannot be judged" (unmatched, no data file, shapes differ): a
 relative error itself is never NaN (identical NaN statistics count as equal, a NaN on one side is ``inf``).
@@ -13,14 +11,14 @@ relative error itself is never NaN (identical NaN statistics count as equal, a N
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 import numpy as np
+from parity.shared.compare.facts import F_NO_FILE, F_POSITIONS, F_SHAPE, F_STATISTICS_ONLY, RowFacts
 from parity.shared.compare.headers import CompareMode
-from parity.shared.compare.result import Cell, CompareRow, RowStatus
-from parity.shared.compare.verdicts import MSG_STATISTICS_ONLY
+from parity.shared.compare.result import CompareRow, RowStatus
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
 
 __all__ = [
@@ -28,9 +26,9 @@ __all__ = [
     "MIN_SCALE",
     "CallColumns",
     "group_calls",
-    "row_error",
     "row_errors",
     "row_norms",
+    "statistics_errors",
     "stats_error",
 ]
 
@@ -41,19 +39,6 @@ _UNKNOWN_STATUS = frozenset({RowStatus.UNMATCHED, RowStatus.BENCH_ONLY})  # unco
 _NPU_STATS = ("NPU max", "NPU min", "NPU mean", "NPU l2norm")
 _BENCH_STATS = ("Bench max", "Bench min", "Bench mean", "Bench l2norm")
 _cells, _api, _status = attrgetter("cells"), attrgetter("api"), attrgetter("status")
-
-
-def _num(cell: Cell) -> float | None:
-    """A statistics or metric cell as a float (msprobe's ``Nan``/``inf`` texts included), else None."""
-    if isinstance(cell, bool):
-        return float(cell)
-    if isinstance(cell, (int, float)):
-        return float(cell)
-    if isinstance(cell, str):
-        text = cell.strip().lower()
-        if text in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity"):
-            return float(text.replace("infinity", "inf"))
-    return None
 
 
 def _same(a: float | None, b: float | None) -> bool:
@@ -69,7 +54,8 @@ def stats_error(npu: Sequence[float | None], bench: Sequence[float | None]) -> f
     """Relative error from (max, min, mean, norm) on both sides: 0 when all four are identical (NaN equal to
     NaN), infinite when a statistic is non-finite on one side only or differs in sign of infinity, else the
     largest change of max/min/mean against the tensor's finite magnitude and of the norm against the norm.
-    None when neither side has statistics."""
+    None when neither side has statistics. (The one-row statement of ``statistics_errors``' rule, which the
+    tests hold it to; masked statistics aside.)"""
     if all(v is None for v in npu) and all(v is None for v in bench):
         return None
     err = 0.0
@@ -84,107 +70,123 @@ def stats_error(npu: Sequence[float | None], bench: Sequence[float | None]) -> f
     return err
 
 
-def row_norms(rows: Sequence[CompareRow], header: Sequence[str]) -> np.ndarray:
-    """Each row's bench norm where it is a finite float (NaN otherwise): how much an output counts when a
-    call's output errors are combined (a bias gradient that is ~0 by construction must not speak for it)."""
-    if "Bench l2norm" not in header:
-        return np.full(len(rows), np.nan)
-    values = _float_column(list(map(_cells, rows)), header.index("Bench l2norm"))
-    values[~np.isfinite(values)] = np.nan
-    return values
+#: A statistic this large (half its dtype's largest finite value, or infinite), equal on both sides, is a
+#: fill, not data: attention masks are float32's minimum (or -inf) on both sides, and a mask's Mean and Norm
+#: say nothing of the values it hides.
+_MASK_FRACTION = 0.5
+_FINITE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+               "float64": 1.7976931348623157e308}  # fmt: skip
 
 
-_NUMBERS = frozenset({float, int, bool, type(None)})
-
-
-def _float_column(cells: Sequence[Sequence[Cell]], col: int) -> np.ndarray:
-    """Column ``col`` as float64, NaN where a cell is no number (None, a text such as "N/A")."""
-    column = list(map(itemgetter(col), cells))
-    if set(map(type, column)) <= _NUMBERS:  # the common column: one C-level conversion (None -> NaN)
-        return np.array(column, dtype=np.float64)
-    return np.fromiter((c if type(c) in _NUMBERS and c is not None else np.nan for c in column),
-                       dtype=np.float64, count=len(column))  # fmt: skip
-
-
-def row_errors(rows: Sequence[CompareRow], header: Sequence[str], mode: CompareMode) -> np.ndarray:
-    """Each row's relative error (0 = identical, ``inf`` = NaN/Inf positions or md5 differ, NaN = cannot be
-    judged: unmatched, no data file, shapes differ)."""
-    n = len(rows)
-    out = np.full(n, np.nan)
-    pos = {name: i for i, name in enumerate(header)}
-    todo = np.ones(n, dtype=bool)
-    if mode is CompareMode.STATISTICS and n:
-        cells = list(map(_cells, rows))
-        a0, a1, a2, a3 = (_float_column(cells, pos[c]) for c in _NPU_STATS)
-        b0, b1, b2, b3 = (_float_column(cells, pos[c]) for c in _BENCH_STATS)
-        with np.errstate(invalid="ignore", over="ignore"):
-            fast = np.isfinite(a0 + a1 + a2 + a3 + b0 + b1 + b2 + b3)  # eight finite numbers
-        fast &= ~np.fromiter(map(_UNKNOWN_STATUS.__contains__, map(_status, rows)), dtype=bool, count=n)
-        # The row rule's arithmetic, column-wise (same operations in the same order, so the same floats).
-        a0, a1, a2, a3, b0, b1, b2, b3 = (v[fast] for v in (a0, a1, a2, a3, b0, b1, b2, b3))
-        scale = np.maximum.reduce([np.abs(a0), np.abs(a1), np.abs(a2), np.abs(b0), np.abs(b1), np.abs(b2),
-                                   np.full(a0.shape, MIN_SCALE)])  # fmt: skip
-        err = np.maximum(np.maximum(np.abs(a0 - b0), np.abs(a1 - b1)), np.abs(a2 - b2)) / scale
-        err = np.where(a3 != b3, np.maximum(err, np.abs(a3 - b3) / np.maximum(np.abs(b3), MIN_SCALE)), err)
-        out[fast] = err
-        todo = ~fast
-    for i in np.flatnonzero(todo).tolist():
-        value = row_error(rows[i], pos, mode)
-        out[i] = np.nan if value is None else value
+def _mask_limits(dtypes: Sequence[str | None]) -> np.ndarray:
+    table: dict[str | None, float] = {}
+    out = np.empty(len(dtypes))
+    for i, d in enumerate(dtypes):
+        limit = table.get(d)
+        if limit is None:
+            name = d.rsplit(".", 1)[-1] if isinstance(d, str) else ""
+            limit = table[d] = _MASK_FRACTION * _FINITE_MAX.get(name, _FINITE_MAX["float32"])
+        out[i] = limit
     return out
 
 
-def row_error(row: CompareRow, pos: Mapping[str, int], mode: CompareMode) -> float | None:
-    """One row's relative error the row-at-a-time way (see ``row_errors``; None = cannot be judged)."""
-    if row.status in _UNKNOWN_STATUS:
-        return None
-    cells = row.cells
+def statistics_errors(facts: RowFacts) -> np.ndarray:
+    """Each row's relative error from its four statistics on both sides, column-wise (``stats_error``'s
+    rule): NaN where neither side has a statistic. A statistic equal on both sides that is a fill value
+    (``_MASK_FRACTION``: an attention mask's float32 minimum, -inf) is no data: it sets no magnitude, and
+    the Mean and Norm it swamps are left out of the error."""
+    a, b = facts.npu.stats_array(), facts.bench.stats_array()
+    na, nb = facts.npu.numeric_array(), facts.bench.numeric_array()
+    n = len(facts)
+    with np.errstate(invalid="ignore", over="ignore"):
+        both_nan = np.isnan(a) & np.isnan(b) & na & nb
+        same = ((a == b) & na & nb) | both_nan | (~na & ~nb)
+        limit = _mask_limits(facts.npu.dtype)[:, None]
+        mask = (a == b) & na & nb & (np.abs(a) >= limit)
+        masked = mask[:, 0] | mask[:, 1]
+        finite = np.isfinite(a) & np.isfinite(b) & na & nb
+        broken = (~same & ~finite).any(axis=1)
+        scale_values = np.where(na & np.isfinite(a) & ~mask, np.abs(a), 0.0)[:, :3]
+        scale_values = np.maximum(scale_values, np.where(nb & np.isfinite(b) & ~mask, np.abs(b), 0.0)[:, :3])
+        scale_values[masked, 2] = 0.0  # a masked tensor's Mean is the mask's: no scale of its values
+        magnitude = scale_values.max(axis=1)
+        diff = np.where(same | ~finite, 0.0, np.abs(a - b))
+        rel = diff[:, :3] / np.maximum(magnitude, MIN_SCALE)[:, None]
+        norm_rel = diff[:, 3] / np.maximum(np.abs(np.where(finite[:, 3], b[:, 3], 0.0)), MIN_SCALE)
+        rel[masked, 2] = 0.0  # a masked tensor's Mean and Norm are the mask's
+        norm_rel[masked] = 0.0
+        err = np.maximum(rel.max(axis=1), norm_rel) if n else np.zeros(0)
+    err = np.where(broken & ~masked, np.inf, err)
+    none = ~(na.any(axis=1) | nb.any(axis=1))
+    return np.where(none, np.nan, err)
+
+
+def row_norms(facts: RowFacts) -> np.ndarray:
+    """Each row's bench norm where it is a finite number (NaN otherwise): how much an output counts when a
+    call's output errors are combined (a bias gradient that is ~0 by construction must not speak for it)."""
+    norms = facts.bench.stats_array()[:, 3].copy()
+    norms[~np.isfinite(norms) | ~facts.bench.numeric_array()[:, 3]] = np.nan
+    return norms
+
+
+def row_errors(rows: Sequence[CompareRow], facts: RowFacts, mode: CompareMode) -> np.ndarray:
+    """Each row's relative error (0 = identical, ``inf`` = NaN/Inf positions, md5 or shapes differ, NaN =
+    cannot be judged: unmatched, no data file), from the rows' facts."""
+    n = len(rows)
+    unknown = np.fromiter(map(_UNKNOWN_STATUS.__contains__, map(_status, rows)), dtype=bool, count=n)
     if mode is CompareMode.MD5:
-        result = cells[pos["Result"]]
-        return 0.0 if result == "pass" else math.inf if result == "Different" else None
-    npu_stats = [_num(cells[pos[c]]) for c in _NPU_STATS] if "NPU max" in pos else []
-    bench_stats = [_num(cells[pos[c]]) for c in _BENCH_STATS] if "Bench max" in pos else []
-    from_stats = stats_error(npu_stats, bench_stats)
-    if mode is CompareMode.STATISTICS:
-        return from_stats
-    return _tensor_error(cells, pos, npu_stats, bench_stats, from_stats)
+        err = _md5_errors(facts)
+    else:
+        err = statistics_errors(facts)
+        if mode is CompareMode.TENSOR:
+            err = _tensor_errors(facts, err)
+    shape = facts.has(F_SHAPE)
+    err = np.where(shape, np.inf, err)  # another shape: never "identical", never a gain to learn from
+    err[unknown] = np.nan
+    return err
 
 
-def _tensor_error(cells: Sequence[Cell], pos: Mapping[str, int], npu_stats: Sequence[float | None],
-                  bench_stats: Sequence[float | None], from_stats: float | None) -> float | None:  # fmt: skip
+def _md5_errors(facts: RowFacts) -> np.ndarray:
+    """md5 mode: 0 where both checksums are present and equal, inf where they differ, NaN where one lacks."""
+    out = np.full(len(facts), np.nan)
+    for i, (x, y) in enumerate(zip(facts.npu.md5, facts.bench.md5, strict=True)):
+        if x is not None and y is not None:
+            out[i] = 0.0 if x == y else math.inf
+    return out
+
+
+def _tensor_errors(facts: RowFacts, from_stats: np.ndarray) -> np.ndarray:
     """Tensor mode: ``EucDist / max(norms)`` where the fused pass gave a distance (identical NaN/Inf
-    positions count as equal there), MaxAbsErr against the magnitude for a 0-d tensor, the statistics for
-    a value without a data file."""
-    message = str(cells[pos["Err_message"]] or "")
-    if MSG_STATISTICS_ONLY in message:  # a planned dump's call without tensor files: its statistics speak
-        return from_stats
-    if "position of inf or nan" in message:
-        return math.inf
-    if cells[pos["Cosine"]] == "shape unmatched":
-        return None
-    dist = _num(cells[pos["EucDist"]])
-    if dist is not None and math.isfinite(dist):
-        if dist == 0.0:
-            return 0.0
-        norms = [v for v in (npu_stats[3], bench_stats[3]) if v is not None]
-        if norms and all(math.isfinite(v) for v in norms) and max(norms) > 0.0:
-            return dist / max(norms)
-        # Identical NaN/Inf positions (the distance leaves them out) make the norm non-finite: judge the
-        # finite values by the largest difference against their magnitude instead.
-        max_abs = _num(cells[pos["MaxAbsErr"]])
-        magnitude = _magnitude(npu_stats, bench_stats)
-        if max_abs is not None and math.isfinite(max_abs) and magnitude > 0.0:
-            return max_abs / magnitude
-        return from_stats if from_stats is not None else math.inf
-    max_abs = _num(cells[pos["MaxAbsErr"]])
-    if max_abs is not None and math.isfinite(max_abs):
-        if max_abs == 0.0:
-            return 0.0
-        scale = _magnitude(npu_stats, bench_stats)
-        return max_abs / scale if scale > 0.0 else math.inf
-    if "not found or read failed" in message or "does not have data file" in message:
-        return None if from_stats != 0.0 else 0.0
-    return from_stats
+    positions count as equal there), MaxAbsErr against the magnitude for a 0-d tensor or where the norms
+    are not finite (or swamped by a mask), the statistics for a value without a data file."""
+    metrics = facts.metrics_array()
+    dist, max_abs = metrics[:, 1], metrics[:, 2]
+    a, b = facts.npu.stats_array(), facts.bench.stats_array()
+    na, nb = facts.npu.numeric_array(), facts.bench.numeric_array()
+    limit = _mask_limits(facts.npu.dtype)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        mask = ((a == b) & na & nb & (np.abs(a) >= limit[:, None]))[:, :2].any(axis=1)
+        norms_known = (na[:, 3] | nb[:, 3])
+        norm_ok = norms_known & ~((na[:, 3] & ~np.isfinite(a[:, 3])) | (nb[:, 3] & ~np.isfinite(b[:, 3])))
+        top_norm = np.fmax(np.where(na[:, 3], a[:, 3], np.nan), np.where(nb[:, 3], b[:, 3], np.nan))
+        by_norm = norm_ok & (top_norm > 0.0) & ~mask
+        fill = (a == b) & (np.abs(a) >= limit[:, None])
+        values = np.maximum(np.where(np.isfinite(a) & na & ~fill, np.abs(a), 0.0),
+                            np.where(np.isfinite(b) & nb & ~fill, np.abs(b), 0.0))  # fmt: skip
+        values[mask, 2] = 0.0  # a masked tensor's Mean is the mask's
+        magnitude = values[:, :3].max(axis=1)
+        has_dist = np.isfinite(dist)
+        has_max = np.isfinite(max_abs)
+        by_max = np.where(magnitude > 0.0, max_abs / magnitude, np.inf)
+        dist_rule = np.select(
+            [dist == 0.0, by_norm, has_max & (magnitude > 0.0), ~np.isnan(from_stats)],
+            [0.0, dist / top_norm, max_abs / magnitude, from_stats], np.inf)
+        max_rule = np.where(max_abs == 0.0, 0.0, by_max)
+    no_file = facts.has(F_NO_FILE)
+    file_rule = np.where(from_stats == 0.0, 0.0, np.nan)
+    out = np.select([facts.has(F_STATISTICS_ONLY), facts.has(F_POSITIONS), has_dist, has_max, no_file],
+                    [from_stats, np.inf, dist_rule, max_rule, file_rule], from_stats)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +202,11 @@ class CallColumns:
 
 
 def group_calls(rows: Sequence[CompareRow], states: Sequence[str], errors: np.ndarray,
-                norms: np.ndarray) -> CallColumns:  # fmt: skip
+                norms: np.ndarray, arguments: np.ndarray | None = None) -> CallColumns:  # fmt: skip
     """Consecutive rows of one entry make one call; bench-only rows (appended after the NPU rows) are no
-    call of the NPU run.
+    call of the NPU run. ``arguments``: the rows that are a call's non-tensor arguments, which are what the
+    call was asked to do (``choices``), not an input it inherited: they count neither as an input error nor,
+    unmatched, as an input that cannot be judged.
 
     Inputs: the largest error of any input (one damaged input is enough); an input that cannot be judged
     because it is unmatched makes the call's input error unknown. Outputs: the normwise error of all
@@ -225,6 +229,8 @@ def group_calls(rows: Sequence[CompareRow], states: Sequence[str], errors: np.nd
     unknown = np.fromiter(map(_UNKNOWN_STATUS.__contains__, status), dtype=bool, count=n)
     is_out = np.fromiter(map(STATE_OUTPUT.__eq__, states), dtype=bool, count=n)
     is_in = np.fromiter(map(JUDGED_INPUTS.__contains__, states), dtype=bool, count=n)
+    if arguments is not None:
+        is_in &= ~arguments
     judged = ~np.isnan(errors)
 
     in_err = np.maximum.reduceat(np.where(is_in & judged, errors, 0.0), first)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parity.shared.compare import verdicts as v
+from parity.shared.compare.facts import RowFacts
 from parity.shared.compare.pairing import FLOAT_FAMILY
 from parity.shared.compare.result import Cell, CompareRow, RowStatus
 from parity.shared.compare.statistics import stat_cells
@@ -93,7 +94,7 @@ def stack_cells(apis: Sequence[str], stack_lookup: Mapping[str, list[str]] | Non
 class Table:
     """The rows being built, with the per-row facts later passes need but the table does not show."""
 
-    __slots__ = ("rows", "states", "messages", "jobs", "highlight_ranges")
+    __slots__ = ("rows", "states", "messages", "jobs", "highlight_ranges", "facts")
 
     def __init__(self) -> None:
         self.rows: list[CompareRow] = []
@@ -102,3 +103,5 @@ class Table:
         self.jobs: list[tuple[int, Leaf, Leaf]] = []  # tensor mode: (row, npu leaf, bench leaf)
         #: the ``(start, stop)`` row ranges the highlight rules must visit; None: every row
         self.highlight_ranges: list[tuple[int, int]] | None = None
+        #: the rows' typed facts (``facts.RowFacts``), in row order; set by the engine once rows are paired
+        self.facts: RowFacts | None = None

@@ -9,15 +9,26 @@ and status → advice and suspects, each step one pass over plain lists.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 from parity.shared.compare import md5 as md5_mode
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
 from parity.shared.compare.alignment import Aligned, Modules, Sites, pair_calls
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
+from parity.shared.compare.facts import (
+    F_INCOMPATIBLE,
+    F_NO_FILE,
+    F_POSITIONS,
+    F_SHAPE,
+    F_STATISTICS_ONLY,
+    RowFacts,
+)
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
 from parity.shared.compare.highlight import apply_highlights
@@ -35,6 +46,9 @@ from parity.shared.dump.layout import sibling_stack_json
 from parity.shared.dump.reader import Dump, load_construct, load_dump, load_stack
 from parity.shared.errors import CompareInputError, DumpError
 from parity.shared.numbers import prose_number
+
+if TYPE_CHECKING:
+    from parity.shared.metrics.tensor import TensorMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +110,8 @@ def compare_dumps(
     if options.replay_top > 0:  # imported here: a compare without the replay never imports torch for it
         from parity.shared.replay.compare import dump_replayer
 
-        replayer = dump_replayer(npu_dump_json, bench_dump_json, limits=options.tensor_limits)
+        replayer = dump_replayer(npu_dump_json, bench_dump_json, limits=options.tensor_limits,
+                                 budget=options.replay_budget)  # fmt: skip
     result = conclude([part], stacks_of(npu_dump_json, stack_path), replayer=replayer,
                       replay_top=options.replay_top)  # fmt: skip
     result.npu_path = str(npu_dump_json)
@@ -272,13 +287,16 @@ def _table_part(
     pairing, aligned = pair_calls(npu_rows, bench_rows, fuzzy=options.fuzzy_match,
                                   mapping=options.data_mapping, sites=sites, modules=modules)
     phase_done()
+    facts = _row_facts(npu_rows, bench_rows, pairing)
     stack = stack_cells(npu_rows.apis, stacks) if stack_mode else None
     if mode is CompareMode.STATISTICS:
         table = build_statistics_rows(npu_rows, bench_rows, pairing.bench_index, fuzzy=options.fuzzy_match,
                                       stack=stack)  # fmt: skip
+        table.facts = facts
         phase_done()
     else:
         table = Table()
+        table.facts = facts
         _build_rows(table, mode, npu_rows, bench_rows, pairing.bench_index, options.fuzzy_match, stack)
     _build_bench_only(table, mode, bench_rows, pairing.bench_only, stack_mode)
     gaps, partners = _pairing_cells(table, npu_rows, bench_rows, pairing, aligned)
@@ -300,7 +318,16 @@ def _table_part(
     _finish_rows(table, header, mode)
     return TablePart(mode=mode.value, stack_mode=stack_mode, rows=table.rows, states=table.states,
                      missing_tensor_files=[str(f) for f in missing], calls=calls, gaps=gaps,
-                     partners=partners)  # fmt: skip
+                     partners=partners, facts=table.facts)  # fmt: skip
+
+
+def _row_facts(npu_rows: SideRows, bench_rows: SideRows, pairing: Pairing) -> RowFacts:
+    """The typed facts of the table's rows: each NPU row against its bench row, then the bench-only rows."""
+    n_npu, only = len(npu_rows), pairing.bench_only
+    names = [*npu_rows.names, *map(bench_rows.names.__getitem__, only)]
+    npu_index = np.concatenate((np.arange(n_npu), np.full(len(only), -1))).astype(np.intp)
+    bench_index = np.asarray([*pairing.bench_index, *only], dtype=np.intp)
+    return RowFacts.build(names, npu_rows.columns, npu_index, bench_rows.columns, bench_index)
 
 
 _NAME = "name"
@@ -342,6 +369,8 @@ def _cut(table: Table, start: int, stop: int) -> None:
     """Keep rows ``[start, stop)`` of ``table`` (each side of the cut a call boundary), renumbered from 0."""
     table.rows = table.rows[start:stop]
     table.states = table.states[start:stop]
+    if table.facts is not None:
+        table.facts = table.facts.take(start, stop)
     table.messages = table.messages[start:stop]
     table.jobs = [(i - start, n, b) for i, n, b in table.jobs if start <= i < stop]
     if table.highlight_ranges is not None:
@@ -364,21 +393,25 @@ def conclude(parts: Sequence[TablePart], stacks: Mapping[str, list[str]] | None 
     rows = [row for p in parts for row in p.rows] if len(parts) > 1 else parts[0].rows
     states = [state for p in parts for state in p.states] if len(parts) > 1 else parts[0].states
     parents = {call: module for p in parts for call, module in p.parents.items()}
-    localization = localize(rows, states, header, mode, parents=parents)
+    facts = RowFacts.concat([p.facts for p in parts if p.facts is not None])
+    if len(facts) != len(rows):
+        raise CompareInputError(f"a rank's parts carry facts for {len(facts)} of its {len(rows)} rows")
+    localization = localize(rows, states, facts, mode, parents=parents)
     partners = {call: bench for p in parts for call, bench in p.partners.items()}
     localization, replay, verdicts = judge_with_replay(localization, replayer, replay_top, partners)
-    advice = advise(rows, header, mode, localization, verdicts)
-    pos = {name: i for i, name in enumerate(header)}
+    advice = advise(rows, facts.names, mode, localization, verdicts)
+    message_col = header.index("Err_message") if "Err_message" in header else -1
 
     def reason_of(i: int) -> str:
-        return _reason(rows[i], pos, mode)
+        return _reason(facts, i, mode, rows[i].cells[message_col] if message_col >= 0 else None)
 
     gaps = {api: label for p in parts for api, label in p.gaps.items()}
     suspects, first = suspects_of(localization, rows, reason_of, stacks, gaps=gaps)
     return CompareResult(mode=mode, stack_mode=stack_mode, rows=rows, advice=advice, suspects=suspects,
                          first_divergence=first, row_scores=localization.row_scores(len(rows)),
                          missing_tensor_files=[f for p in parts for f in p.missing_tensor_files],
-                         systematic=localization.systematic, replay=replay)  # fmt: skip
+                         systematic=localization.systematic, replay=replay, facts=facts,
+                         states=list(states))  # fmt: skip
 
 
 def _build_rows(
@@ -400,11 +433,14 @@ def _build_rows(
         from parity.shared.metrics.tensor import MSG_NO_NPU_FILE
 
         no_npu_file = MSG_NO_NPU_FILE
+    flag = table.facts.flag if table.facts is not None else _no_flag
     for i, (name, n, api) in enumerate(zip(npu_rows.names, npu_rows.leaves, npu_rows.apis, strict=True)):
         j = bench_index[i]
         b = b_leaf(j) if j >= 0 else None
         facts = PairFacts(name, n, b_names[j] if j >= 0 else None, b, fuzzy)
         msgs, status = facts.messages, facts.status
+        if b is not None and not facts.compatible:
+            flag(i, F_INCOMPATIBLE)
         if tensor:
             metric_cells = _UNSUPPORTED6  # until the metrics are in
             if b is None:
@@ -419,6 +455,7 @@ def _build_rows(
             elif not n.data_name and not b.data_name and n.is_tensor and b.is_tensor:
                 accuracy, status = _statistics_only(n, b, msgs, status)
                 metric_cells = _NA6
+                flag(i, F_STATISTICS_ONLY)
             else:
                 accuracy = v.NONE  # set once the metrics are in
                 jobs.append((i, n, b))
@@ -441,6 +478,10 @@ def _build_rows(
 
 _UNSUPPORTED6 = (v.UNSUPPORTED,) * 6
 _NA6 = (v.NA,) * 6
+
+
+def _no_flag(_i: int, _bits: int) -> None:
+    """Where a table has no facts (nothing to flag)."""
 
 
 def _statistics_only(n: Leaf, b: Leaf, msgs: list[str], status: RowStatus) -> tuple[str, RowStatus]:
@@ -519,12 +560,14 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
         total = len(jobs)
         extra = {"limits": options.tensor_limits} if options.tensor_limits is not None else {}
         results = compare_tensor_files(jobs, executor=options.executor, **extra)
+        record = _metric_facts(table.facts)
         for done, (i, metrics) in enumerate(results, start=1):
             cells = table.rows[i].cells
             cells[first : first + 6] = [
                 _fc(metrics.cosine), _fc(metrics.euc_dist), _fc(metrics.max_abs_err),
                 _fc(metrics.max_relative_err), _fc(metrics.one_thousandth), _fc(metrics.five_thousandths),
             ]  # fmt: skip
+            record(i, metrics)
             table.messages[i].extend(metrics.messages)
             if metrics.unread_file is not None:  # results come in any order: sorted by row below
                 missing.append((i, Path(metrics.unread_file)))
@@ -541,6 +584,37 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
         if row.status is RowStatus.FAIL and row.cells[acc_col] not in (v.NO, NA):
             row.cells[acc_col] = v.NO  # a failure found outside the metrics (a changed scalar argument)
     return [f for _, f in sorted(missing, key=lambda item: item[0])]
+
+
+def _metric_facts(facts: RowFacts | None) -> Callable[[int, TensorMetrics], None]:
+    """What records a row's tensor metrics in ``facts``: the six numbers (NaN for a sentinel cell) and the
+    flags the pass found (shapes that differ, NaN/Inf at other places, a file missing or unreadable)."""
+    if facts is None:
+        return lambda _i, _m: None
+    from parity.shared.metrics.tensor import (
+        MSG_NAN_INF_POSITION,
+        MSG_NO_BENCH_FILE,
+        MSG_NO_NPU_FILE,
+        MSG_UNREADABLE,
+        SHAPE_UNMATCHED,
+    )
+
+    values = facts.metrics_array()
+    no_file = {MSG_NO_NPU_FILE, MSG_NO_BENCH_FILE, MSG_UNREADABLE}
+
+    def record(i: int, m: TensorMetrics) -> None:
+        cells = (m.cosine, m.euc_dist, m.max_abs_err, m.max_relative_err, m.one_thousandth,
+                 m.five_thousandths)  # fmt: skip
+        values[i] = [c if type(c) is float else math.nan for c in cells]
+        bits = F_SHAPE if m.cosine == SHAPE_UNMATCHED else 0
+        if MSG_NAN_INF_POSITION in m.messages:
+            bits |= F_POSITIONS
+        if m.unread_file is not None or no_file.intersection(m.messages):
+            bits |= F_NO_FILE
+        if bits:
+            facts.flag(i, bits)
+
+    return record
 
 
 def _check_tensor_dir(dump: Dump, side: str) -> None:
@@ -588,18 +662,26 @@ def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[boo
     return [row.status is fail or row.cells[shape_col] == unmatched for row in rows]
 
 
-def _reason(row: CompareRow, pos: Mapping[str, int], mode: CompareMode) -> str:
-    """One line saying why a failing row fails, for the suspects list (numbers to 3 significant digits)."""
-    cells = row.cells
-    n = prose_number
+def _reason(facts: RowFacts, i: int, mode: CompareMode, message: Cell) -> str:
+    """One line saying why a failing row fails, for the suspects list (numbers to 3 significant digits),
+    from the row's facts, and its Err_message."""
+    n = _prose
     if mode is CompareMode.TENSOR:
-        facts = (f"Cosine {n(cells[pos['Cosine']])}, MaxAbsErr {n(cells[pos['MaxAbsErr']])}, "
-                 f"One Thousandth Err Ratio {n(cells[pos['One Thousandth Err Ratio']])}")  # fmt: skip
+        cosine, _dist, max_abs, _rel, one, _five = facts.metrics_array()[i].tolist()
+        text = f"Cosine {n(cosine)}, MaxAbsErr {n(max_abs)}, One Thousandth Err Ratio {n(one)}"
     elif mode is CompareMode.STATISTICS:
-        facts = (f"MaxRelativeErr {n(cells[pos['MaxRelativeErr']])}, "
-                 f"NormRelativeErr {n(cells[pos['NormRelativeErr']])}")  # fmt: skip
+        a, b = facts.npu.stats_array()[i], facts.bench.stats_array()[i]
+        with np.errstate(all="ignore"):
+            rel = np.abs((a - b) / b) * 100.0
+        text = f"MaxRelativeErr {n(rel[0], '%')}, NormRelativeErr {n(rel[3], '%')}"
     else:
-        facts = f"MD5 {cells[pos['NPU MD5']]} vs {cells[pos['BENCH MD5']]}"
-    reason = f"{cells[0]}: {facts}"
-    text = cells[pos["Err_message"]] if "Err_message" in pos else None
-    return f"{reason} ({text})" if text else reason
+        text = f"MD5 {facts.npu.md5[i] or NA} vs {facts.bench.md5[i] or NA}"
+    reason = f"{facts.names[i]}: {text}"
+    return f"{reason} ({message})" if message else reason
+
+
+def _prose(value: float, unit: str = "") -> str:
+    """A metric in a sentence (``prose_number``), ``N/A`` where it is no number."""
+    if math.isfinite(value):
+        return f"{prose_number(value)}{unit}"
+    return NA if math.isnan(value) else str(value)

@@ -32,6 +32,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from parity.shared.compare.facts import unit_roundoff
+from parity.shared.dump.naming import parse_entry
+
 __all__ = [
     "API_CLASSES",
     "ROUNDING_SCALE",
@@ -54,13 +57,6 @@ ROUNDING_SCALE = 4.0
 #: split-K) and the error of the distance itself. 8 keeps the replay's earlier allowance for long
 #: reductions (16 sqrt(K) eps = 32 sqrt(K) u), under which the replay tests' correct calls sit 10x inside.
 REPLAY_SAFETY = 8.0
-
-#: Unit roundoff (half an ulp of 1) per dtype, by the dtype's name as dumps record it (``torch.float32``).
-_UNIT_ROUNDOFF = {
-    "float64": 2.0**-53, "double": 2.0**-53, "float32": 2.0**-24, "float": 2.0**-24, "float16": 2.0**-11,
-    "half": 2.0**-11, "bfloat16": 2.0**-8, "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3,
-    "complex128": 2.0**-53, "complex64": 2.0**-24,
-}  # fmt: skip
 
 #: The API class of each reduction op (a background is learned per class: a device whose matmuls run in
 #: TF32 differs in every matmul-class call, and only in those). Everything else is ``elementwise``.
@@ -91,24 +87,15 @@ _COUNT = re.compile(r"^\d+$")
 def op_of(api: str) -> str:
     """The op an entry calls: ``Functional.linear.0.forward`` → ``linear``, ``Tensor.__matmul__.1.forward`` →
     ``matmul``, ``Module.fc.Linear.forward.0`` → ``linear`` (a module of another class: its class name)."""
-    tokens = api.split(".")
-    if tokens[0] == "Module":
-        cls = next((t for t in reversed(tokens[:-2]) if t and t[0].isupper()), "")
-        return _MODULE_OPS.get(cls, cls)
-    op = tokens[1] if len(tokens) > 1 else api
-    return op.strip("_").removeprefix("r") if op.startswith("__r") else op.strip("_")
+    parsed = parse_entry(api)
+    if parsed is None:
+        return api
+    return _MODULE_OPS.get(parsed.op, parsed.op) if parsed.kind != "api" else parsed.op
 
 
 def api_class(op: str) -> str:
     """The class of ``op`` (``matmul``, ``norm``, ``softmax``, ``reduce``, ``loss``; else ``elementwise``)."""
     return API_CLASSES.get(op, "elementwise")
-
-
-def unit_roundoff(dtype: object) -> float:
-    """The unit roundoff of a recorded dtype (``torch.float16`` → 2**-11); 0 for a non-floating one."""
-    if not isinstance(dtype, str):
-        return 0.0
-    return _UNIT_ROUNDOFF.get(dtype.rsplit(".", 1)[-1], 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,24 +23,19 @@ from collections.abc import Sequence
 
 import numpy as np
 from parity.shared.compare.call_errors import JUDGED_INPUTS, CallColumns
-from parity.shared.compare.result import CompareRow
+from parity.shared.compare.facts import RowFacts, SideFacts
 from parity.shared.dump.columns import STATE_OUTPUT
 
 __all__ = ["held_screen"]
 
 _WIDE = frozenset({"torch.float32", "torch.float64", "float32", "float64"})
-_TARGET = ("NPU Dtype", "NPU max", "NPU min")
-_BENCH = ("Bench max", "Bench min")
-_NUMBERS = frozenset({float, int, type(None)})
 
 
-def _column(rows: Sequence[CompareRow], col: int) -> np.ndarray:
-    """A statistics column as float64, NaN where a cell is no number (None, a text, a bool's any/all)."""
-    cells = [row.cells[col] for row in rows]
-    if set(map(type, cells)) <= _NUMBERS:  # the common column: one C-level conversion (None -> NaN)
-        return np.array(cells, dtype=np.float64)
-    return np.fromiter((c if type(c) in _NUMBERS and c is not None else np.nan for c in cells),
-                       dtype=np.float64, count=len(cells))  # fmt: skip
+def _floats(facts: SideFacts, k: int) -> np.ndarray:
+    """Statistic ``k`` (0: max, 1: min) of one side as float64, NaN where it is no number or a bool's."""
+    values = facts.stats_array()[:, k].copy()
+    values[~facts.numeric_array()[:, k]] = np.nan
+    return values
 
 
 def _fits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -60,27 +55,25 @@ def _per_call(flags: np.ndarray, cols: CallColumns) -> np.ndarray:
     return total[cols.stop_row] - total[cols.first_row]
 
 
-def held_screen(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str],
-                cols: CallColumns) -> np.ndarray:  # fmt: skip
-    """Each call screened in as a held-format candidate (see the module docstring); all False when the
-    table has no target statistics."""
+def held_screen(facts: RowFacts, states: Sequence[str], cols: CallColumns) -> np.ndarray:
+    """Each call screened in as a held-format candidate (see the module docstring), from the rows' facts."""
     n = len(cols.apis)
-    if n == 0 or not all(name in header for name in (*_TARGET, *_BENCH)):
+    if n == 0:
         return np.zeros(n, dtype=bool)
-    dtype_col = header.index("NPU Dtype")
-    wide = np.fromiter(map(_WIDE.__contains__, (row.cells[dtype_col] for row in rows)), dtype=bool,
-                       count=len(rows))  # fmt: skip
-    t_max, t_min, b_max, b_min = (_column(rows, header.index(name)) for name in (*_TARGET[1:], *_BENCH))
+    rows = len(facts)
+    wide = np.fromiter(map(_WIDE.__contains__, facts.npu.dtype), dtype=bool, count=rows)
+    t_max, t_min = _floats(facts.npu, 0), _floats(facts.npu, 1)
+    b_max, b_min = _floats(facts.bench, 0), _floats(facts.bench, 1)
     with np.errstate(invalid="ignore"):
         stats = wide & np.isfinite(t_max) & np.isfinite(t_min)
         not_integer = (t_max != np.round(t_max)) | (t_min != np.round(t_min))
-    is_out = stats & np.fromiter(map(STATE_OUTPUT.__eq__, states), dtype=bool, count=len(rows))
-    is_in = stats & np.fromiter(map(JUDGED_INPUTS.__contains__, states), dtype=bool, count=len(rows))
+    is_out = stats & np.fromiter(map(STATE_OUTPUT.__eq__, states), dtype=bool, count=rows)
+    is_in = stats & np.fromiter(map(JUDGED_INPUTS.__contains__, states), dtype=bool, count=rows)
     outputs, inputs = _per_call(is_out, cols), _per_call(is_in, cols)
     fractional = _per_call(is_out & not_integer, cols) > 0
     screened = np.zeros(n, dtype=bool)
-    target = [a & b for a, b in zip(_fits(t_max), _fits(t_min), strict=True)]
-    bench = [a & b for a, b in zip(_fits(b_max), _fits(b_min), strict=True)]
+    target = [x & y for x, y in zip(_fits(t_max), _fits(t_min), strict=True)]
+    bench = [x & y for x, y in zip(_fits(b_max), _fits(b_min), strict=True)]
     for t_fit, b_fit in zip(target, bench, strict=True):
         held = _per_call(is_out & t_fit, cols) == outputs
         bench_held = _per_call(is_out & b_fit, cols) == outputs

@@ -18,6 +18,10 @@ Files, with ``{ts}`` the local start time as ``YYYYmmddHHMMSS`` (msprobe's names
 * always ``compare_summary_{ts}.json``, listing the files and, for step directories, the ranks found on one
   side only.
 
+In msprobe 26's form (``parity compare -tp -gp``, ``form="csv26"``) the tables are ``.csv`` in 26's columns
+(``form="xlsx26"``: ``--xlsx``, the same table as a workbook), and ``-da`` adds ``diff_analyze_{ts}.json``
+(:mod:`parity.shared.report.msprobe26`).
+
 Each file is written under a temporary name and renamed into place, so the output directory never holds half
 a report; a same-named file from an earlier run is replaced. The summary is written last: once it is there,
 every file it names is complete.
@@ -30,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.options import REPLAY_TOP, CompareOptions
@@ -46,6 +50,7 @@ from parity.shared.report.xlsx import write_xlsx
 
 if TYPE_CHECKING:
     from parity.shared.dump.reader import Dump
+    from parity.shared.replay.sandbox import ReplayBudget
     from parity.shared.tensor_io import TensorLimits
 
 logger = logging.getLogger(__name__)
@@ -53,6 +58,9 @@ logger = logging.getLogger(__name__)
 #: ``progress(done, total)``: called by the engine as rows (or bytes) are compared; ``(0, 0)`` between the
 #: phases of a rank reports nothing and only lets the caller stop the compare (by raising).
 ProgressCallback = Callable[[int, int], None]
+#: which table a compare writes: 8.3.3's xlsx (``-i compare.json``), msprobe 26's CSV or ``--xlsx`` workbook
+ReportForm = Literal["xlsx", "csv26", "xlsx26"]
+_SUFFIX = {"xlsx": ".xlsx", "csv26": ".csv", "xlsx26": ".xlsx"}
 
 _ROW_LOG_COLUMNS = ("Cosine", "MaxAbsErr", "MaxRelativeErr", "Accuracy Reached or Not", "Err_message")
 
@@ -128,11 +136,13 @@ class CompareOutputs:
     npu_only_ranks: list[int | None] = field(default_factory=list)
     bench_only_ranks: list[int | None] = field(default_factory=list)
     skipped_ranks: list[int | None] = field(default_factory=list)
+    diff_analyze: Path | None = None  # msprobe 26's ``-da`` file
 
     @property
     def files(self) -> list[Path]:
-        """Every file written: the reports, then the advisor files, then the summary."""
-        return [*self.xlsx, *self.advisors, *([self.summary] if self.summary else [])]
+        """Every file written: the tables, the advisor files, the ``-da`` file, then the summary."""
+        extra = [p for p in (self.diff_analyze, self.summary) if p is not None]
+        return [*self.xlsx, *self.advisors, *extra]
 
 
 def plan_compare(spec: CompareSpec) -> ComparePlan:
@@ -197,8 +207,9 @@ def compare_rank(
     log_rows: bool = False,
     progress: ProgressCallback | None = None,
     read_dump: Callable[[Path], Dump] | None = None,
+    form: ReportForm = "xlsx",
 ) -> RankReport:
-    """Compare one rank pair and write its xlsx (and advisor, unless ``advisor_path`` is None).
+    """Compare one rank pair and write its table (``form``) and advisor (unless ``advisor_path`` is None).
 
     The returned ``summary`` names the files by their base names, so a folder of reports can be moved or
     served as it is. ``read_dump`` replaces ``load_dump`` for both sides (see ``engine.compare_dumps``).
@@ -207,7 +218,8 @@ def compare_rank(
     part = compare_slice(pair, options, None, progress=progress, read_dump=read_dump)
     return finish_rank(pair, [part], xlsx_path=xlsx_path, advisor_path=advisor_path, highlight=highlight,
                        log_rows=log_rows, replay_top=options.replay_top, progress=progress,
-                       tensor_limits=options.tensor_limits)  # fmt: skip
+                       tensor_limits=options.tensor_limits, replay_budget=options.replay_budget,
+                       form=form)  # fmt: skip
 
 
 def compare_slice(
@@ -261,6 +273,8 @@ def finish_rank(
     stage_files: StageFiles | None = None,
     progress: ProgressCallback | None = None,
     tensor_limits: TensorLimits | None = None,
+    replay_budget: ReplayBudget | None = None,
+    form: ReportForm = "xlsx",
 ) -> RankReport:
     """Join the parts of every slice of a rank (in call order) into its result; write its xlsx and advisor.
 
@@ -268,8 +282,9 @@ def finish_rank(
     rank-wide steps (localization, the float64 replay of about ``replay_top`` calls in tensor mode, advice,
     suspects) run here over all of them. ``pair`` names the dumps for the stack.json, the replay and the
     result's paths; ``stage_files`` fetches the replay's tensor files first where a worker holds only its
-    slice's. ``progress`` gets ``(0, 0)`` between those steps (each is seconds for a million rows): a point
-    where a caller may stop the compare.
+    slice's; ``replay_budget``: the replays run in a child process under it (None: in this process).
+    ``progress`` gets ``(0, 0)`` between those steps (each is seconds for a million rows): a point where a
+    caller may stop the compare.
     """
     from parity.shared.compare import engine
 
@@ -277,8 +292,8 @@ def finish_rank(
         if progress is not None:
             progress(0, 0)
 
-    replayer = (dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files, limits=tensor_limits)
-                if replay_top > 0 else None)  # fmt: skip
+    replayer = (dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files, limits=tensor_limits,
+                              budget=replay_budget) if replay_top > 0 else None)  # fmt: skip
     result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path), replayer=replayer,
                              replay_top=replay_top)  # fmt: skip
     result.rank = pair.rank
@@ -286,12 +301,25 @@ def finish_rank(
     phase_done()
     if log_rows:
         _log_rows(result)
-    write_xlsx(result, xlsx_path, highlight=highlight)
+    write_table(result, xlsx_path, form, highlight=highlight)
     phase_done()
     if advisor_path is not None:
         write_advisor(result, advisor_path)
     files = {"xlsx": xlsx_path.name, "advisor": advisor_path.name if advisor_path is not None else None}
     return RankReport(result, xlsx_path, advisor_path, rank_summary(result, files))
+
+
+def write_table(result: CompareResult, path: Path, form: ReportForm, *, highlight: bool = True) -> None:
+    """Write the compare table of one rank in ``form``."""
+    if form == "xlsx":
+        write_xlsx(result, path, highlight=highlight)
+        return
+    from parity.shared.report.msprobe26 import write_csv_26, write_xlsx_26
+
+    if form == "csv26":
+        write_csv_26(result, path)
+    else:
+        write_xlsx_26(result, path, highlight=highlight)
 
 
 def merge_summary(plan: ComparePlan, rank_summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -308,10 +336,11 @@ def merge_summary(plan: ComparePlan, rank_summaries: Sequence[Mapping[str, Any]]
     )
 
 
-def report_paths(out_dir: Path, rank: int | None, multi_rank: bool, ts: str) -> tuple[Path, Path]:
-    """msprobe's file names for one rank's xlsx and advisor."""
+def report_paths(out_dir: Path, rank: int | None, multi_rank: bool, ts: str, form: ReportForm = "xlsx"
+                 ) -> tuple[Path, Path]:  # fmt: skip
+    """msprobe's file names for one rank's table (8.3.3's xlsx, 26's csv or xlsx) and advisor."""
     suffix = f"_rank{'' if rank is None else rank}" if multi_rank else ""
-    return out_dir / f"compare_result{suffix}_{ts}.xlsx", out_dir / f"advisor{suffix}_{ts}.txt"
+    return out_dir / f"compare_result{suffix}_{ts}{_SUFFIX[form]}", out_dir / f"advisor{suffix}_{ts}.txt"
 
 
 def run_compare(
@@ -323,10 +352,13 @@ def run_compare(
     advisor: bool = True,
     highlight: bool = True,
     timestamp: str | None = None,
+    form: ReportForm = "xlsx",
+    diff_analyze: bool = False,
 ) -> CompareOutputs:
     """Compare what ``spec`` names and write the reports into ``out_dir`` (created when missing).
 
-    ``advisor=False`` is ``-c`` (no advisor file); ``timestamp`` overrides the ``{ts}`` of the file names.
+    ``advisor=False`` is ``-c`` (no advisor file); ``timestamp`` overrides the ``{ts}`` of the file names;
+    ``form`` is the table's form and ``diff_analyze`` (msprobe 26's ``-da``) adds ``diff_analyze_{ts}.json``.
     For step directories ``progress`` gets ``(ranks done, ranks to compare)``, for one rank the engine's own.
     Raises ``CompareInputError``/``DumpError`` for bad inputs, ``ReportError`` when a file cannot be written.
     """
@@ -339,11 +371,11 @@ def run_compare(
     )  # fmt: skip
     summaries: list[dict[str, Any]] = []
     for done, pair in enumerate(plan.pairs, start=1):
-        xlsx_path, advisor_path = report_paths(out_dir, pair.rank, plan.multi_rank, ts)
+        xlsx_path, advisor_path = report_paths(out_dir, pair.rank, plan.multi_rank, ts, form)
         report = compare_rank(
             pair, options, xlsx_path=xlsx_path, advisor_path=advisor_path if advisor else None,
             highlight=highlight, log_rows=spec.is_print_compare_log,
-            progress=None if plan.multi_rank else progress,
+            progress=None if plan.multi_rank else progress, form=form,
         )  # fmt: skip
         outputs.results.append(report.result)
         outputs.xlsx.append(report.xlsx)
@@ -352,6 +384,10 @@ def run_compare(
         summaries.append(report.summary)
         if plan.multi_rank and progress is not None:
             progress(done, len(plan.pairs))
+    if diff_analyze:
+        from parity.shared.report.msprobe26 import write_diff_analyze
+
+        outputs.diff_analyze = write_diff_analyze(outputs.results, out_dir / f"diff_analyze_{ts}.json")
     summary = merge_summary(plan, summaries)
     summary["timestamp"] = ts
     outputs.summary = write_summary(summary, out_dir / f"compare_summary_{ts}.json")

@@ -78,23 +78,32 @@ from parity.shared.compare.call_errors import (
     row_norms,
     stats_error,
 )
+from parity.shared.compare.choices import Choices, argument_rows, call_choices, rewired_rows
 from parity.shared.compare.expected_error import (
     Recorded,
     api_class,
     expected_rounding,
     op_of,
-    unit_roundoff,
 )
+from parity.shared.compare.facts import RowFacts
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.held_screen import held_screen
 from parity.shared.compare.result import CompareRow, Suspect, SystematicFinding
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT
+from parity.shared.dump.naming import (
+    BACKWARD,
+    PARAMETERS_GRAD,
+    direction_of,
+    entry_family,
+    entry_op,
+    forward_of,
+    parse_entry,
+)
 
 __all__ = [
     "CallEvidence",
     "Localization",
     "RankDivergence",
-    "direction_of",
     "first_diverged_rank",
     "localize",
     "row_errors",
@@ -159,7 +168,6 @@ _SYSTEMATIC_CAUSE = {"matmul": "TF32 or a lower-precision accumulation on the ta
 SYSTEMATIC_CLASSES = frozenset(_SYSTEMATIC_CAUSE)
 _COLLECTIVE_PREFIX = "Distributed."
 _MODULE_PREFIX = "Module."
-_COUNT = re.compile(r"\.\d+(?=\.|$)")
 #: Ops whose backward routes the gradient by a comparison made in the forward (which element is the max, which
 #: is positive, which was dropped): once their forward inputs differ at all, a tie that flips sends a gradient
 #: elsewhere, an error no gain can scale. Their backward is not judged then (it is downstream of the cause).
@@ -175,18 +183,12 @@ _SELECTING_PREFIXES = ("max_pool", "adaptive_max_pool", "fractional_max_pool", "
 #: Thousandth Err Ratio", tensor mode) against this share, which flipped ties may route elsewhere. A flip
 #: needs an input within its own error of a tie (relu: of 0), a rare element.
 ROUTE_SHARE = 0.01
-_RATIO = "One Thousandth Err Ratio"
-_SHAPE = "NPU Tensor Shape"
 
 
-def direction_of(api: str) -> str | None:
-    """``forward``/``backward`` from an entry name (APIs: count then direction; modules: the other way)."""
-    tokens = api.rsplit(".", 2)[-2:]
-    if "backward" in tokens:
-        return "backward"
-    if "forward" in tokens:
-        return "forward"
-    return None
+def module_path_of(api: str) -> str | None:
+    """``Module.ff.1.GELU.forward.0`` → ``ff.1``; None for an API entry."""
+    parsed = parse_entry(api)
+    return parsed.module_path if parsed is not None else None
 
 
 def suspect_score(mode: CompareMode) -> float:
@@ -194,26 +196,15 @@ def suspect_score(mode: CompareMode) -> float:
     return STATISTICS_SUSPECT_SCORE if mode is CompareMode.STATISTICS else SUSPECT_SCORE
 
 
-def forward_of(api: str) -> str:
-    """The forward entry of a backward one (``X.3.backward`` → ``X.3.forward``; modules: ``M.backward.3``)."""
-    tokens = api.split(".")
-    for k in (-1, -2):
-        if len(tokens) >= -k and tokens[k] == "backward":
-            tokens[k] = "forward"
-            return ".".join(tokens)
-    return api
-
-
 def _selecting(api: str) -> bool:
-    tokens = api.split(".")
-    op = tokens[1] if len(tokens) > 1 else ""
+    op = entry_op(api)
     return op in _SELECTING_OPS or op.startswith(_SELECTING_PREFIXES)
 
 
 def api_kind(api: str) -> str:
     """The API an entry calls, without its call count: ``Functional.gelu.3.backward`` → ``Functional.gelu
-    .backward`` (calls of one kind share a gain)."""
-    return _COUNT.sub("", api)
+    .backward`` (calls of one kind share a gain; a module's kind leaves out its path's numbers too)."""
+    return entry_family(api)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -241,6 +232,8 @@ class CallEvidence:
     #: target output sits beyond its expected level, where the replay found its kernel wrong
     replay: str | None = None
     replay_score: float | None = None
+    #: what the target asked for that the bench did not (``choices``): a lower precision, other arguments
+    choice: str | None = None
 
     @property
     def rank_score(self) -> float:
@@ -248,8 +241,11 @@ class CallEvidence:
         return self.score if self.replay_score is None else max(self.score, self.replay_score)
 
     def evidence(self) -> str:
-        """The numbers behind the judgement, in words (and the float64 replay's, where one was run)."""
+        """The numbers behind the judgement, in words (and the float64 replay's, where one was run), after
+        the choice the target made, where it made one."""
         table = self._table_evidence()
+        if self.choice:
+            table = f"{self.choice}; {table}"
         return f"{table}; float64 replay: {self.replay}" if self.replay else table
 
     def _table_evidence(self) -> str:
@@ -298,6 +294,8 @@ class JudgedCalls:
     background: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: each call screened in as a held-format candidate for the float64 replay (``held_screen``; tensor mode)
     held: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: what each side asked each call to do (precision, arguments)
+    choices: Choices | None = None
 
     def evidence(self, k: int) -> CallEvidence:
         """Call ``k`` as a ``CallEvidence``."""
@@ -306,7 +304,8 @@ class JudgedCalls:
         return CallEvidence(cols.apis[k], k, int(cols.first_row[k]), int(cols.worst_row[k]),
                             None if math.isnan(i) else i, None if math.isnan(o) else o, self.directions[k],
                             int(self.collectives_before[k]), float(self.expected[k]), float(self.gain[k]),
-                            float(self.score[k]), None if math.isnan(r) else r)  # fmt: skip
+                            float(self.score[k]), None if math.isnan(r) else r,
+                            choice=self.choices.text(k) if self.choices is not None else None)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -362,12 +361,6 @@ def _quantiles(values: np.ndarray, q: float, own: np.ndarray | None = None) -> n
     return out
 
 
-def _module_path(api: str) -> str | None:
-    """``Module.ff.1.GELU.forward.0`` → ``ff.1``; None for an API entry."""
-    tokens = api.split(".")
-    return ".".join(tokens[1:-3]) if api.startswith(_MODULE_PREFIX) and len(tokens) >= 4 else None
-
-
 def _samplers(apis: Sequence[str]) -> np.ndarray:
     """The calls whose errors may be noise samples: API calls, or, in a dump of modules alone, the leaf
     modules. A module repeats the calls inside it (at mix level its APIs, at L0 its child modules), and a
@@ -376,7 +369,7 @@ def _samplers(apis: Sequence[str]) -> np.ndarray:
     is_module = np.fromiter((a.startswith(_MODULE_PREFIX) for a in apis), dtype=bool, count=len(apis))
     if not is_module.all():
         return ~is_module & ~np.fromiter((a.startswith(_COLLECTIVE_PREFIX) for a in apis), bool, len(apis))
-    paths = [_module_path(a) for a in apis]
+    paths = [module_path_of(a) for a in apis]
     parents: set[str] = set()
     for p in set(paths) - {None}:
         assert p is not None
@@ -409,32 +402,24 @@ def _read_saved_tensors(apis: Sequence[str], directions: Sequence[str | None], i
     return routed
 
 
-def _numel(shape: object) -> int | None:
-    """Elements of a shape cell (``"[2, 4]"``; ``"[]"`` is a scalar); None when it is no shape."""
-    if not isinstance(shape, str) or not shape.startswith("["):
-        return None
-    dims = shape.strip("[]() ").replace(",", " ").split()
-    return math.prod(int(d) for d in dims) if all(d.isdigit() for d in dims) else None
-
-
-def _routed_shares(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str],
-                   cols: CallColumns, routed: np.ndarray) -> np.ndarray:  # fmt: skip
+def _routed_shares(facts: RowFacts, states: Sequence[str], cols: CallColumns,
+                   routed: np.ndarray) -> np.ndarray:  # fmt: skip
     """For each routed call (a selecting op's backward, see ``ROUTE_SHARE``): its outgoing elements off by
     more than 1e-3, less the incoming elements already off (what it added on its own, or routed elsewhere),
     as a share of its outgoing elements; NaN elsewhere, and where a row has no ratio or shape (statistics
     mode, a 0-d tensor)."""
     shares = np.full(len(cols.apis), np.nan)
-    if _RATIO not in header or _SHAPE not in header:
+    if not routed.any():
         return shares
-    ratio_col, shape_col = header.index(_RATIO), header.index(_SHAPE)
+    ratios, sizes = facts.metrics_array()[:, 4], facts.npu.numels()
     for k in np.flatnonzero(routed).tolist():
         off = {STATE_OUTPUT: 0.0, STATE_INPUT: 0.0}
         size = 0
         for j in range(int(cols.first_row[k]), int(cols.stop_row[k])):
             if states[j] not in off:
                 continue
-            ratio, n = rows[j].cells[ratio_col], _numel(rows[j].cells[shape_col])
-            if not isinstance(ratio, (int, float)) or n is None or math.isnan(ratio):
+            ratio, n = float(ratios[j]), int(sizes[j])
+            if math.isnan(ratio) or n < 0:
                 break
             off[states[j]] += (1.0 - ratio) * n
             size += n if states[j] == STATE_OUTPUT else 0
@@ -464,7 +449,7 @@ def _gains(kinds: np.ndarray, gain: np.ndarray, own_gain: np.ndarray) -> np.ndar
     return np.where(np.isnan(out), 1.0, np.maximum(1.0, out))
 
 
-def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str], mode: CompareMode,
+def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts, mode: CompareMode,
              *, errors: Sequence[float | None] | None = None,
              parents: Mapping[str, str] | None = None) -> Localization:  # fmt: skip
     """Judge every call of a finished table (rows in execution order; see the module docstring).
@@ -472,11 +457,16 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     ``parents`` (construct.json at mix: each call's innermost module) lets a module's expected rounding be
     at least that of the calls inside it: a module differs by what its fused or long reductions round."""
     if errors is None:
-        errs = row_errors(rows, header, mode)
+        errs = row_errors(rows, facts, mode)
     else:
         errs = np.array([math.nan if e is None else e for e in errors], dtype=np.float64)
-    norms = row_norms(rows, header)
-    cols = group_calls(rows, states, errs, norms)
+    norms = row_norms(facts)
+    arguments = argument_rows(facts, states)
+    rewired = rewired_rows(facts, states, errs) if mode is not CompareMode.MD5 else {}
+    ignored = arguments.copy()
+    ignored[list(rewired)] = True  # an input wired to another tensor is the call's choice, not its error
+    cols = group_calls(rows, states, errs, norms, ignored)
+    choices = call_choices(facts, states, cols, arguments, rewired)
     apis = cols.apis
     directions = [direction_of(a) for a in apis]
     i_err, o_err = cols.input_err.copy(), cols.output_err
@@ -488,13 +478,17 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     with np.errstate(invalid="ignore", divide="ignore"):
         finite_out = np.isfinite(o_err) & (o_err > 0.0)
         sample = samplers & (i_err == 0.0) & finite_out  # what a call adds on its own: a noise sample
+        # ... unless it asked for something else than the bench: a choice is no noise
+        sample &= ~(choices.chosen() | choices.asked())
         has_gain = finite_out & np.isfinite(i_err) & (i_err > 0.0)
         gain = np.where(has_gain, o_err / i_err, np.nan)
         judged = ~np.isnan(i_err) & ~np.isnan(o_err) & (o_err != 0.0) & ~np.isinf(i_err)
     learning = mode is not CompareMode.MD5
     ids: dict[str, int] = {}
     kinds = np.fromiter((ids.setdefault(api_kind(a), len(ids)) for a in apis), dtype=np.int64, count=n)
-    own, classes = _call_rounding(rows, header, cols, directions, kinds, list(ids))
+    # each kind's first call speaks for its op (a kind's name has no counter left to parse)
+    examples = [apis[k] for k in np.unique(kinds, return_index=True)[1].tolist()] if n else []
+    own, classes = _call_rounding(facts, cols, directions, kinds, examples, choices)
     if parents:
         _modules_round_as_their_calls(apis, own, parents)
     findings: list[SystematicFinding] = []
@@ -503,13 +497,14 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
         statistics = mode is CompareMode.STATISTICS
         levels = STATISTICS_SYSTEMATIC if statistics else (SYSTEMATIC_MIN, SYSTEMATIC_MAX)
         findings = _systematic(apis, classes, i_err, o_err, own, background, levels)
+        findings += choices.findings
         # A class that differs systematically has its own background: its calls are no sample of the
         # noise every other call is judged against.
         sample &= background == 0.0
     if not learning:
         sample = np.zeros(n, dtype=bool)
     floor, call_floor = _floors(o_err, sample)
-    if sample.sum() == 1 and not _exact_pair(rows, states, header, norms, cols, recorded, samplers):
+    if sample.sum() == 1 and not _exact_pair(facts, states, norms, cols, recorded, samplers):
         (only,) = np.flatnonzero(sample)
         call_floor[only] = _downstream_floor(o_err[only + 1 :])
     if learning:
@@ -530,42 +525,105 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence
     expected[finite] = np.sqrt(g * g + f * f + own[finite] ** 2 + background[finite] ** 2)
     scores[finite] = np.log10(o_err[finite] / expected[finite])
     threshold = suspect_score(mode)
-    _allow_for_small_tensors(rows, states, header, cols, scores, finite, threshold)
-    shares = _routed_shares(rows, states, header, cols, routed)
+    _allow_for_small_tensors(facts, states, cols, scores, finite, threshold)
+    # A call that asked for other arguments and whose outputs differ is named, however little they differ:
+    # the difference is the request's (a tanh GELU under bfloat16 autocast hides in bfloat16's rounding).
+    named = choices.asked() & judged & (o_err > 0.0)
+    scores[named] = np.maximum(scores[named], threshold)
+    shares = _routed_shares(facts, states, cols, routed)
     element_wise = shares > 0.0
     scores[element_wise] = np.log10(shares[element_wise] / ROUTE_SHARE)
     expected[element_wise] = ROUTE_SHARE
 
     collective = np.fromiter((a.startswith(_COLLECTIVE_PREFIX) for a in apis), dtype=np.int64, count=n)
     before = np.cumsum(collective) - collective
-    held = held_screen(rows, states, header, cols) if mode is CompareMode.TENSOR else np.zeros(n, dtype=bool)
+    held = held_screen(facts, states, cols) if mode is CompareMode.TENSOR else np.zeros(n, dtype=bool)
     judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares, own, classes,
-                               call_floor, background, held)  # fmt: skip
+                               call_floor, background, held, choices)  # fmt: skip
     suspects = [judged_calls.evidence(k) for k in np.flatnonzero(scores >= threshold).tolist()]
-    first = first_divergence(i_err, suspects)
+    if mode is CompareMode.STATISTICS:
+        tiers = _statistics_tiers(apis, directions, classes, i_err, o_err, choices)
+        first = first_divergence(i_err, [c for c in suspects if tiers[c.order] < SYMPTOM_TIER] or suspects)
+        suspects.sort(key=lambda c: (int(tiers[c.order]), -c.score, c.order))
+    else:
+        first = first_divergence(i_err, suspects)
     if mode is CompareMode.MD5:
         suspects.sort(key=lambda c: c.order)
-    else:
+    elif mode is CompareMode.TENSOR:
         suspects.sort(key=lambda c: (-c.score, c.order))
     return Localization(mode=mode, judged=judged_calls, floor=floor, errors=errs, suspects=suspects,
                         first_divergence=first, systematic=findings)  # fmt: skip
 
 
-def _call_rounding(rows: Sequence[CompareRow], header: Sequence[str], cols: CallColumns,
-                   directions: Sequence[str | None], kinds: np.ndarray,
-                   kind_names: Sequence[str]) -> tuple[np.ndarray, list[str]]:  # fmt: skip
+# ------------------------------------------------------------------------------------------------------
+# statistics mode: causes before symptoms
+
+#: Statistics mode ranks its suspects in tiers, by score within each: a call whose inputs' statistics agree
+#: and whose outputs' do not (its inputs carry at most FRESH_SHARE of its output's error), or that asked
+#: for another precision or other arguments (``choices``), is a cause (tier 0); another call (1); then the
+#: symptoms (SYMPTOM_TIER): parameter gradients, the loss, and the optimizer's updates.
+CAUSE_TIER, CALL_TIER, SYMPTOM_TIER = 0, 1, 2
+#: Optimizer updates by name: the multi-tensor and fused paths (``Torch._foreach_add_``, ``_fused_adamw_``).
+_OPTIMIZER_PREFIXES = ("_foreach_", "_fused_")
+
+
+def _statistics_tiers(apis: Sequence[str], directions: Sequence[str | None], classes: Sequence[str],
+                      i_err: np.ndarray, o_err: np.ndarray, choices: Choices) -> np.ndarray:  # fmt: skip
+    """Each call's tier (``CAUSE_TIER``, ``CALL_TIER``, ``SYMPTOM_TIER``), for ranking statistics mode's
+    suspects.
+
+    Four numbers per tensor hide where an error came from: a parameter gradient has no recorded inputs (so
+    "inputs identical"), a loss is a scalar whose statistics are its value, and an update ``p.add_(u)``
+    moves by what the gradients moved. Each follows from the calls before it, and its score is no
+    measure of a fault there: a linear under bfloat16 shows as the next layer's parameter gradients and
+    the optimizer's ``add_`` otherwise. A symptom still ranks, after every other suspect."""
+    n = len(apis)
+    symptom = _symptoms(apis, directions, classes)
+    with np.errstate(invalid="ignore"):
+        fresh = (i_err <= FRESH_SHARE * o_err) & (o_err > 0.0)
+    cause = (fresh | choices.chosen() | choices.asked()) & ~symptom
+    tiers = np.full(n, CALL_TIER, dtype=np.int64)
+    tiers[cause] = CAUSE_TIER
+    tiers[symptom] = SYMPTOM_TIER
+    return tiers
+
+
+def _symptoms(apis: Sequence[str], directions: Sequence[str | None], classes: Sequence[str]) -> np.ndarray:
+    """The calls that follow from those before them whatever their statistics say: parameter gradients,
+    the loss (forward and backward), and the optimizer's updates: ``_foreach_*`` and fused optimizer calls
+    anywhere, and the API calls after the last backward that no backward follows (an update runs under
+    ``no_grad``: clipping, the step, zeroing the gradients)."""
+    n = len(apis)
+    parsed = [parse_entry(a) for a in apis]
+    out = np.fromiter((c == "loss" for c in classes), dtype=bool, count=n)
+    backward = [k for k, d in enumerate(directions) if d == BACKWARD]
+    partnered = {forward_of(apis[k]) for k in backward}
+    last_backward = backward[-1] if backward else n
+    for k, p in enumerate(parsed):
+        if p is None:
+            continue
+        if p.kind == PARAMETERS_GRAD or p.name.startswith(_OPTIMIZER_PREFIXES):
+            out[k] = True
+        elif k > last_backward and p.kind == "api" and apis[k] not in partnered:
+            out[k] = True
+    return out
+
+
+def _call_rounding(facts: RowFacts, cols: CallColumns, directions: Sequence[str | None], kinds: np.ndarray,
+                   kind_calls: Sequence[str], choices: Choices) -> tuple[np.ndarray, list[str]]:  # fmt: skip
     """Each call's expected rounding (``expected_error``: its least precise floating dtype, either side, and
     the length of its reductions, a backward's from its forward's recorded arguments) and its API class.
-    Elementwise calls round once; only the reductions' rows are parsed, and each API kind is named once (a
+    A call whose target chose a lower precision than the bench (``choices``) is held to the bench's.
+    Elementwise calls round once; only the reductions' rows are read, and each API kind is named once (a
     20,000-call table has few kinds and few reductions)."""
     n = len(cols.apis)
-    unit = np.maximum.reduceat(_row_units(rows, header), cols.first_row) if n else np.zeros(0)
-    kind_ops = [op_of(k) for k in kind_names]
+    units = np.maximum(facts.npu.units(), facts.bench.units())
+    unit = np.maximum.reduceat(units, cols.first_row) if n else np.zeros(0)
+    unit = np.where(choices.chosen(), choices.bench_unit, unit)
+    kind_ops = [op_of(k) for k in kind_calls]
     kind_classes = [api_class(op) for op in kind_ops]
     classes = [kind_classes[k] for k in kinds.tolist()]
     own = unit.copy()  # an elementwise op rounds once
-    if _SHAPE not in header or "NPU Name" not in header:
-        return own, classes
     reducing = np.array([c != "elementwise" for c in kind_classes], dtype=bool)
     todo = np.flatnonzero(reducing[kinds]) if n else np.zeros(0, dtype=np.int64)
     if todo.size == 0:
@@ -574,7 +632,7 @@ def _call_rounding(rows: Sequence[CompareRow], header: Sequence[str], cols: Call
     forwards = {api: k for k, (api, d) in pairs if d != "backward"}
     for k in todo.tolist():
         source = forwards.get(forward_of(cols.apis[k]), k)
-        args = _recorded(rows, header, cols, source)
+        args = recorded_arguments(facts, cols, source)
         own[k] = expected_rounding(kind_ops[kinds[k]], directions[k], args, float(unit[k]))
     return own, classes
 
@@ -595,48 +653,27 @@ def _modules_round_as_their_calls(apis: Sequence[str], own: np.ndarray, parents:
             parent, seen = parents.get(parent), seen + 1
 
 
-_DTYPE_COLUMNS = ("NPU Dtype", "Bench Dtype")
-
-
-def _row_units(rows: Sequence[CompareRow], header: Sequence[str]) -> np.ndarray:
-    """Each row's unit roundoff: the larger of its two dtypes' (0 where neither is floating)."""
-    out = np.zeros(len(rows))
-    for name in _DTYPE_COLUMNS:
-        if name not in header:
-            continue
-        col = header.index(name)
-        cells = [row.cells[col] for row in rows]
-        table = {c: unit_roundoff(c) for c in set(cells)}
-        out = np.maximum(out, np.fromiter(map(table.__getitem__, cells), dtype=np.float64, count=len(cells)))
-    return out
-
-
-def _recorded(rows: Sequence[CompareRow], header: Sequence[str], cols: CallColumns,
-              k: int) -> dict[str, Recorded]:  # fmt: skip
+def recorded_arguments(facts: RowFacts, cols: CallColumns, k: int) -> dict[str, Recorded]:
     """Call ``k``'s recorded arguments and outputs by their place (``input.0``, ``input.1.0``, ``input.dim``,
-    ``output.0``): shapes, and the value of a scalar (the NPU max cell)."""
-    name_col, shape_col = header.index("NPU Name"), header.index(_SHAPE)
-    value_col = header.index("NPU max") if "NPU max" in header else -1
+    ``output.0``), on the target side: a tensor's dimensions, and the value of a number (a scalar argument,
+    a 0-d tensor's)."""
     api = cols.apis[k]
+    side = facts.npu
+    stats = side.stats_array()
     out: dict[str, Recorded] = {}
     for j in range(int(cols.first_row[k]), int(cols.stop_row[k])):
-        cells = rows[j].cells
-        name = cells[name_col]
-        if not isinstance(name, str) or not name.startswith(api + "."):
+        name = facts.names[j]
+        if not name.startswith(api + "."):
             continue
-        shape = _dims(cells[shape_col])
-        value = cells[value_col] if value_col >= 0 else None
-        scalar = isinstance(value, (int, float)) and not isinstance(value, bool) and shape in (None, ())
-        out[name[len(api) + 1 :]] = Recorded(shape, float(value) if scalar else None)  # type: ignore[arg-type]
+        dims = side.dims[j]
+        if j in side.values:
+            value = side.values[j]
+            number = float(value) if type(value) in (int, float) else None
+            out[name[len(api) + 1 :]] = Recorded(None, number)
+        else:
+            scalar = dims == () and side.numeric[4 * j] and not math.isnan(stats[j, 0])
+            out[name[len(api) + 1 :]] = Recorded(dims, float(stats[j, 0]) if scalar else None)
     return out
-
-
-def _dims(shape: object) -> tuple[int, ...] | None:
-    """A shape cell (``"[2, 4]"``, ``"[]"``) as a tuple; None when it is no shape."""
-    if not isinstance(shape, str) or not shape.startswith("["):
-        return None
-    dims = shape.strip("[]() ").replace(",", " ").split()
-    return tuple(int(d) for d in dims) if all(d.isdigit() for d in dims) else None
 
 
 def _systematic(apis: Sequence[str], classes: Sequence[str], i_err: np.ndarray, o_err: np.ndarray,
@@ -675,18 +712,20 @@ def _systematic(apis: Sequence[str], classes: Sequence[str], i_err: np.ndarray, 
     return findings
 
 
-def _allow_for_small_tensors(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str],
-                             cols: CallColumns, scores: np.ndarray, finite: np.ndarray,
-                             threshold: float) -> None:  # fmt: skip
+def _allow_for_small_tensors(facts: RowFacts, states: Sequence[str], cols: CallColumns, scores: np.ndarray,
+                             finite: np.ndarray, threshold: float) -> None:  # fmt: skip
     """Lower the scores of the calls near or above ``threshold`` by their outputs' sampling spread
-    (``SPREAD_Z``), in place; only those, so a 20,000-call table parses few shapes."""
-    if _SHAPE not in header or SPREAD_Z <= 0.0:
+    (``SPREAD_Z``), in place; only those."""
+    if SPREAD_Z <= 0.0:
         return
-    shape_col = header.index(_SHAPE)
     most = math.log10(1.0 + SPREAD_Z / math.sqrt(2.0))  # the allowance of a single element
-    for k in np.flatnonzero(finite & (scores >= threshold - most)).tolist():
+    todo = np.flatnonzero(finite & (scores >= threshold - most)).tolist()
+    if not todo:
+        return
+    sizes = facts.npu.numels()
+    for k in todo:
         span = range(int(cols.first_row[k]), int(cols.stop_row[k]))
-        n = sum(_numel(rows[j].cells[shape_col]) or 0 for j in span if states[j] == STATE_OUTPUT)
+        n = sum(max(0, int(sizes[j])) for j in span if states[j] == STATE_OUTPUT)
         if n:
             scores[k] -= math.log10(1.0 + SPREAD_Z / math.sqrt(2.0 * n))
 
@@ -701,21 +740,20 @@ def _floors(output_err: np.ndarray, sample: np.ndarray) -> tuple[float, np.ndarr
     return (MIN_FLOOR if math.isnan(overall) else max(MIN_FLOOR, overall)), per_call
 
 
-def _exact_pair(rows: Sequence[CompareRow], states: Sequence[str], header: Sequence[str], norms: np.ndarray,
-                cols: CallColumns, recorded: np.ndarray, samplers: np.ndarray) -> bool:  # fmt: skip
+def _exact_pair(facts: RowFacts, states: Sequence[str], norms: np.ndarray, cols: CallColumns,
+                recorded: np.ndarray, samplers: np.ndarray) -> bool:  # fmt: skip
     """Whether the pair shows it computes exactly where its data agree: a call computing a non-zero floating
     output (with a norm none of its inputs has: no view or copy) from identical recorded inputs gives an
     identical one. A backward counts whatever its forward saved: an identical result is exact whatever else
     it read."""
-    dtype_col = header.index("NPU Dtype") if "NPU Dtype" in header else -1
+    floating = facts.npu.units() > 0.0
     for k in np.flatnonzero(samplers & (recorded == 0.0) & (cols.output_err == 0.0)).tolist():
         span = range(int(cols.first_row[k]), int(cols.stop_row[k]))
         inputs = {norms[j] for j in span if states[j] in JUDGED_INPUTS and not math.isnan(norms[j])}
         for j in span:
             if states[j] != STATE_OUTPUT or math.isnan(norms[j]) or norms[j] == 0.0 or not inputs:
                 continue
-            dtype = rows[j].cells[dtype_col] if dtype_col >= 0 else "float"
-            if isinstance(dtype, str) and "float" in dtype and norms[j] not in inputs:
+            if floating[j] and norms[j] not in inputs:
                 return True
     return False
 

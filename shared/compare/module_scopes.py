@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from parity.shared.dump.naming import parse_entry
+
 __all__ = ["CallModules", "Modules", "module_path", "module_scopes", "pair_modules", "split_by_scope"]
 
 #: Each side's construct.json (``{node: parent or None}``), target then bench.
@@ -36,10 +38,10 @@ MAX_DEPTH = 64
 def _module_key(node: str) -> tuple[str, str, str] | None:
     """``Module.{path}.{Class}.{direction}.{n}`` as ``(path, direction, n)``: what identifies a module
     call whatever its class is called; None for a node that is no module call (``optimizer``)."""
-    tokens = node.split(".")
-    if len(tokens) < 5 or tokens[0] != "Module" or tokens[-2] not in ("forward", "backward"):
+    parsed = parse_entry(node)
+    if parsed is None or parsed.kind != "module" or parsed.direction is None:
         return None
-    return ".".join(tokens[1:-3]), tokens[-2], tokens[-1]
+    return parsed.name, parsed.direction, str(parsed.index)
 
 
 def module_path(node: str) -> str:
@@ -151,6 +153,9 @@ def split_by_scope(gap: GapRange, t_scopes: Sequence[str | None],
     if len(ts) <= 1 and len(bs) <= 1 and (not ts or not bs or ts[0][0] == bs[0][0]):
         return [gap]
     out: list[GapRange] = []
+    # where each scope's last bench run is: "the target's scope comes later on the bench" in O(1), not a
+    # scan of the bench's runs left (quadratic with alternating scopes, issue 37)
+    last_bench = {run[0]: k for k, run in enumerate(bs)}
     u = v = 0
     while u < len(ts) or v < len(bs):
         i = ts[u][1] if u < len(ts) else hi
@@ -158,7 +163,7 @@ def split_by_scope(gap: GapRange, t_scopes: Sequence[str | None],
         if u < len(ts) and v < len(bs) and ts[u][0] == bs[v][0]:
             out.append((i, ts[u][2], j, bs[v][2]))
             u, v = u + 1, v + 1
-        elif v < len(bs) and (u == len(ts) or any(r[0] == ts[u][0] for r in bs[v + 1 :])):
+        elif v < len(bs) and (u == len(ts) or last_bench.get(ts[u][0], -1) > v):
             out.append((i, i, j, bs[v][2]))  # the bench's run comes first: the target's scope is later
             v += 1
         else:

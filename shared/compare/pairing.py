@@ -16,16 +16,12 @@ independent of any library's join order. Differences from msprobe, on purpose:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
 from parity.shared.compare.rows import SideRows
-
-_API_CALL = re.compile(r"^(?P<op>.+)\.(?P<n>\d+)\.(?P<dir>forward|backward)$")
-_MODULE_CALL = re.compile(r"^(?P<op>Module\..+)\.(?P<dir>forward|backward)\.(?P<n>\d+)$")
-_PARAMS_GRAD = re.compile(r"^(?P<op>.+)\.parameters_grad\.(?P<n>\d+)$")
+from parity.shared.dump.naming import BACKWARD, parse_entry, uncounted
 
 #: dtypes msprobe treats as interchangeable for pairing (§3.2), in torch and MindSpore spelling
 FLOAT_FAMILY = frozenset({
@@ -60,20 +56,13 @@ def renumber_backward(entry_names: Iterable[str]) -> dict[str, str]:
     for name in entry_names:
         if not name.endswith("backward") and ".backward." not in name:
             continue
-        match = _MODULE_CALL.match(name)
-        if match is not None and match["dir"] == "backward":
-            op_key = ("module", match["op"])
-            k = seen.get(op_key, 0)
-            seen[op_key] = k + 1
-            new = f"{match['op']}.backward.{k}"
-        else:
-            match = _API_CALL.match(name)
-            if match is None or match["dir"] != "backward":
-                continue
-            op_key = ("api", match["op"])
-            k = seen.get(op_key, 0)
-            seen[op_key] = k + 1
-            new = f"{match['op']}.{k}.backward"
+        parsed = parse_entry(name)
+        if parsed is None or parsed.direction != BACKWARD:
+            continue
+        op_key = (parsed.kind, parsed.uncounted)
+        k = seen.get(op_key, 0)
+        seen[op_key] = k + 1
+        new = parsed.with_index(k)
         if new != name:
             renamed[name] = new
     return renamed
@@ -84,16 +73,7 @@ def fuzzy_entry_name(name: str) -> str:
     ``Module.fc.Linear.forward.2`` → ``Module.fc.Linear.forward``,
     ``...parameters_grad.1`` → ``...parameters_grad``.
     """
-    match = _MODULE_CALL.match(name)
-    if match is not None:
-        return f"{match['op']}.{match['dir']}"
-    match = _API_CALL.match(name)
-    if match is not None:
-        return f"{match['op']}.{match['dir']}"
-    match = _PARAMS_GRAD.match(name)
-    if match is not None:
-        return f"{match['op']}.parameters_grad"
-    return name
+    return uncounted(name)
 
 
 def row_keys(rows: SideRows, entry_map: dict[str, str]) -> list[str]:

@@ -152,9 +152,12 @@ def rejudge(loc: Localization, verdicts: Sequence[ReplayVerdict]) -> tuple[Local
         floor = float(judged.floor[k]) if judged.floor.size else 0.0
         allowance = math.hypot(t.allowance, LEVEL_MARGIN * level, LEVEL_MARGIN * floor)
         side = dataclasses.replace(t, allowance=allowance, level=level or None)
-        judged_v = verdict_of(v.entry, v.direction, side, v.bench)
+        judged_v = verdict_of(v.entry, v.direction, side, v.bench, asked=v.asked, arguments=v.arguments,
+                              identical=v.identical)  # fmt: skip
         out.append(judged_v)
-        if judged_v.verdict is Verdict.TARGET and not math.isnan(judged.columns.output_err[k]):
+        if judged_v.verdict is Verdict.ARGUMENTS:  # the cause, however little it shows in the table
+            confirmed[k] = max(float(judged.score[k]), suspect_score(loc.mode))
+        elif judged_v.verdict is Verdict.TARGET and not math.isnan(judged.columns.output_err[k]):
             assert t.distance is not None
             beyond = math.log10(t.distance / allowance) if math.isfinite(t.distance) else INFINITE_SCORE
             confirmed[k] = max(beyond, suspect_score(loc.mode)) if t.held else beyond
@@ -202,6 +205,17 @@ def _shown(loc: Localization, verdicts: Sequence[ReplayVerdict], limit: int) -> 
 Judged = tuple[Localization, dict[str, Any] | None, dict[str, ReplayVerdict]]
 
 
+def _requests(loc: Localization, entries: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Of ``entries``: those whose target asked for other arguments (with them in words: the replay asks
+    the target's inputs what the bench asked too), and those whose inputs agree on both sides."""
+    judged = loc.judged
+    index = {api: k for k, api in enumerate(judged.columns.apis)}
+    words = judged.choices.arguments if judged.choices is not None else {}
+    asked = {e: "; ".join(words[index[e]]) for e in entries if index.get(e) in words}
+    identical = [e for e in entries if e in index and judged.input_err[index[e]] == 0.0]
+    return asked, identical
+
+
 def judge_with_replay(loc: Localization, replayer: Replayer | None, limit: int,
                       partners: Mapping[str, str] | None = None) -> Judged:  # fmt: skip
     """The localization after the replay, the summary's ``replay`` document, and the verdicts by entry
@@ -216,7 +230,9 @@ def judge_with_replay(loc: Localization, replayer: Replayer | None, limit: int,
         return loc, {"verdicts": [], "note": "no call to replay", "replayed": 0}, {}
     try:
         wanted = {e: partners[e] for e in entries if e in partners} if partners else {}
-        verdicts = list(replayer(entries, wanted) if wanted else replayer(entries))
+        asked, identical = _requests(loc, entries)
+        extra: dict[str, Any] = {"asked": asked, "identical": identical} if asked or identical else {}
+        verdicts = list(replayer(entries, wanted, **extra) if wanted or extra else replayer(entries))
     except ParityError as exc:
         logger.warning("float64 replay not run: %s", exc)
         return loc, {"verdicts": [], "note": f"not run: {exc}"}, {}

@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from parity.shared.compare.headers import CompareMode, full_header
+
+if TYPE_CHECKING:
+    from parity.shared.compare.facts import RowFacts
 
 #: A table cell: msprobe writes numbers as numbers and every sentinel (``N/A``, ``unsupported``, ``Nan``,
 #: ``shape unmatched``, ``12.5%``) as a string; ``None`` is an empty cell.
@@ -137,6 +140,10 @@ class CompareResult:
     replay: dict[str, object] | None = None
     #: API classes that differ systematically (another kernel or precision on the target), not suspects
     systematic: list[SystematicFinding] = field(default_factory=list)
+    #: the rows' typed facts (``facts.RowFacts``), in row order: what the judgement read
+    facts: RowFacts | None = None
+    #: each row's state (input, output, parameters, ..., ``gap`` for a gap's boundary rows), in row order
+    states: list[str] | None = None
 
     @property
     def header(self) -> list[str]:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
+from parity.shared.compare.facts import RowFacts
 from parity.shared.compare.result import CompareRow
 from parity.shared.errors import CompareInputError
 
@@ -61,6 +62,8 @@ class TablePart(msgspec.Struct, gc=False):
     partners: dict[str, str] = {}
     #: the innermost module of each call (construct.json, at mix), for the modules' expected rounding
     parents: dict[str, str] = {}
+    #: the rows' typed facts, in row order (what the judgement reads; the cells are the display)
+    facts: RowFacts | None = None
 
 
 def _plain_number(value: object) -> object:

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from parity.shared.compare.localization import (
-    CallEvidence,
-    Localization,
-    direction_of,
-    forward_of,
-    user_frame,
-)
+from parity.shared.compare.localization import CallEvidence, Localization, user_frame
 from parity.shared.compare.result import CompareRow, Suspect
+from parity.shared.dump.naming import direction_of, forward_of
 
 __all__ = ["MAX_SUSPECTS", "direction_of", "excel_row", "forward_of", "suspects_of"]
 

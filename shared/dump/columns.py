@@ -83,7 +83,10 @@ class DumpColumns:
     infinities included), and ``plain[i]`` is 1; otherwise ``plain[i]`` is 0, the slot holds NaNs and
     ``odd[i]`` the four values as dumped (int, bool, str, None). ``entry_names`` lists the entries in file
     order, empty ones included; ``entry_of[i]`` is the position of row ``i``'s entry there, ``apis[i]`` its
-    name.
+    name. ``shapes`` are msprobe's cells (``"[2, 4]"``); ``dims`` maps each tensor shape's cell to the
+    dimensions it was made from (the reader formats each distinct shape once and keeps both), so no one
+    parses a cell back; ``arg_types`` holds the dump's ``type`` of each non-tensor leaf (``torch.dtype``,
+    ``str``, ``int``), by row.
     """
 
     entry_names: list[str] = field(default_factory=list)
@@ -101,9 +104,16 @@ class DumpColumns:
     data_names: list[str | None] = field(default_factory=list)
     is_tensor: bytearray = field(default_factory=bytearray)
     p2p: dict[int, dict[str, Any]] = field(default_factory=dict)
+    dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    arg_types: dict[int, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def dims_of(self, i: int) -> tuple[int, ...] | None:
+        """Row ``i``'s tensor dimensions; None for a non-tensor leaf (or a shape that is no list of ints)."""
+        shape = self.shapes[i]
+        return self.dims.get(shape) if shape is not None and self.is_tensor[i] else None
 
     def stats_of(self, i: int) -> tuple[Any, Any, Any, Any]:
         """Row ``i``'s Max, Min, Mean, Norm as dumped."""
@@ -141,17 +151,20 @@ class DumpColumns:
         yield from (self.odd, self.md5s, self.data_names)
         yield bytes(self.is_tensor)
         yield self.p2p
+        yield self.dims
+        yield self.arg_types
 
     @classmethod
     def from_wire(cls, wire: tuple[Any, ...]) -> DumpColumns:
         """Rebuild the columns ``to_wire`` produced (in another process)."""
         (entry_names, names, apis, entry_of, states, dtypes, shapes, requires_grads, stats, plain, odd, md5s,
-         data_names, is_tensor, p2p) = wire  # fmt: skip
+         data_names, is_tensor, p2p, dims, arg_types) = wire  # fmt: skip
         entry_array, stats_array = array("i"), array("d")
         entry_array.frombytes(entry_of)
         stats_array.frombytes(stats)
         return cls(entry_names, names, apis, entry_array, states, dtypes, shapes, requires_grads, stats_array,
-                   bytearray(plain), odd, md5s, data_names, bytearray(is_tensor), p2p)  # fmt: skip
+                   bytearray(plain), odd, md5s, data_names, bytearray(is_tensor), p2p, dims,
+                   arg_types)  # fmt: skip
 
 
 class ColumnsBuilder:
@@ -162,7 +175,8 @@ class ColumnsBuilder:
     """
 
     __slots__ = ("entry_names", "entry_starts", "names", "states", "dtypes", "shapes", "requires_grads",
-                 "md5s", "data_names", "is_tensor", "stats", "packed", "plain", "odd", "p2p")  # fmt: skip
+                 "md5s", "data_names", "is_tensor", "stats", "packed", "plain", "odd", "p2p",
+                 "arg_types")  # fmt: skip
 
     def __init__(self) -> None:
         self.entry_names: list[str] = []
@@ -180,6 +194,7 @@ class ColumnsBuilder:
         self.plain = bytearray()
         self.odd: dict[int, tuple[Any, Any, Any, Any]] = {}
         self.p2p: dict[int, dict[str, Any]] = {}
+        self.arg_types: dict[int, str] = {}
 
     def __len__(self) -> int:
         return len(self.names)
@@ -221,9 +236,10 @@ class ColumnsBuilder:
         self.packed.extend(self.stats)
         self.stats.clear()
 
-    def build(self) -> DumpColumns:
+    def build(self, shape_text: dict[tuple[Any, ...], str] | None = None) -> DumpColumns:
         """The columns; each row's entry (``entry_of``, ``apis``) spread from where each entry started, in C
-        (``repeat`` runs and one bytes copy) rather than a Python step per entry."""
+        (``repeat`` runs and one bytes copy) rather than a Python step per entry. ``shape_text`` is the
+        reader's cache of each distinct shape and its cell: turned round, it is ``DumpColumns.dims``."""
         n = len(self.names)
         starts = self.entry_starts
         counts = list(map(sub, [*starts[1:], n], starts))
@@ -237,8 +253,15 @@ class ColumnsBuilder:
             stats=array("d", self.stats) if not self.packed else self._packed_stats(), plain=self.plain,
             odd=self.odd, md5s=self.md5s,
             data_names=self.data_names, is_tensor=self.is_tensor, p2p=self.p2p,
+            dims=_dims_of_texts(shape_text or {}), arg_types=self.arg_types,
         )  # fmt: skip
 
     def _packed_stats(self) -> array:  # type: ignore[type-arg]
         self.pack_stats()
         return self.packed
+
+
+def _dims_of_texts(shape_text: dict[tuple[Any, ...], str]) -> dict[str, tuple[int, ...]]:
+    """Each shape cell and the dimensions it was formatted from (only shapes that are lists of ints)."""
+    return {text: dims for dims, text in shape_text.items()
+            if all(type(d) is int and d >= 0 for d in dims)}  # fmt: skip

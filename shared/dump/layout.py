@@ -143,7 +143,13 @@ def find_rank_dirs(step_dir: str | Path) -> list[RankDir]:
     if procs:
         names = ", ".join(sorted(p.name for p in procs))
         raise CompareInputError(f"{step_dir}: several proc* directories ({names}) and no rank* directory")
-    raise CompareInputError(f"{step_dir}: no rank* directory found")
+    if (step_dir / DUMP_JSON).is_file():  # a rank folder given for a step folder (issue 36)
+        raise CompareInputError(f"{step_dir}: a rank folder (it holds dump.json), not a step folder: give "
+                                f"{step_dir / DUMP_JSON} for this rank, or {step_dir.parent} for every rank")
+    steps = sorted(c.name for c in step_dir.iterdir() if c.is_dir() and c.name.startswith("step"))
+    where = f" (a dump root? give one of its step folders: {', '.join(steps[:3])})" if steps else \
+        f" (expected {step_dir}/rank0/{DUMP_JSON} ...)"  # fmt: skip
+    raise CompareInputError(f"{step_dir}: no rank* directory found{where}")
 
 
 def find_step_dirs(dump_path: str | Path) -> list[Path]:

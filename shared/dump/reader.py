@@ -142,7 +142,7 @@ def load_dump(path: str | Path) -> Dump:
 
 
 def _dump(path: Path, task: str, level: Any, framework: Any, dump_data_dir: Any, walker: LeafWalker) -> Dump:
-    columns = walker.cols.build()
+    columns = walker.cols.build(walker.shape_text)
     logger.debug("read %s: task %s, %d entries, %d rows", path, task, len(columns.entry_names), len(columns))
     return Dump(
         path=path,

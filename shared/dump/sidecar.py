@@ -5,7 +5,8 @@ compare tasks read those instead of parsing the file again. The sidecar is ``mar
 each column of ``DumpColumns.to_wire()`` in turn: the fastest round trip the standard library has, and exact
 (NaN bits, big integers, p2p dicts). One column at a time, so writing it never holds more than the largest
 column's bytes beside the columns (one blob of everything held twice that: +140 MB for a 150 MB dump.json, in
-the validation's child). Version 1, one blob of ``(header, wire)``, is still read.
+the validation's child). A sidecar of an earlier version (1: one blob of ``(header, wire)``; 2: without the
+shapes' dimensions and the arguments' types) is not read: its dump.json is parsed again.
 
 ``marshal`` is not safe against crafted input, so a sidecar is only ever read from the server's own store,
 under a key derived from the blob it was made from, never from an upload.
@@ -25,8 +26,8 @@ from parity.shared.errors import DumpError
 #: The file name of a dump.json's sidecar in a rank folder.
 SIDECAR_NAME = "dump.columns"
 _MAGIC = "parity-dump-columns"
-_VERSION = 2
-_WIRE_FIELDS = 15  # the items of DumpColumns.to_wire()
+_VERSION = 3
+_WIRE_FIELDS = 17  # the items of DumpColumns.to_wire()
 
 
 def dump_sidecar(dump: Dump, out: BinaryIO) -> None:
@@ -50,20 +51,25 @@ def encode_sidecar(dump: Dump) -> bytes:
     return out.getvalue()
 
 
+class StaleSidecar(DumpError):
+    """A sidecar of an earlier version of this format: its dump.json is to be parsed again."""
+
+
 def decode_sidecar(raw: bytes, dump_json: Path) -> Dump:
-    """The ``Dump`` a sidecar holds, as ``load_dump(dump_json)`` would give it; ``DumpError`` if it is not
-    a sidecar of this format."""
+    """The ``Dump`` a sidecar holds, as ``load_dump(dump_json)`` would give it; ``StaleSidecar`` for one of
+    an earlier version, ``DumpError`` if it is not a sidecar of this format."""
     try:
         stream = io.BytesIO(raw)
         first = marshal.load(stream)
         if len(first) == 2:  # version 1: (header, wire) in one blob
-            header, wire = first
-        else:
-            header, wire = first, tuple(marshal.load(stream) for _ in range(_WIRE_FIELDS))
-        magic, version, task, level, framework, dump_data_dir, has_md5 = header
+            raise StaleSidecar(dump_json, f"{SIDECAR_NAME} of version 1")
+        magic, version, task, level, framework, dump_data_dir, has_md5 = first
+        if magic == _MAGIC and version in (1, 2):
+            raise StaleSidecar(dump_json, f"{SIDECAR_NAME} of version {version}")
+        wire = tuple(marshal.load(stream) for _ in range(_WIRE_FIELDS))
     except (EOFError, ValueError, TypeError) as exc:
         raise DumpError(dump_json, f"unreadable {SIDECAR_NAME}: {exc}") from None
-    if magic != _MAGIC or version not in (1, _VERSION) or (version == 1) != (len(first) == 2):
+    if magic != _MAGIC or version != _VERSION:
         raise DumpError(dump_json, f"{SIDECAR_NAME} of another format ({magic!r} {version!r})")
     return Dump(path=dump_json, task=task, level=level, framework=framework, dump_data_dir=dump_data_dir,
                 columns=DumpColumns.from_wire(wire), has_md5=has_md5)  # fmt: skip
@@ -97,4 +103,7 @@ def read_dump(dump_json: Path) -> Dump:
         raw = sidecar.read_bytes()
     except FileNotFoundError:
         return load_dump(dump_json)
-    return decode_sidecar(raw, Path(dump_json))
+    try:
+        return decode_sidecar(raw, Path(dump_json))
+    except StaleSidecar:
+        return load_dump(dump_json)

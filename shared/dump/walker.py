@@ -123,7 +123,9 @@ class LeafWalker:
         else:
             raise self.error(f"{path}.requires_grad", f"must be a bool, not {rg!r}")
         if md5 is not None:
-            if type(md5) is not str:
+            if type(md5) is float:  # msprobe 26's xor checksum of a 0-d float tensor: its value
+                md5 = repr(md5)
+            elif type(md5) is not str:
                 raise self.error(f"{path}.md5", f"must be a string, not {md5!r}")
             self.has_md5 = True
         if data_name is not None and type(data_name) is not str:
@@ -204,6 +206,7 @@ class LeafWalker:
             text = str(stat if stat is not None else value).encode("utf-8", "surrogatepass")
             md5 = f"{zlib.crc32(text) & 0xFFFFFFFF:08x}"
         stats = (stat, stat, stat, stat)
+        self.cols.arg_types[len(self.cols)] = kind
         self.cols.add(path, state, dtype, shape, requires_grad, stats, md5, data_name, False)
 
     def p2p_leaf(self, rec: dict[str, Any], path: str, state: str) -> None:

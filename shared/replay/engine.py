@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from parity.shared.dump.reader import read_json
 from parity.shared.errors import DumpError
 from parity.shared.replay.apis import ReplayRefusal, is_random, resolve
 from parity.shared.replay.arguments import RecordedCall, is_tensor_leaf, tensor_file_names
+from parity.shared.replay.cost import check_gradients, trace_backward, trace_forward
 from parity.shared.replay.precision import held_format
 from parity.shared.replay.rounding import reduction_length, rounding_allowance
 from parity.shared.replay.verdicts import ReplayVerdict, SideReplay, Verdict, verdict_of
@@ -46,6 +47,7 @@ __all__ = [
     "ReplayVerdict",
     "SideReplay",
     "Verdict",
+    "iter_replays",
     "replay_calls",
     "replay_files",
 ]
@@ -56,11 +58,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_ELEMENTS = 2**26
 #: the bench side of a gap (calls without a partner, judged as one): another computation, nothing to replay
 GAP_REFUSAL = "the bench computes this call as other calls (a gap of the alignment): nothing to replay there"
-#: Floating-point operations one side's replay may take (about a minute of float64 on one CPU core).
+#: Operations one side's replay may take (``replay.cost``: about a minute of float64 on one CPU core).
 MAX_FLOPS = 2**36
 #: ``allowance(dtype, K)``: the rounding a correct kernel may add (swap in a fuller expected-error model).
 Allowance = Callable[[torch.dtype, int], float]
-_BOUNDED_WITHOUT_META = frozenset(("__getitem__",))  # data-dependent shapes, never larger than the input
 
 
 class DumpSide:
@@ -99,9 +100,7 @@ def _forward_name(entry: str) -> tuple[str, str, str, str]:
     if parsed.kind != "api":
         raise ReplayRefusal("module call: the replay runs single API calls (Torch, Functional, Tensor, VF); "
                             "the module's own calls are in an L1 or mix dump")  # fmt: skip
-    direction = parsed.direction or "forward"
-    forward = entry if direction == "forward" else entry[: -len("backward")] + "forward"
-    return parsed.prefix, parsed.name, direction, forward
+    return parsed.prefix, parsed.name, parsed.direction or "forward", parsed.forward
 
 
 def _plain(record: Any) -> Any:
@@ -131,29 +130,15 @@ def _index(value: Any) -> Any:
     return value
 
 
-def _to_meta(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return torch.empty(value.shape, dtype=value.dtype, device="meta")
-    if isinstance(value, list):
-        return [_to_meta(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_to_meta(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_meta(v) for k, v in value.items()}
-    return value
-
-
 def _bound_size(func: Callable[..., Any], api: str, args: list[Any], kwargs: dict[str, Any],
                 max_elements: int) -> None:  # fmt: skip
-    """Infer the replay's output sizes on the meta device (nothing allocated); refuse a replay too large."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+    """Infer the replay's output sizes and cost on the meta device (nothing allocated, ``replay.cost``);
+    refuse a replay over budget."""
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as flops:
-            out = func(*_to_meta(args), **_to_meta(kwargs))
+        out, trace = trace_forward(func, api, args, kwargs)
+    except ReplayRefusal:
+        raise
     except Exception as exc:  # noqa: BLE001 - no meta kernel, or a data-dependent shape
-        if api in _BOUNDED_WITHOUT_META:
-            return
         message = " ".join(str(exc).split())[:200]
         if isinstance(exc, TypeError):  # the recorded arguments do not bind to the API's signature
             why = f"its recorded arguments do not make a valid call of {api}: {message}"
@@ -162,11 +147,9 @@ def _bound_size(func: Callable[..., Any], api: str, args: list[Any], kwargs: dic
         raise ReplayRefusal(why) from None
     total = sum(int(t.numel()) for t in _tensors(out, []) if t is not None)
     if total > max_elements:
-        raise ReplayRefusal(f"its replay would produce {total} elements, over the cap of {max_elements}")
-    work = flops.get_total_flops()  # matmul, conv, attention: where a crafted shape could cost hours
-    if work > MAX_FLOPS:
-        raise ReplayRefusal(f"its replay would take {work:.1e} floating-point operations, over the cap of "
-                            f"{MAX_FLOPS:.1e}")  # fmt: skip
+        raise ReplayRefusal(f"over budget: its replay would produce {total} elements, over the cap of "
+                            f"{max_elements}")  # fmt: skip
+    trace.check(max_elements, MAX_FLOPS)
 
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -240,9 +223,30 @@ def _judge(recorded: Sequence[torch.Tensor | None], replayed: Sequence[torch.Ten
     return math.sqrt(diff_sq / max(elements, 1)), dtype  # an all-zero replay: the absolute RMS difference
 
 
-def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements: int) -> SideReplay:
+def _with_arguments(fwd: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """``fwd``'s record with ``other``'s non-tensor arguments: each positional one where both recorded a
+    non-tensor there, and the keyword arguments as ``other`` passed them (a tensor keyword stays ``fwd``'s).
+    The tensors stay ``fwd``'s: the target's inputs, asked what the bench asked."""
+    args = list(fwd.get("input_args") or [])
+    for i, (mine, theirs) in enumerate(zip(args, other.get("input_args") or [], strict=False)):
+        if not is_tensor_leaf(mine) and not is_tensor_leaf(theirs):
+            args[i] = theirs
+    mine_kwargs, their_kwargs = fwd.get("input_kwargs") or {}, other.get("input_kwargs") or {}
+    kwargs = {k: v for k, v in mine_kwargs.items() if is_tensor_leaf(v)}
+    kwargs.update((k, v) for k, v in their_kwargs.items() if not is_tensor_leaf(v) or k not in kwargs)
+    return {**fwd, "input_args": args, "input_kwargs": kwargs}
+
+
+def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements: int,
+                 asked: tuple[DumpSide, str] | None = None) -> SideReplay:  # fmt: skip
+    """One side's replay of ``entry``, judged against its own recorded output; with ``asked`` (the other
+    side and its entry), that side's arguments instead of this side's, judged against its output."""
     prefix, api, direction, forward = _forward_name(entry)
     fwd = side.entry(forward)
+    judged_side, judged_entry = side, entry
+    if asked is not None:
+        judged_side, judged_entry = asked
+        fwd = _with_arguments(fwd, judged_side.entry(_forward_name(judged_entry)[3]))
     raw_args, raw_kwargs = fwd.get("input_args") or [], fwd.get("input_kwargs") or {}
     if isinstance(raw_args, list) and isinstance(raw_kwargs, dict):
         plain_kwargs = {k: _plain(v) for k, v in raw_kwargs.items()}
@@ -251,6 +255,8 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
             raise ReplayRefusal(f"randomness: {why}; no replay reproduces its output")
     func = resolve(prefix, api)
     calls = RecordedCall(side.tensor_dir, side.name, max_elements=max_elements, limits=side.limits)
+    judged = calls if judged_side is side else RecordedCall(judged_side.tensor_dir, judged_side.name,
+                                                            max_elements=max_elements, limits=side.limits)
     backward = direction == "backward"
     bwd = side.entry(entry) if backward else None
     args, kwargs = calls.arguments(fwd, float64=True, grad=backward)
@@ -259,7 +265,8 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
     _bound_size(func, api, args, kwargs, max_elements)
     held = None
     if bwd is None:
-        recorded = calls.tensors_of(fwd.get("output"), "output", float64=False)
+        judged_forward = judged_side.entry(_forward_name(judged_entry)[3])
+        recorded = judged.tensors_of(judged_forward.get("output"), "output", float64=False)
         with torch.no_grad():
             out = _tensors(_call(func, args, kwargs), [])
         distance, dtype = _judge(recorded, out, "outputs")
@@ -267,9 +274,12 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
         held = held_format(recorded, [*args, *kwargs.values()])
     else:
         grads_out = calls.tensors_of(bwd.get("input"), "backward input", float64=True)
-        recorded = calls.tensors_of(bwd.get("output"), "backward output", float64=False)
+        recorded = judged.tensors_of(judged_side.entry(judged_entry).get("output"), "backward output",
+                                     float64=False)  # fmt: skip
+        trace_backward(func, api, args, kwargs, grads_out).check(max_elements, MAX_FLOPS)
         with torch.enable_grad():
             out = _tensors(_call(func, args, kwargs), [])
+        check_gradients(out, grads_out)
         anchor = next((t for t in out if t is not None and t.grad_fn is not None), None)
         if anchor is None:
             raise ReplayRefusal("the replay builds no autograd node (no input that requires grad)")
@@ -296,10 +306,12 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
 
 
 def replay_side(side: DumpSide, entry: str, *, allowance: Allowance = rounding_allowance,
-                max_elements: int = DEFAULT_MAX_ELEMENTS) -> SideReplay:  # fmt: skip
-    """One side's replay of ``entry``; a call that cannot be replayed comes back with its ``refusal``."""
+                max_elements: int = DEFAULT_MAX_ELEMENTS,
+                asked: tuple[DumpSide, str] | None = None) -> SideReplay:  # fmt: skip
+    """One side's replay of ``entry``; a call that cannot be replayed comes back with its ``refusal``.
+    ``asked``: replay this side's tensors with the other side's arguments, judged by that side's output."""
     try:
-        return _replay_side(side, entry, allowance, max_elements)
+        return _replay_side(side, entry, allowance, max_elements, asked)
     except ReplayRefusal as why:
         return SideReplay(side.name, refusal=str(why))
 
@@ -313,19 +325,47 @@ def replay_calls(
     max_elements: int = DEFAULT_MAX_ELEMENTS,
     limits: TensorLimits = DEFAULT_LIMITS,
     partners: Mapping[str, str] | None = None,
+    asked: Mapping[str, str] | None = None,
+    identical: Collection[str] = (),
 ) -> list[ReplayVerdict]:
     """Replay each entry (``Functional.linear.0.forward``, ``Tensor.__add__.3.backward``) on both sides.
 
     ``npu_dump`` is the target's dump.json, ``bench_dump`` the bench's; each dump.json is read once.
     ``allowance(dtype, K)`` is the rounding a correct kernel may add. ``partners``: the bench call an entry
     was paired with where its name differs (the compare's alignment), ``""`` for a gap (the bench computes it
-    as other calls: only the target side is replayed). Raises ``DumpError`` when a dump.json cannot be
-    read; everything about a single call is its verdict's refusal instead. ``limits`` caps each tensor file
-    read.
+    as other calls: only the target side is replayed). ``asked``: the entries whose target asked for other
+    arguments than the bench, with those arguments in words: their target inputs are replayed with the
+    bench's arguments too (the verdict ``arguments`` when that gives the bench's output). ``identical``:
+    the entries whose inputs agree on both sides (no verdict then says the difference comes from them).
+    Raises ``DumpError`` when a dump.json cannot be read; everything about a single call is its verdict's
+    refusal instead. ``limits`` caps each tensor file read.
     """
+    return list(iter_replays(npu_dump, bench_dump, entries, allowance=allowance, max_elements=max_elements,
+                             limits=limits, partners=partners, asked=asked, identical=identical))  # fmt: skip
+
+
+def iter_replays(
+    npu_dump: str | Path,
+    bench_dump: str | Path,
+    entries: Sequence[str],
+    *,
+    allowance: Allowance = rounding_allowance,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    limits: TensorLimits = DEFAULT_LIMITS,
+    partners: Mapping[str, str] | None = None,
+    asked: Mapping[str, str] | None = None,
+    identical: Collection[str] = (),
+) -> Iterator[ReplayVerdict]:
+    """:func:`replay_calls` one verdict at a time (``replay.sandbox`` sets each call's budget between them).
+    Both dump.json files are read before it returns (a ``DumpError`` is raised here)."""
     target, bench = DumpSide("target", Path(npu_dump), limits), DumpSide("bench", Path(bench_dump), limits)
     target.data(), bench.data()  # a broken dump.json is an error of the request, not of one call
-    verdicts = []
+    return _replays(target, bench, entries, allowance, max_elements, partners, asked, identical)
+
+
+def _replays(target: DumpSide, bench: DumpSide, entries: Sequence[str], allowance: Allowance,
+             max_elements: int, partners: Mapping[str, str] | None, asked: Mapping[str, str] | None,
+             identical: Collection[str]) -> Iterator[ReplayVerdict]:  # fmt: skip
     for entry in entries:
         direction = "backward" if entry.endswith(".backward") else "forward"
         t = replay_side(target, entry, allowance=allowance, max_elements=max_elements)
@@ -334,9 +374,14 @@ def replay_calls(
             b = replay_side(bench, partner, allowance=allowance, max_elements=max_elements)
         else:
             b = SideReplay(bench.name, refusal=GAP_REFUSAL)
-        verdicts.append(verdict_of(entry, direction, t, b))
-        logger.debug("replay %s: %s", entry, verdicts[-1].text)
-    return verdicts
+        mixed = None
+        if asked and entry in asked and partner:
+            mixed = replay_side(target, entry, allowance=allowance, max_elements=max_elements,
+                                asked=(bench, partner))  # fmt: skip
+        verdict = verdict_of(entry, direction, t, b, asked=mixed, arguments=(asked or {}).get(entry),
+                             identical=entry in identical)  # fmt: skip
+        logger.debug("replay %s: %s", entry, verdict.text)
+        yield verdict
 
 
 def replay_files(dump_json: str | Path, entries: Sequence[str]) -> list[str]:

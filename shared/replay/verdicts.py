@@ -9,6 +9,7 @@ was not replayed); :func:`verdict_of` puts the two together::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -23,6 +24,10 @@ class Verdict(str, Enum):
     BENCH = "bench"
     BOTH = "both"
     NEITHER = "neither"  # both within rounding: the difference comes from the inputs
+    #: both within their own rounding from identical inputs: the difference is the formats they compute in
+    PRECISION = "precision"
+    #: with the bench's arguments, the target's inputs give the bench's output: the arguments are the cause
+    ARGUMENTS = "arguments"
     UNDECIDED = "undecided"  # one side replayed and within rounding, the other not replayed
     NOT_REPLAYED = "not-replayed"
 
@@ -72,6 +77,13 @@ class ReplayVerdict:
     target: SideReplay
     bench: SideReplay
     text: str
+    #: the target's inputs replayed with the bench's arguments, judged by the bench's output (where the
+    #: target asked for other arguments)
+    asked: SideReplay | None = None
+    #: what the target asked for that the bench did not, in words, and whether the inputs agree: what the
+    #: verdict was given (a verdict judged again keeps them)
+    arguments: str | None = None
+    identical: bool = False
 
     @property
     def api(self) -> str:
@@ -89,6 +101,7 @@ class ReplayVerdict:
             "entry": self.entry, "direction": self.direction, "verdict": self.verdict.value,
             "text": self.text,
             "target": self.target.as_dict(), "bench": self.bench.as_dict(),
+            **({"asked": self.asked.as_dict()} if self.asked is not None else {}),
         }  # fmt: skip
 
 
@@ -115,8 +128,32 @@ def _allows(s: SideReplay) -> str:
     return f"rounding allows {s.allowance:.1e}: {s.dtype}, K={s.reduction_length}"
 
 
-def verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay) -> ReplayVerdict:
-    """What the two sides' replays say together, in one sentence."""
+def verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay, *,
+               asked: SideReplay | None = None, arguments: str | None = None,
+               identical: bool = False) -> ReplayVerdict:  # fmt: skip
+    """What the two sides' replays say together, in one sentence. ``asked``: the target's inputs replayed
+    with the bench's arguments, judged by the bench's output, where the target asked for other ``arguments``
+    (in words); ``identical``: the two sides' inputs agree."""
+    verdict = dataclasses.replace(_verdict_of(entry, direction, target, bench, identical), asked=asked,
+                                  arguments=arguments, identical=identical)  # fmt: skip
+    if asked is None or arguments is None:
+        return verdict
+    what = _what(direction)
+    if asked.distance is None:
+        note = f"; with the bench's arguments not replayed ({asked.refusal})"
+        return dataclasses.replace(verdict, text=verdict.text + note)
+    allowed = asked.allowance if asked.allowance is not None else 0.0
+    fits = asked.distance <= max(allowed, bench.allowance or 0.0)
+    head = (f"with the bench's arguments the target's inputs give an {what} {asked.distance:.1e} from the "
+            f"bench's (rounding allows {allowed:.1e})")  # fmt: skip
+    if fits and verdict.verdict is not Verdict.BENCH:
+        text = f"{head}: within rounding, so {arguments} is the cause"
+        return dataclasses.replace(verdict, verdict=Verdict.ARGUMENTS, text=text)
+    return dataclasses.replace(verdict, text=f"{verdict.text}; {head}: the arguments are not all of it")
+
+
+def _verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay,
+                identical: bool) -> ReplayVerdict:  # fmt: skip
     what = _what(direction)
     if not target.replayed and not bench.replayed:
         same = target.refusal == bench.refusal or bench.refusal is None
@@ -144,6 +181,13 @@ def verdict_of(entry: str, direction: str, target: SideReplay, bench: SideReplay
         verdict, tail = Verdict.TARGET, "the target's kernel is wrong"
     elif b_off:
         verdict, tail = Verdict.BENCH, "the bench's kernel is wrong"
+    elif target.replayed and bench.replayed and identical and target.dtype != bench.dtype:
+        verdict = Verdict.PRECISION
+        tail = (f"both kernels agree with float64 within their own rounding, from identical inputs: the "
+                f"difference is the target's {target.dtype} against the bench's {bench.dtype}")  # fmt: skip
+    elif target.replayed and bench.replayed and identical:
+        verdict = Verdict.NEITHER
+        tail = "both kernels agree with float64 within rounding, from identical inputs"
     elif target.replayed and bench.replayed:
         verdict = Verdict.NEITHER
         tail = "both kernels agree with float64 within rounding (the difference comes from their inputs)"

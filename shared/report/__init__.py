@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,11 +27,9 @@ def publish_atomically(path: Path) -> Iterator[Path]:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+        tmp = _new_temp(path)
     except OSError as exc:
         raise ReportError(f"{path}: cannot create the report file: {exc.strerror or exc}") from exc
-    os.close(fd)
-    tmp = Path(tmp_name)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -41,6 +39,19 @@ def publish_atomically(path: Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _new_temp(path: Path) -> Path:
+    """A new empty file beside ``path`` with the mode a plain ``open`` gives (0666 less the umask), not
+    ``mkstemp``'s 0600: a report is as readable as every other file its folder gets."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp{path.suffix}")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def write_text_atomically(path: Path, text: str) -> None:

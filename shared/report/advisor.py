@@ -36,12 +36,14 @@ def one_line(text: str) -> str:
 
 
 def advisor_lines(result: CompareResult) -> list[str]:
-    """msprobe's three advisor lines for ``result``."""
+    """msprobe's three advisor lines for ``result``; ``Line`` is the Excel row of the row it names."""
     advice = result.advice
     if advice.line is None:
         return [f"Line: {NO_ERROR}", f"Suspect Nodes: {advice.suspect_node or NO_ERROR}",
                 f"Expert Advice: {advice.text or NO_ERROR_ADVICE}"]  # fmt: skip
-    return [f"Line: {advice.line}", f"Suspect Nodes: {advice.suspect_node or NO_ERROR}",
+    # The row as Excel numbers it (the header is row 1), the one row number the suspects, the page and the
+    # workbook use; msprobe writes its table's 0-based index here (README: "Where Parity differs").
+    return [f"Line: {advice.line + 2}", f"Suspect Nodes: {advice.suspect_node or NO_ERROR}",
             f"Expert Advice: {advice.text}"]  # fmt: skip
 
 
@@ -82,23 +84,28 @@ def excel_where(suspect: RankedSuspect) -> str:
     return f"Excel row {row}"
 
 
+NO_SUSPECT_LINE = ("Top suspects: none (no API call's outputs stand out from what its inputs and the run "
+                   "pair's background explain).")
+
+
 def suspect_lines(
     suspects: Sequence[S],
     first_divergence: S | None,
     *,
     limit: int | None = None,
     where: Callable[[S], str] = excel_where,
+    systematic: Sequence[str] = (),
 ) -> list[str]:
-    """The first divergence, then the ranked suspects, one numbered entry each, each with its evidence in
-    numbers, its row as Excel numbers it (``where``: a multi-rank list names the rank too), and the innermost
-    frame in the user's code when stack.json has one. The one formatter of the advisor file, ``parity
-    compare`` and ``parity compare-runs``."""
+    """The systematic findings (``systematic``, in words), the first divergence, then the ranked suspects,
+    one numbered entry each, each with its evidence in numbers, its row as Excel numbers it (``where``: a
+    multi-rank list names the rank too), and the innermost frame in the user's code when stack.json has one.
+    The one formatter of the advisor file, ``parity compare`` and ``parity compare-runs``."""
     total = len(suspects)
     suspects = suspects if limit is None else suspects[:limit]
+    found = [f"Systematic: {text}." for text in systematic]
     if not suspects:
-        return ["Top suspects: none (no API call's outputs stand out from what its inputs and the run pair's "
-                "background explain)."]  # fmt: skip
-    lines: list[str] = []
+        return [*found, NO_SUSPECT_LINE]
+    lines: list[str] = [*found]
     first = first_divergence
     if first is not None:
         lines.append(f"First divergence: [{first.direction}] {named(first)} ({where(first)})")

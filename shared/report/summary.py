@@ -64,7 +64,8 @@ def multi_rank_summary(
     builds it from what each rank's task stored: the server stores and serves this very document.
     ``first_diverged``: the rank that lost precision first, judged around the collectives
     (``localization.first_diverged_rank``), or None. The headline figures over every rank (``rows``,
-    ``failing_rows``, ``failing_apis``, ``top_suspects``, ``first_divergence``, ``replay``, ``replay_notes``;
+    ``failing_rows``, ``failing_apis``, ``top_suspects``, ``first_divergence``, ``replay``, ``replay_notes``,
+    ``systematic``, each finding once;
     each suspect and verdict with its ``compare_rank``) are read from the ranks' documents here, once.
     """
     totals: dict[str, int] = {status.value: 0 for status in RowStatus}
@@ -100,7 +101,10 @@ def _headline(ranks: Sequence[Mapping[str, Any]], totals: Mapping[str, int],
     suspects: list[dict[str, Any]] = []
     verdicts: list[dict[str, Any]] = []
     notes: dict[str, None] = {}
+    findings: dict[str, dict[str, Any]] = {}
     for rank in ranks:
+        for finding in rank.get("systematic") or []:
+            findings.setdefault(str(finding.get("text")), dict(finding))
         for api in rank["failing_apis"]:
             failing_apis.setdefault(api)
         suspects += [{**s, "compare_rank": rank["rank"]} for s in rank["suspects"]]
@@ -121,6 +125,7 @@ def _headline(ranks: Sequence[Mapping[str, Any]], totals: Mapping[str, int],
         "rows": sum(totals.values()), "failing_rows": sum(n for s, n in totals.items() if s in failing),
         "failing_apis": list(failing_apis), "top_suspects": suspects[:TOP_SUSPECTS],
         "first_divergence": first, "replay": verdicts, "replay_notes": list(notes),
+        "systematic": list(findings.values()),
     }  # fmt: skip
 
 

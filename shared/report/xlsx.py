@@ -3,7 +3,14 @@
 What the sheet guarantees:
 
 * the header is ``result.header`` (msprobe v1's exact order, then Parity's extra columns);
-* a highlighted row is filled over its whole width, red ``FFFF0000`` or yellow ``FFFF00`` (§7.2);
+* a row's fill is decided by its ``Parity Status``, the one verdict the page and REST show too: ``fail`` and
+  ``unmatched`` red ``FFFF0000``, ``warning`` yellow ``FFFF00``, over its whole width. msprobe fills by its
+  own highlight rules alone (§7.2), which Parity's status includes (a red highlight is ``fail``, a yellow
+  one ``warning`` at least), so every row msprobe fills is filled here too; Parity also fills the failing
+  rows msprobe leaves white (an unmatched row, an accuracy ``No`` without a highlight, an md5 mismatch).
+  msprobe's own columns (``Accuracy Reached or Not``, ``Result``) keep msprobe's values;
+* the header row is frozen and carries an autofilter, and each column is as wide as what it holds reads
+  (names and messages wide, metrics narrow): the sheet reads at a glance without a resize;
 * cells are typed as msprobe 8.3.3 types them: with highlighting on (Parity's default, msprobe's ``-hl``)
   every cell that is not a number is text, booleans included (``True``/``False``), and NaN/±Inf are
   ``nan\t``/``inf\t``/``-inf\t`` as msprobe's highlighted workbook writes them, on one sheet named ``Sheet``;
@@ -32,7 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from parity.shared.compare.result import Cell, CompareResult, CompareRow, Highlight, non_finite_text
+from parity.shared.compare.result import (
+    Cell,
+    CompareResult,
+    CompareRow,
+    Highlight,
+    RowStatus,
+    non_finite_text,
+)
 from parity.shared.errors import ReportError
 from parity.shared.report import publish_atomically
 
@@ -46,6 +60,13 @@ EXCEL_CELL_CHAR_LIMIT = 32_767
 RED_FILL = "FFFF0000"
 YELLOW_FILL = "FFFF00"
 _FILL_HEX = {Highlight.RED: "#FF0000", Highlight.YELLOW: "#FFFF00"}
+#: The fill of each Parity status (the page colours its rows the same: ``tr.rs-{status}``).
+STATUS_FILL = {RowStatus.FAIL: Highlight.RED, RowStatus.UNMATCHED: Highlight.RED,
+               RowStatus.WARNING: Highlight.YELLOW}  # fmt: skip
+
+#: Column widths (Excel's character units) by header name; the rest by :func:`column_width`.
+_WIDE = {"NPU Name": 48, "Bench Name": 48, "Err_message": 40, "NPU_Stack_Info": 60, "Data_name": 36,
+         "Parity API": 40, "NPU MD5": 12, "BENCH MD5": 12}  # fmt: skip
 
 #: First characters that make a spreadsheet treat typed text as a formula (or DDE), incl. full-width forms.
 FORMULA_PREFIXES = frozenset("=+-@\t\r＝＋－＠")
@@ -59,6 +80,16 @@ class _Sheet:
     name: str
     start: int  # index into result.rows of the sheet's first data row
     stop: int
+
+
+def row_fill(row: CompareRow) -> Highlight | None:
+    """A row's fill: its Parity status's (:data:`STATUS_FILL`), or none."""
+    return STATUS_FILL.get(row.status)
+
+
+def column_width(name: str) -> float:
+    """How wide a column is drawn: a name or message column wide, a metric as wide as its header reads."""
+    return float(_WIDE.get(name, min(max(len(name) + 2, 10), 26)))
 
 
 def is_formula_like(text: str) -> bool:
@@ -133,22 +164,38 @@ def write_xlsx(
 ) -> list[str]:
     """Write ``result`` as an xlsx workbook at ``path`` (atomically); returns the sheet names in order.
 
+    Rows are filled by their Parity status (:func:`row_fill`); the header is frozen and filtered.
     ``highlight=False`` writes no fills (the rows keep their status in the ``Parity Status`` column) and
     the cells as msprobe writes them without ``-hl`` (see the module docstring). ``row_limit`` is the number
     of data rows per sheet before splitting (msprobe's 1,048,500 by default).
     """
     header = _check_rows(result)
-    sheets = plan_sheets(len(result.rows), row_limit, "Sheet" if highlight else "Sheet1")
-    chosen = _choose_engine(engine, header, len(result.rows))
+    return write_table_xlsx(header, result.rows, path, highlight=highlight, row_limit=row_limit,
+                            engine=engine)  # fmt: skip
+
+
+def write_table_xlsx(
+    header: list[str],
+    rows: list[CompareRow],
+    path: Path,
+    *,
+    highlight: bool = True,
+    row_limit: int = EXCEL_DATA_ROW_LIMIT,
+    engine: Engine = "auto",
+) -> list[str]:
+    """Write a table of ``header`` and ``rows`` (cells in header order) as :func:`write_xlsx` does; the
+    writer of both report forms (8.3.3's columns, msprobe 26's)."""
+    sheets = plan_sheets(len(rows), row_limit, "Sheet" if highlight else "Sheet1")
+    chosen = _choose_engine(engine, header, len(rows))
     writer = _write_rust if chosen == "rust" else _write_xlsxwriter
     with publish_atomically(Path(path)) as tmp:
         try:
-            writer(tmp, header, result.rows, sheets, highlight)
+            writer(tmp, header, rows, sheets, highlight)
         except ReportError:
             raise
         except Exception as exc:  # a writer library failing on odd data must name the report, not crash
             raise ReportError(f"{path}: the {chosen} xlsx writer failed: {exc}") from exc
-    logger.debug("wrote %s (%d rows, sheets %s, engine %s)", path, len(result.rows), sheets, chosen)
+    logger.debug("wrote %s (%d rows, sheets %s, engine %s)", path, len(rows), sheets, chosen)
     return [sheet.name for sheet in sheets]
 
 
@@ -210,13 +257,17 @@ def _write_rust(
     for sheet in sheets:
         fmt_map: dict[int, Any] = {}
         for offset, row in enumerate(rows[sheet.start : sheet.stop], start=1):
-            fill = row.highlight if highlight else None
+            fill = row_fill(row) if highlight else None
             quote = _needs_quote(row.cells)
             if fill is not None or quote:
                 fmt_map[offset] = row_format(fill, quote)
         row_formats[sheet.name] = fmt_map
     entries: list[tuple[str, Any]] = [(sheet.name, records(sheet)) for sheet in sheets]
-    rx.write_worksheets(entries, str(tmp), row_formats=row_formats)
+    widths = [column_width(name) for name in header]
+    rx.write_worksheets(entries, str(tmp), row_formats=row_formats,
+                        freeze_panes={"general": {"row": 1, "col": 0}},
+                        autofilter={sheet.name: True for sheet in sheets},
+                        column_widths={sheet.name: widths for sheet in sheets})  # fmt: skip
 
 
 def _write_xlsxwriter(
@@ -243,12 +294,16 @@ def _write_xlsxwriter(
     try:
         for sheet in sheets:
             worksheet = workbook.add_worksheet(sheet.name)
+            for col, name in enumerate(header):
+                worksheet.set_column(col, col, column_width(name))
+            worksheet.freeze_panes(1, 0)
+            worksheet.autofilter(0, 0, sheet.stop - sheet.start, max(0, len(header) - 1))
             write_string, write_number = worksheet.write_string, worksheet.write_number
             write_boolean, write_blank = worksheet.write_boolean, worksheet.write_blank
             for col, name in enumerate(header):
                 write_string(0, col, name)
             for r, row in enumerate(rows[sheet.start : sheet.stop], start=1):
-                fill = row.highlight if highlight else None
+                fill = row_fill(row) if highlight else None
                 plain = cell_format(fill, False)
                 if fill is not None:
                     worksheet.set_row(r, None, plain)  # the fill spans the row past the last column too
@@ -266,3 +321,46 @@ def _write_xlsxwriter(
                         write_string(r, col, value, fmt)
     finally:
         workbook.close()
+
+
+NamedTable = tuple[str, Sequence[str], Sequence[Sequence[Cell]]]
+
+
+def write_sheets_xlsx(sheets: Sequence[NamedTable], path: Path) -> Path:
+    """Write named tables (``(name, header, rows)``), a sheet each, as one workbook at ``path`` (atomically).
+
+    For small workbooks of several tables (``parity merge-result``'s one sheet per metric): cells as
+    :func:`excel_value` stores them without msprobe's highlighting (booleans stay booleans, NaN/±Inf are
+    ``nan``/``inf``/``-inf`` text), formula-like text quote-prefixed, the header frozen and filtered.
+    """
+    import xlsxwriter
+
+    with publish_atomically(Path(path)) as tmp:
+        workbook = xlsxwriter.Workbook(
+            str(tmp), {"constant_memory": True, "strings_to_formulas": False, "strings_to_urls": False}
+        )
+        quoted = workbook.add_format({"quote_prefix": True})
+        try:
+            for name, header, rows in sheets:
+                worksheet = workbook.add_worksheet(name)
+                for col, title in enumerate(header):
+                    worksheet.set_column(col, col, column_width(title))
+                    worksheet.write_string(0, col, title)
+                worksheet.freeze_panes(1, 0)
+                worksheet.autofilter(0, 0, len(rows), max(0, len(header) - 1))
+                for r, cells in enumerate(rows, start=1):
+                    for col, cell in enumerate(cells):
+                        value, quote = excel_value(cell)
+                        if value is None:
+                            continue
+                        if isinstance(value, bool):
+                            worksheet.write_boolean(r, col, value)
+                        elif isinstance(value, float):
+                            worksheet.write_number(r, col, value)
+                        else:
+                            worksheet.write_string(r, col, value, quoted if quote else None)
+        except Exception as exc:  # a writer library failing on odd data must name the report, not crash
+            raise ReportError(f"{path}: the xlsx writer failed: {exc}") from exc
+        finally:
+            workbook.close()
+    return Path(path)

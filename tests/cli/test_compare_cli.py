@@ -395,3 +395,18 @@ def test_upload_progress_redraws_one_line_on_a_terminal_and_is_silent_when_quiet
     silent(UploadProgress(1, 1, 10, 10, 10, elapsed_s=0.1))
     silent.close()
     assert quiet.getvalue() == ""
+
+
+def test_a_rank_folder_given_for_a_step_folder_says_what_works(tmp_path: Path) -> None:
+    for side in ("npu", "bench"):
+        DumpBuilder("statistics").api("Torch.add.0.forward", [rng_array(0)], [rng_array(1)]).write(
+            tmp_path / side / "step0" / "rank0")  # fmt: skip
+    spec = tmp_path / "compare.json"
+    spec.write_text(json.dumps({"npu_path": str(tmp_path / "npu/step0/rank0"),
+                                "bench_path": str(tmp_path / "bench/step0/rank0")}))  # fmt: skip
+    proc = run_cli("-i", spec, "-o", tmp_path / "out")
+    assert_one_line_error(proc, "npu/step0/rank0: a rank folder (it holds dump.json), not a step folder: ",
+                          "give ", "npu/step0/rank0/dump.json for this rank, or ", "npu/step0 for every rank")
+    spec.write_text(json.dumps({"npu_path": str(tmp_path / "npu"), "bench_path": str(tmp_path / "bench")}))
+    assert_one_line_error(run_cli("-i", spec, "-o", tmp_path / "out"),
+                          "no rank* directory found (a dump root? give one of its step folders: step0)")

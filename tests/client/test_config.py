@@ -30,10 +30,10 @@ def _cfg(tmp_path: Path, doc: dict[str, Any]) -> str:
             {"task": "overflow_check"},
             r"field 'task': 'overflow_check' is not allowed; allowed: statistics, tensor",
         ),
-        ({"level": "L2"}, r"field 'level': 'L2' is not allowed; allowed: L0, L1, mix"),
+        ({"level": "L2"}, r"field 'level': 'L2' not supported: the kernel-level"),
         ({"statistics": {"data_mode": ["all", "forward"]}}, r"statistics.data_mode.*cannot be combined"),
         ({"statistics": {"data_mode": ["fwd"]}}, r"statistics.data_mode.*allowed: all, forward, backward"),
-        ({"statistics": {"summary_mode": "xor"}}, r"statistics.summary_mode': 'xor' is not allowed"),
+        ({"statistics": {"summary_mode": "crc64"}}, r"statistics.summary_mode': 'crc64' is not allowed"),
         ({"statistics": {"scope": ["a"]}}, r"statistics.scope': must list exactly 2"),
         ({"statistics": {"lists": []}}, r"statistics.lists': unknown field; did you mean 'list'\? known"),
         ({"step": ["3-1"]}, r"field 'step': bad item '3-1'"),
@@ -93,7 +93,7 @@ MSPROBE_833_CONFIG = Path(__file__).parent / "data" / "msprobe833_config.json"  
 # msprobe 26.x documents these on top of 8.3.3's (dump-format.md §2, msprobe's config docs)
 MSPROBE_26_CONFIG: dict[str, Any] = {
     "task": "tensor", "dump_path": "./dump_path", "rank": [], "step": [0], "level": "mix",
-    "async_dump": False, "precision": "high", "extra_info": True, "risk_level": "ALL",
+    "async_dump": False, "precision": "low", "extra_info": True, "risk_level": "ALL",
     "is_deterministic": True, "seed": 1234, "dump_enable": True, "custom_op_namespaces": ["_C_ascend"],
     "tensor": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "md5", "file_format": "npy",
                "bench_path": "", "diff_nums": 1, "slice": [], "backward_input": ""},
@@ -122,11 +122,41 @@ def test_msprobe_26_documented_fields_are_accepted(tmp_path: Path, caplog: pytes
     with caplog.at_level("WARNING", logger="parity.client.config"):
         cfg = load_config(_cfg(tmp_path, MSPROBE_26_CONFIG))
     assert (cfg.task, cfg.level, cfg.summary_mode, cfg.steps) == ("tensor", "mix", "md5", frozenset({0}))
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    for name in ("precision", "risk_level", "is_deterministic", "seed", "dump_enable", "custom_op_namespaces",
-                 "tensor.file_format", "tensor.bench_path", "statistics.tensor_list", "acc_check",
-                 "nan_check"):  # fmt: skip
+    reload_note, warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "dump_enable: the dump is on; Parity does not reload config.json" in reload_note
+    for name in ("is_deterministic", "seed", "custom_op_namespaces", "tensor.file_format", "tensor.diff_nums",
+                 "acc_check", "nan_check"):  # fmt: skip
         assert name in warning
+    for acted_on in ("precision", "risk_level", "bench_path", "statistics.tensor_list"):
+        assert acted_on not in warning
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "says"),
+    [
+        ({"task": "diff_check"}, "task", "online divergence dump"),
+        ({"level": "debug"}, "level", "PrecisionDebugger.save"),
+        ({"load": {"path": ".", "modules": ["Module.fc.Linear.forward.0"]}}, "load", "module input override"),
+        ({"precision": "high"}, "precision", "no Mean and Norm"),
+        ({"risk_level": "FOCUS"}, "risk_level", "CORE/FOCUS"),
+        ({"dump_enable": False}, "dump_enable", "hot reload"),
+        ({"tensor": {"bench_path": "./baseline"}}, "tensor.bench_path", "divergence dump"),
+        ({"tensor": {"slice": [[0, 2]]}}, "tensor.slice", "slicing"),
+    ],
+)
+def test_msprobe_26_settings_parity_does_not_carry_out_are_refused_by_name(tmp_path, change, field, says):
+    doc = {**MSPROBE_26_CONFIG, **change}
+    with pytest.raises(ConfigError, match=says) as info:
+        load_config(_cfg(tmp_path, doc))
+    assert info.value.field == field
+
+
+def test_xor_and_tensor_list_are_acted_on(tmp_path: Path) -> None:
+    doc = {"task": "statistics", "statistics": {"summary_mode": "xor", "tensor_list": ["relu"]}}
+    cfg = load_config(_cfg(tmp_path, doc))
+    # tensor_list: statistics for every call, tensor files for the calls whose names contain an item
+    assert (cfg.summary_mode, cfg.task, cfg.api_list, cfg.statistics_for_all) == ("xor", "tensor", ("relu",),
+                                                                                  True)  # fmt: skip
 
 
 def test_parity_fields_only_warn_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -57,3 +57,64 @@ def test_a_process_that_exits_right_after_step_leaves_a_complete_step(tmp_path: 
         for leaf in leaves:
             t = torch.load(rank_dir / "dump_tensor_data" / str(leaf["data_name"]), weights_only=True)
             assert list(t.shape) == leaf["shape"]
+
+
+def test_a_step_cut_short_by_an_exception_is_written_and_marked_incomplete(tmp_path: Path) -> None:
+    """Issue 36: an exception between forward and backward left a step of forward entries only, uploaded as
+    a normal step. It is written at exit as it is (nothing recorded is lost) and marked incomplete; the
+    whole step before it is not."""
+    script = textwrap.dedent(f"""
+        import torch
+        from torch import nn
+        from parity.client import PrecisionDebugger
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        PrecisionDebugger(dump_path={str(tmp_path)!r}, task="statistics", level="L1")
+        for step in range(2):
+            PrecisionDebugger.start()
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            if step == 1:
+                raise RuntimeError("CUDA out of memory (simulated)")
+            loss.backward()
+            PrecisionDebugger.stop()
+            PrecisionDebugger.step()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=120, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 1 and "CUDA out of memory (simulated)" in done.stderr
+    assert "parity: step 1 rank 0 is incomplete, raised RuntimeError: CUDA out of memory" in done.stderr
+    whole, cut = tmp_path / "step0" / "rank0", tmp_path / "step1" / "rank0"
+    from parity.shared.incomplete import INCOMPLETE_FILE, incomplete_reason
+
+    assert incomplete_reason(whole) is None and not (whole / INCOMPLETE_FILE).exists()
+    reason = incomplete_reason(cut)
+    assert reason == "the process raised RuntimeError: CUDA out of memory (simulated) before step()"
+    data = json.loads((cut / "dump.json").read_text())["data"]
+    assert "Functional.linear.0.forward" in data and not [k for k in data if k.endswith(".backward")]
+
+
+def test_a_killed_step_is_reported_at_upload(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A SIGKILL mid-step leaves its tensor files and no dump.json: ``parity upload`` says so, naming it."""
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        from parity.client import PrecisionDebugger
+        PrecisionDebugger(dump_path={str(tmp_path)!r}, task="tensor", level="L1")
+        for step in range(2):
+            PrecisionDebugger.start()
+            torch.exp(torch.ones(64))
+            if step == 1:
+                PrecisionDebugger.drain()  # its tensor files are on disk
+                os.kill(os.getpid(), signal.SIGKILL)
+            PrecisionDebugger.stop()
+            PrecisionDebugger.step()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=120, check=False)
+    assert done.returncode == -9
+    from parity.client.upload import collect_files
+
+    killed = tmp_path / "step1" / "rank0"
+    assert not (killed / "dump.json").exists() and list(killed.rglob("*.pt"))
+    with caplog.at_level("WARNING"):
+        collect_files(tmp_path)
+    (message,) = [r.getMessage() for r in caplog.records if "no dump.json" in r.getMessage()]
+    assert message.startswith(f"{killed}: step 1 rank 0: ") and "the process died or was killed" in message

@@ -115,6 +115,10 @@ def test_exit_flushes_a_run_that_never_stopped(tmp_path: Path) -> None:
         [sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[2], timeout=120
     )
     assert "Torch.exp.0.forward" in load_data(tmp_path)
+    from parity.shared.incomplete import incomplete_reason
+
+    assert incomplete_reason(tmp_path / "step0" / "rank0") == (
+        "the process ended while the step was recording (neither stop() nor step() was called)")
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")

@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -23,8 +25,12 @@ from parity.client.rest import ParityClient
 from parity.client.run_metadata import ENVIRONMENT_FILE
 
 from parity.demo import ServerProcess
+from tests.e2e.app_wire import URL, AppWire
 from tests.factories import DumpBuilder
 from tests.server.conftest import fresh_postgres_database
+
+if TYPE_CHECKING:
+    from parity.server.settings import Settings
 
 BACKENDS = ["sqlite"] + (["postgres"] if os.environ.get("PARITY_TEST_POSTGRES_URL") else [])
 
@@ -53,6 +59,32 @@ def api(server: ServerProcess) -> Iterator[ParityClient]:
 def unique() -> str:
     """A suffix that makes run names unique across tests, modules and a shared PostgreSQL."""
     return uuid.uuid4().hex[:8]
+
+
+@dataclass
+class Loop:
+    """The real app in process, no worker of its own: the test validates runs and runs tasks itself
+    (``tests.workers.validate_waiting``, ``TaskRunner``), and the commands' ``connect`` talks to it."""
+
+    wire: AppWire
+    settings: Settings
+
+    def api(self) -> ParityClient:
+        return self.wire.api()
+
+
+@pytest.fixture
+def loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loop]:
+    from fastapi.testclient import TestClient
+    from parity.server.main import create_app
+    from parity.server.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "server", database_url=None, store_url=None, workers=0,
+                        tokens=None, job_backend="local")  # fmt: skip
+    with TestClient(create_app(settings), base_url=URL) as app:
+        wire = AppWire(app)
+        monkeypatch.setattr("parity.commands.server_args.connect", lambda args: wire.api())
+        yield Loop(wire, settings)
 
 
 def write_model_dump(

@@ -93,10 +93,13 @@ def test_runs_commands_and_compare_runs_speak_the_rest_api(
                      "--tag", f"suite=cli-{unique}"]) == 0  # fmt: skip
     capsys.readouterr()
     assert main(["runs", "list", *base, "--tag", f"suite=cli-{unique}", "--tag", "side=npu"]) == 0
-    (line,) = capsys.readouterr().out.splitlines()
-    assert f"/npu-{unique}  complete" in line and "side=npu" in line
+    header, line = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["RUN", "AGAINST", "BASELINE", "STATUS"]
+    cells = line.split()
+    assert cells[:3] == [f"default/npu-{unique}", "not", "compared"] and cells[3] == "complete", line
+    assert "side=npu" in line
     assert main(["runs", "list", *base, "--name-contains", f"GPU-{unique.upper()}"]) == 0
-    assert f"/gpu-{unique}  complete" in capsys.readouterr().out
+    assert f"default/gpu-{unique}  " in capsys.readouterr().out
 
     out = tmp_path / "reports"
     assert main(["compare-runs", f"npu-{unique}", f"gpu-{unique}", *base, "--wait", "-o", str(out)]) == 0

@@ -13,44 +13,19 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 from parity.client.errors import UploadError
-from parity.client.rest import ParityClient
 from parity.server.jobs.runner import TaskRunner
-from parity.server.main import create_app
-from parity.server.settings import Settings
 
 from parity.cli import main
 from parity.commands.compare_runs import changed_lines
-from tests.e2e.app_wire import URL, AppWire
-from tests.e2e.conftest import write_model_dump
-from tests.workers import validate_waiting
+from tests.e2e.app_wire import URL
+from tests.e2e.conftest import Loop, write_model_dump
+from tests.workers import run_waiting, validate_waiting
 
 GELU = "Functional.gelu.0.forward"
-
-
-@dataclass
-class Loop:
-    wire: AppWire
-    settings: Settings
-
-    def api(self) -> ParityClient:
-        return self.wire.api()
-
-
-@pytest.fixture
-def loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loop]:
-    settings = Settings(data_dir=tmp_path / "server", database_url=None, store_url=None, workers=0,
-                        tokens=None, job_backend="local")  # fmt: skip
-    with TestClient(create_app(settings), base_url=URL) as app:
-        wire = AppWire(app)
-        monkeypatch.setattr("parity.commands.server_args.connect", lambda args: wire.api())
-        yield Loop(wire, settings)
 
 
 def upload(root: Path, name: str, *extra: str) -> int:
@@ -71,12 +46,7 @@ def compared(loop: Loop, target: str = "nightly-1", bench: str = "base") -> str:
     api = loop.api()
     c = api.create_comparison(api.resolve_run(target, project="mlp").id,
                               api.resolve_run(bench, project="mlp").id)  # fmt: skip
-    runner = TaskRunner(loop.settings, worker="test")
-    try:
-        while runner.run_next():
-            pass
-    finally:
-        runner.close()
+    run_waiting(loop.settings)
     assert api.get_comparison(c.id).status == "succeeded"
     return c.id
 

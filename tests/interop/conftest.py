@@ -18,6 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 #: built by ``make msprobe-venv``; PARITY_MSPROBE_VENV points the tests at another one
 MSPROBE_VENV = Path(os.environ.get("PARITY_MSPROBE_VENV") or ROOT / ".venv-msprobe")
+#: msprobe 26.2.0's, built by ``make msprobe26-venv``; PARITY_MSPROBE26_VENV points the tests at another one
+MSPROBE26_VENV = Path(os.environ.get("PARITY_MSPROBE26_VENV") or ROOT / ".venv-msprobe26")
 TRAIN = Path(__file__).with_name("train_model.py")
 TIMEOUT = 300
 
@@ -30,16 +32,31 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-@pytest.fixture(scope="session")
-def msprobe_bin() -> Path:
-    """The msprobe venv's bin directory."""
-    python = MSPROBE_VENV / "bin" / "python"
+def _venv_bin(venv: Path, target: str) -> Path:
+    python = venv / "bin" / "python"
     if not python.is_file():
-        message = f"{MSPROBE_VENV} is missing: run `make msprobe-venv` (make test builds it)"
+        message = f"{venv} is missing: run `make {target}` (make test builds it)"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
     return python.parent
+
+
+@pytest.fixture(scope="session")
+def msprobe_bin() -> Path:
+    """The msprobe 8.3.3 venv's bin directory."""
+    return _venv_bin(MSPROBE_VENV, "msprobe-venv")
+
+
+@pytest.fixture(scope="session")
+def msprobe26_bin() -> Path:
+    """The msprobe 26.2.0 venv's bin directory."""
+    return _venv_bin(MSPROBE26_VENV, "msprobe26-venv")
+
+
+def run_tool(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run one of the tools, failing the test with its output when it exits non-zero."""
+    return _run(cmd, cwd)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 Run by the interoperability tests with msprobe's own interpreter (``TOOL=msprobe``) and with Parity's
 (``TOOL=parity``), so both tools dump the same model, the same calls, the same numbers. ``TASK`` is
-``statistics``, ``md5`` (statistics with CRC-32 checksums), ``tensor``, or ``config``: ``OUT/config.json``
+``statistics``, ``md5`` (statistics with CRC-32 checksums), ``xor`` (msprobe 26's XOR checksums), ``tensor``,
+or ``config``: ``OUT/config.json``
 exists already (a plan written by ``parity plan``) and is used as it is. ``perturb`` scales one activation
 on this side only, so a compare of two runs has rows that differ, one call (``Tensor.__mul__``) without a
 partner, and rows msprobe highlights.
@@ -46,10 +47,10 @@ def main(tool: str, task: str, out: Path, perturb: bool) -> None:
         from msprobe.pytorch import PrecisionDebugger, seed_all
     else:
         from parity.client import PrecisionDebugger, seed_all
-    dump_task = "statistics" if task == "md5" else task
+    dump_task = "statistics" if task in ("md5", "xor") else task
     section: dict[str, object] = {"scope": [], "list": [], "data_mode": ["all"]}
     if dump_task == "statistics":
-        section["summary_mode"] = "md5" if task == "md5" else "statistics"
+        section["summary_mode"] = task if task in ("md5", "xor") else "statistics"
     config = {"task": dump_task, "dump_path": str(out), "rank": [], "step": [], "level": "mix",
               "async_dump": False, dump_task: section}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)

@@ -18,11 +18,12 @@ CALLS = ("Functional.linear.0.forward", "Functional.gelu.0.forward", "Functional
 
 
 def mlp_dump(root: Path, *, bf16: bool = False, gelu_off: float = 0.0, task: str = "statistics",
-             steps: tuple[int, ...] = (0,), md5: bool = False) -> Path:  # fmt: skip
+             steps: tuple[int, ...] = (0,), md5: bool = False, stacks: bool = False) -> Path:  # fmt: skip
     """``root/step{N}/rank0`` for each of ``steps``: linear → gelu → linear → gelu → linear on the same
     data each time, each output centred (mean about 0). ``bf16`` casts every output to bfloat16 (the
     nightlies' drift); ``gelu_off`` scales the second GELU's output by ``1 + gelu_off`` (the regression),
-    which the last linear carries on; ``md5`` adds checksums (``summary_mode: md5``)."""
+    which the last linear carries on; ``md5`` adds checksums (``summary_mode: md5``); ``stacks`` writes a
+    stack.json naming the line of ``train.py`` that made each call (:func:`stack_line`)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(16, 32, generator=gen)
     weights = [torch.randn(32, 32, generator=gen) / 6 for _ in range(3)]
@@ -42,5 +43,13 @@ def mlp_dump(root: Path, *, bf16: bool = False, gelu_off: float = 0.0, task: str
             g = g.to(torch.bfloat16) if bf16 else g
             builder.api(f"Functional.gelu.{k}.forward", inputs=[y], outputs=[g])
             h = g.float()
+        if stacks:
+            builder.stack = {api: [stack_line(api)] for api in CALLS}
         builder.write(root / f"step{step}" / "rank0")
     return root
+
+
+def stack_line(api: str) -> str:
+    """The frame ``mlp_dump(stacks=True)`` records for ``api``: a line of train.py of its own."""
+    return f'File "train.py", line {20 + CALLS.index(api)}, in forward, {api.split(".")[1]}(h)'
+

@@ -15,7 +15,8 @@ from urllib.parse import quote
 
 import httpx
 from parity.server.models import ApiAcceptance
-from parity.server.services.baselines import WORSE_FACTOR, judge, task_mismatch
+from parity.server.services.baselines import task_mismatch
+from parity.shared.report.regressions import WORSE_FACTOR, judge
 
 from tests.server.conftest import ServerProcess, upload_run, wait_comparison
 from tests.server.nightly import CALLS, GELU, mlp_dump
@@ -106,7 +107,25 @@ def test_judged_against_the_level_accepted() -> None:
     note.level = None  # accepted before levels were recorded: judged against the comparison before
     assert judge("a", 0.05, 0.001, True, note).verdict == "worse"
     assert judge("a", 0.002, 0.0001, False, None).verdict == "new"
-    assert judge("a", 0.0, 0.01, True, None, fixed=True).verdict == "fixed"
+    assert judge("a", 0.0, 0.01, True, None, failing_now=False).verdict == "fixed"
+
+
+def test_labels_follow_the_error_not_a_status_flip() -> None:
+    # Passing msprobe's thresholds now, but its error grew 3.57x: worse, never fixed.
+    grew = judge("a", 0.0357, 0.01, True, None, failing_now=False)
+    assert (grew.verdict, grew.failing) == ("worse", False)
+    assert "passing msprobe's thresholds now" in grew.reason
+    # Passing now by a hair, its error about what it was: known, not fixed.
+    hair = judge("a", 0.009, 0.01, True, None, failing_now=False)
+    assert hair.verdict == "known" and "not judged fixed" in hair.reason
+    # Fixed once the error dropped below the error before (or the level accepted) by the factor.
+    assert judge("a", 0.01 / WORSE_FACTOR, 0.01, True, None, failing_now=False).verdict == "fixed"
+    note = ApiAcceptance(project="p", api="a", note="bf16", accepted_by="me", level=0.02,
+                         created_at=datetime.now(timezone.utc))  # fmt: skip
+    assert judge("a", 0.01, 0.01, True, note, failing_now=False).verdict == "known"
+    assert judge("a", 0.005, 0.01, True, note, failing_now=False).verdict == "fixed"
+    # No error to judge by: known, whatever the status says.
+    assert judge("a", None, 0.01, True, None, failing_now=False).verdict == "known"
 
 
 def test_every_run_route_takes_a_name(api: httpx.Client, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from parity.shared.dump.reader import load_dump
 from tests.factories import scalar_leaf, stats_leaf
 
 FIELDS = ("entry_names", "names", "apis", "entry_of", "states", "dtypes", "shapes", "requires_grads", "stats",
-          "plain", "odd", "md5s", "data_names", "is_tensor", "p2p")  # fmt: skip
+          "plain", "odd", "md5s", "data_names", "is_tensor", "p2p", "dims", "arg_types")  # fmt: skip
 
 
 def _round_trip(cols: DumpColumns) -> DumpColumns:
@@ -205,20 +205,33 @@ def test_a_sidecar_gives_the_dump_load_dump_gives(tmp_path: Path) -> None:
         decode_sidecar(b"garbage", path)
 
 
-def test_a_version_1_sidecar_is_still_read(tmp_path: Path) -> None:
-    """Sidecars stored before the columns were written one by one (one blob of ``(header, wire)``)."""
+def test_a_sidecar_of_an_earlier_version_gives_way_to_its_dump_json(tmp_path: Path) -> None:
+    """Sidecars stored before the shapes' dimensions were kept (version 1: one blob of ``(header, wire)``;
+    version 2: the columns one by one) are not read: ``read_dump`` parses the dump.json again."""
     import marshal
 
-    from parity.shared.dump.sidecar import decode_sidecar, write_sidecar
+    from parity.shared.dump.sidecar import (
+        SIDECAR_NAME,
+        StaleSidecar,
+        decode_sidecar,
+        read_dump,
+        write_sidecar,
+    )
 
     path = _odd_dump(tmp_path)
     parsed = load_dump(path)
     header = ("parity-dump-columns", 1, parsed.task, parsed.level, parsed.framework, parsed.dump_data_dir,
               parsed.has_md5)  # fmt: skip
-    old = decode_sidecar(marshal.dumps((header, parsed.columns.to_wire())), path)
-    assert_same_columns(old.columns, parsed.columns)
+    old_wire = parsed.columns.to_wire()[:15]
+    with pytest.raises(StaleSidecar):
+        decode_sidecar(marshal.dumps((header, old_wire)), path)
+    v2 = marshal.dumps(("parity-dump-columns", 2, *header[2:])) + b"".join(map(marshal.dumps, old_wire))
+    (path.parent / SIDECAR_NAME).write_bytes(v2)
+    assert_same_columns(read_dump(path).columns, parsed.columns)
     write_sidecar(parsed, tmp_path / "new.columns")
-    assert_same_columns(decode_sidecar((tmp_path / "new.columns").read_bytes(), path).columns, parsed.columns)
+    new = decode_sidecar((tmp_path / "new.columns").read_bytes(), path).columns
+    assert_same_columns(new, parsed.columns)
+    assert new.dims == parsed.columns.dims and (2, 0, 3) in new.dims.values()
 
 
 def test_a_sidecars_header_says_what_its_dump_holds(tmp_path: Path) -> None:

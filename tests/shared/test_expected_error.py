@@ -180,7 +180,7 @@ def test_the_rounding_of_each_call_is_read_from_its_recorded_shapes_and_keywords
 
     result = _compare(tmp_path, *_device_pair(layers=1))
     states = [r.cells[0].split(".forward.")[1].split(".")[0] for r in result.rows]  # input / output
-    judged = localize(result.rows, states, result.header, result.mode).judged
+    judged = localize(result.rows, states, result.facts, result.mode).judged
     rounding = dict(zip(judged.columns.apis, judged.rounding.tolist(), strict=True))
     u = 2.0**-24
     linear = expected_rounding("linear", "forward", {"input.0": T((32, 64))}, u)  # K = 64
@@ -205,16 +205,16 @@ def test_a_replay_verdict_is_what_the_advice_says_of_the_top_suspect(tmp_path: P
 
     result = _compare(tmp_path, *_device_pair(fault_at=2), replay_top=0)
     states = [r.cells[0].split(".forward.")[1].split(".")[0] for r in result.rows]
-    loc = localize(result.rows, states, result.header, result.mode)
+    loc = localize(result.rows, states, result.facts, result.mode)
     verdict = _verdict("Functional.tanh.2.forward", 1e-2, 3e-8)
     assert verdict.verdict is Verdict.TARGET and verdict.wrong == "target"
     assert verdict.text.endswith("the target's kernel is wrong")
-    advice = advisor.advise(result.rows, result.header, result.mode, loc, {verdict.api: verdict})
+    advice = advisor.advise(result.rows, result.facts.names, result.mode, loc, {verdict.api: verdict})
     assert advice.suspect_node == "Functional.tanh.2.forward.output.0"
     assert advice.text.startswith(f"{verdict.text}. {advisor.FORWARD_OUTPUT_SUGGEST}")
     bench_wrong = _verdict(verdict.api, 3e-8, 1e-2)
     assert bench_wrong.wrong == "bench"
-    text = advisor.advise(result.rows, result.header, result.mode, loc, {verdict.api: bench_wrong}).text
+    text = advisor.advise(result.rows, result.facts.names, result.mode, loc, {verdict.api: bench_wrong}).text
     assert advisor.BENCH_WRONG_SUGGEST in text
 
 

@@ -59,7 +59,7 @@ def _localize(tmp_path: Path, npu: DumpBuilder, bench: DumpBuilder) -> Localizat
     result = compare_dumps(npu.write(tmp_path / "npu"), bench.write(tmp_path / "bench"),
                            CompareOptions(replay_top=0))  # fmt: skip
     states = [r.cells[0].split(".forward.")[1].split(".")[0] for r in result.rows]
-    return localize(result.rows, states, result.header, result.mode)
+    return localize(result.rows, states, result.facts, result.mode)
 
 
 def _screened(loc: Localization) -> list[str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from parity.shared.compare.call_errors import CallColumns, row_error, row_errors
+from parity.shared.compare.call_errors import CallColumns, statistics_errors
 from parity.shared.compare.engine import compare_dumps
-from parity.shared.compare.headers import CompareMode, full_header
+from parity.shared.compare.facts import RowFacts, _number
 from parity.shared.compare.localization import (
     SUSPECT_SCORE,
     CallEvidence,
@@ -22,7 +22,8 @@ from parity.shared.compare.localization import (
     user_frame,
 )
 from parity.shared.compare.options import CompareOptions
-from parity.shared.compare.result import CompareResult, CompareRow, RowStatus, Suspect
+from parity.shared.compare.result import CompareResult, Suspect
+from parity.shared.dump.columns import ColumnsBuilder
 from parity.shared.report.advisor import advisor_text
 
 from tests.factories import DumpBuilder, stats_leaf, write_raw_dump
@@ -109,11 +110,24 @@ def test_nan_in_an_output_whose_inputs_agree_is_the_top_suspect(tmp_path: Path) 
     assert "NaN/Inf positions" in result.suspects[0].reason
 
 
+def _facts(rows: list[tuple[str, tuple[object, ...], tuple[object, ...], tuple[int, ...]]]) -> RowFacts:
+    """The facts of rows ``(name, NPU statistics, bench statistics, dims)``, through the dump's columns."""
+    sides = (ColumnsBuilder(), ColumnsBuilder())
+    shapes: dict[tuple[int, ...], str] = {}
+    for name, npu, bench, dims in rows:
+        text = shapes.setdefault(dims, str(list(dims)))
+        for builder, stats in zip(sides, (npu, bench), strict=True):
+            builder.entry_names.append(name)
+            builder.entry_starts.append(len(builder))
+            builder.add(f"{name}.output.0", "output", "torch.float32", text, None, stats, None, None, True)  # type: ignore[arg-type]
+    n, b = (builder.build(shapes) for builder in sides)
+    index = np.arange(len(rows))
+    return RowFacts.build([r[0] for r in rows], n, index, b, index)
+
+
 def test_the_column_wise_statistics_errors_equal_the_row_rule() -> None:
-    """The vector path (eight finite numbers) and the row rule (everything else) give the same floats, on
-    a table that mixes both: NaN, inf, None, ints, msprobe's texts, unmatched rows, equal and zero values."""
-    header = full_header(CompareMode.STATISTICS, stack=False)
-    first = header.index("NPU max")
+    """The column-wise rule over the facts gives the one-row rule's floats, on a table that mixes NaN, inf,
+    None, ints, msprobe's texts, equal and zero values."""
     rng = np.random.default_rng(3)
     odd: list[object] = [float("nan"), float("inf"), -float("inf"), None, 0, 3, "Nan", "N/A", 0.0, True]
     rows = []
@@ -123,15 +137,19 @@ def test_the_column_wise_statistics_errors_equal_the_row_rule() -> None:
         stats: list[object] = [*npu.tolist(), *(bench if k % 5 else npu).tolist()]
         if k % 3 == 0:
             stats[int(rng.integers(8))] = odd[int(rng.integers(len(odd)))]
-        cells: list[object] = [None] * len(header)
-        cells[first : first + 8] = stats
-        status = RowStatus.UNMATCHED if k % 17 == 0 else RowStatus.PASS
-        rows.append(CompareRow(cells=cells, api=f"Torch.f.{k}.forward", status=status))  # type: ignore[arg-type]
-    pos = {name: i for i, name in enumerate(header)}
-    plain = [row_error(row, pos, CompareMode.STATISTICS) for row in rows]
-    vector = row_errors(rows, header, CompareMode.STATISTICS).tolist()
+        rows.append((f"Torch.f.{k}.forward", tuple(stats[:4]), tuple(stats[4:]), (4,)))
+    plain = [stats_error([_number(x) for x in n], [_number(x) for x in b]) for _, n, b, _ in rows]
+    vector = statistics_errors(_facts(rows)).tolist()
     assert [None if v != v else v for v in vector] == plain
-    assert sum(v is None for v in plain) >= 20 and sum(v == 0.0 for v in plain) >= 50
+    assert sum(v == 0.0 for v in plain) >= 50
+
+
+def test_a_mask_equal_on_both_sides_is_no_data_to_the_statistics_error() -> None:
+    """Scores masked with float32's minimum: the mask sets no magnitude and swamps Mean and Norm, so the
+    error is the unmasked maximum's (1e-3 here), not 1e-3 against 3.4e38."""
+    low = -3.4028234663852886e38
+    rows = [("Torch.add.0.forward", (2.002, low, -1e37, 3e38), (2.0, low, -1e37, 3e38), (4, 4))]
+    assert statistics_errors(_facts(rows))[0] == pytest.approx(1e-3, rel=1e-2)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -278,14 +296,13 @@ def test_a_small_tensors_chance_draw_is_allowed_its_sampling_spread() -> None:
     """The same score just above the threshold: an 8-element output's normwise error is one draw spread by
     ~1/4 of its size, so it is allowed 1.75x and stays below; a 4,096-element output's is spread by ~1%,
     so it stands out still."""
-    header = ["NPU Name", "NPU Tensor Shape"]
-    rows = [CompareRow([f"{name}.output.0", shape], name, RowStatus.PASS)
-            for name, shape in (("Torch.small.0.forward", "[8]"), ("Torch.big.0.forward", "[64, 64]"))]
-    cols = CallColumns([r.api for r in rows], np.array([0, 1]), np.array([1, 2]), np.array([0, 1]),
-                       np.array([1e-5, 1e-5]), np.array([3e-5, 3e-5]))  # fmt: skip
+    stats = (1.0, -1.0, 0.0, 1.0)
+    facts = _facts([("Torch.small.0.forward", stats, stats, (8,)),
+                    ("Torch.big.0.forward", stats, stats, (64, 64))])
+    cols = CallColumns(["Torch.small.0.forward", "Torch.big.0.forward"], np.array([0, 1]), np.array([1, 2]),
+                       np.array([0, 1]), np.array([1e-5, 1e-5]), np.array([3e-5, 3e-5]))  # fmt: skip
     scores = np.full(2, SUSPECT_SCORE + 0.1)
-    _allow_for_small_tensors(rows, ["output", "output"], header, cols, scores, np.ones(2, dtype=bool),
-                             SUSPECT_SCORE)
+    _allow_for_small_tensors(facts, ["output", "output"], cols, scores, np.ones(2, dtype=bool), SUSPECT_SCORE)
     assert scores[0] < SUSPECT_SCORE <= scores[1]
 
 
@@ -368,7 +385,7 @@ def test_suspects_carry_the_user_frame_and_the_excel_row(tmp_path: Path) -> None
     assert result.rows[suspect.row_index].cells[0] == "Torch.f2.0.forward.output.0"
     text = advisor_text(result)
     assert f"Excel row {suspect.excel_row}" in text and "model.py, line 42" in text
-    assert text.splitlines()[0] == f"Line: {suspect.row_index}"  # msprobe's 0-based line, kept
+    assert text.splitlines()[0] == f"Line: {suspect.excel_row}"  # one row number everywhere (issue 36)
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_failing_row_lines_then_ranked_suspects_with_stack():
     text = advisor_text(result_with(advice, suspects))
     lines = text.splitlines()
     assert lines[:3] == [
-        "Line: 7",
+        "Line: 9",  # the Excel row of table row 7, as the suspects name it
         "Suspect Nodes: Functional.linear.0.forward.output.0",
         f"Expert Advice: {FORWARD_ADVICE}",
     ]
@@ -95,7 +95,7 @@ def test_first_divergence_heads_the_suspects():
 
 def test_line_zero_is_not_na():
     advice = Advice(line=0, suspect_node="Torch.add.0.forward.input.0", text="x")
-    assert advisor_lines(result_with(advice, []))[0] == "Line: 0"
+    assert advisor_lines(result_with(advice, []))[0] == "Line: 2"  # the first data row, in Excel
 
 
 def test_write_advisor_logs_the_three_lines(tmp_path, caplog):

@@ -128,6 +128,38 @@ def test_highlight_fills_whole_row_red_or_yellow(tmp_path, engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_the_parity_status_decides_the_fill(tmp_path, engine):
+    """Issue 36: an unmatched row was red on the page and white in the workbook, and a failing row without
+    msprobe's highlight white: the fill follows the Parity Status column, as the page's colours do."""
+    statuses = [(RowStatus.PASS, None), (RowStatus.UNMATCHED, None), (RowStatus.FAIL, None),
+                (RowStatus.WARNING, None), (RowStatus.FAIL, Highlight.YELLOW), (RowStatus.UNCOMPARABLE, None),
+                (RowStatus.BENCH_ONLY, None)]  # fmt: skip
+    rows = [make_row(CompareMode.TENSOR, f"Torch.a.{k}.forward.output.0", status=status, highlight=hl)
+            for k, (status, hl) in enumerate(statuses)]  # fmt: skip
+    write_xlsx(make_result(rows, CompareMode.TENSOR), tmp_path / "r.xlsx", engine=engine)
+    sheet = openpyxl.load_workbook(tmp_path / "r.xlsx")["Sheet"]
+    fills = [r[0].fill.fgColor.rgb if r[0].fill.fill_type else None for r in sheet.iter_rows(min_row=2)]
+    yellow = "FF" + YELLOW_FILL
+    assert fills == [None, RED_FILL, RED_FILL, yellow, RED_FILL, None, None]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_header_is_frozen_and_filtered_and_columns_have_widths(tmp_path, engine):
+    rows = [make_row(CompareMode.STATISTICS, f"Torch.a.{k}.forward.output.0") for k in range(3)]
+    write_xlsx(make_result(rows, CompareMode.STATISTICS), tmp_path / "r.xlsx", engine=engine)
+    sheet = openpyxl.load_workbook(tmp_path / "r.xlsx")["Sheet"]
+    assert sheet.freeze_panes == "A2"
+    header = full_header(CompareMode.STATISTICS, stack=False)
+    last = openpyxl.utils.get_column_letter(len(header))
+    assert sheet.auto_filter.ref == f"A1:{last}4"
+    width = {name: sheet.column_dimensions[openpyxl.utils.get_column_letter(i)].width
+             for i, name in enumerate(header, 1)}  # fmt: skip
+    assert width["NPU Name"] >= 40 and width["Err_message"] >= 30
+    assert 10 <= width["Max diff"] < width["NPU Name"]
+    assert all(w and w >= 10 for w in width.values()), width
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_highlight_off_writes_no_fill(tmp_path, engine):
     rows = [make_row(CompareMode.TENSOR, "Torch.a.0.forward.output.0", status=RowStatus.FAIL,
                      highlight=Highlight.RED)]  # fmt: skip
@@ -188,7 +220,7 @@ def test_special_floats_are_text_and_numbers_stay_numbers(tmp_path, engine):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_split_into_parts_past_the_row_limit(tmp_path, engine):
     rows = [make_row(CompareMode.MD5, f"Torch.add.{i}.forward.input.0",
-                     highlight=Highlight.RED if i == 5 else None) for i in range(7)]  # fmt: skip
+                     status=RowStatus.FAIL if i == 5 else RowStatus.PASS) for i in range(7)]  # fmt: skip
     sheets = write_xlsx(make_result(rows, CompareMode.MD5), tmp_path / "r.xlsx", row_limit=3, engine=engine)
     assert sheets == ["part_0", "part_1", "part_2"]
     workbook = openpyxl.load_workbook(tmp_path / "r.xlsx")

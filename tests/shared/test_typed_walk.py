@@ -36,7 +36,8 @@ from tests.factories import scalar_leaf, stats_leaf
 
 #: the fields of ``DumpColumns.to_wire()``, in its order
 WIRE_FIELDS = ("entry_names", "names", "apis", "entry_of", "states", "dtypes", "shapes", "requires_grads",
-               "stats", "plain", "odd", "md5s", "data_names", "is_tensor", "p2p")  # fmt: skip
+               "stats", "plain", "odd", "md5s", "data_names", "is_tensor", "p2p", "dims",
+               "arg_types")  # fmt: skip
 
 #: how a document is written: compact, as msprobe does (``indent=1``), and compact with raw UTF-8
 LAYOUTS: dict[str, Callable[[Any], str]] = {

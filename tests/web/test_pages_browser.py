@@ -39,6 +39,9 @@ def test_walk_from_runs_to_a_comparison(seeded: Seeded, open_page: Any) -> None:
     p.locator("#chart[data-drawn='1']").wait_for()  # a selector: the CSP allows no eval
     assert int(chart.get_attribute("data-points") or 0) >= 3
     assert chart.get_attribute("data-divergence") == "1"  # Torch.relu.0.forward, the second call
+    # A call whose error is exactly zero is drawn in the row under the log scale's floor, not on it.
+    rel = p.evaluate("fetch(document.getElementById('chart').dataset.callsUrl).then(r => r.json())")["rel"]
+    assert int(chart.get_attribute("data-zeros") or -1) == sum(1 for v in rel if v == 0) >= 1  # the linear
     assert "Torch.relu.0.forward" in p.locator("#suspects .first-divergence").inner_text()
 
     red = p.locator("#rows tbody tr.hl-red")

@@ -61,6 +61,13 @@ def test_pages_ask_for_a_token_once(guarded: tuple[ServerProcess, dict[str, Any]
     p.goto(server.url + "/", wait_until="networkidle")  # signed in: no second prompt
     assert "/login" not in p.url and p.locator("#runs").count() == 1
 
+    # An error page keeps the signed-in header (issue 36: it dropped it), sign-out and all.
+    p.goto(server.url + "/?tag=hw:gpu", wait_until="networkidle")
+    assert "'hw:gpu' is not KEY=VALUE" in p.locator(".error").inner_text()
+    assert p.locator("#sign-out").count() == 1 and p.locator(".who").inner_text()
+    assert [e for e in page.console_errors if "400" not in e] == []
+    page.console_errors.clear()
+
     # A forged or tampered cookie is worth nothing.
     value = cookie["value"]
     p.context.add_cookies([{**cookie, "value": value[:-2] + ("AA" if value[-2:] != "AA" else "BB")}])

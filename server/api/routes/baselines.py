@@ -60,7 +60,7 @@ def get_calls(
             summary="Failing APIs judged new, worse, known or fixed (new and worse first), errors before and "
                     "after")
 def get_regressions(comparison_id: str, baselines: BaselineServiceDep) -> RegressionsPublic:
-    return baselines.regressions(comparison_id)
+    return baselines.with_stack_lines(baselines.regressions(comparison_id), comparison_id)
 
 
 @router.get("/comparisons/{comparison_id}/environment", summary="What differs between the runs' environments")

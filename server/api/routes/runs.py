@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from parity.server.api.deps import (
     JSON_BODY_LIMIT,
     MAX_OFFSET,
+    BaselineServiceDep,
     ComparisonServiceDep,
     RunServiceDep,
 )
@@ -46,6 +47,7 @@ def create_run(body: RunCreate, runs: RunServiceDep) -> RunPublic:
 @router.get("", summary="List runs")
 def list_runs(
     runs: RunServiceDep,
+    baselines: BaselineServiceDep,
     project: str | None = None,
     name: Annotated[str | None, Query(description="the exact run name")] = None,
     name_contains: Annotated[str | None, Query(description="a substring of the run name, any case")] = None,
@@ -54,9 +56,14 @@ def list_runs(
     run_status: Annotated[RunStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    verdicts: Annotated[bool, Query(description="each run's verdict against its project's baseline "
+                                    "(new, worse, clean, not compared): a few reads a run")] = False,
 ) -> RunsPublic:
-    return runs.search(project=project, name=name, name_contains=name_contains, device=device,
-                       status=run_status, tags=tag, limit=limit, offset=offset)  # fmt: skip
+    found = runs.search(project=project, name=name, name_contains=name_contains, device=device,
+                        status=run_status, tags=tag, limit=limit, offset=offset)  # fmt: skip
+    if verdicts:
+        found = RunsPublic(data=baselines.with_verdicts(found.data), count=found.count)
+    return found
 
 
 @router.get("/{run_id}/files", summary="List a run's stored files (to resume an upload)")

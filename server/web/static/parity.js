@@ -78,18 +78,23 @@
     const total = d.total || n;
     const { ctx, width, height } = setupCanvas(canvas);
     const [lo, hi] = logRange(d.rel.concat(d.cos));
-    const box = { left: 48, right: width - 10, top: 10, bottom: height - 24 };
+    // The log scale stops at its floor; an error of exactly zero is drawn in a row of its own below it.
+    const box = { left: 48, right: width - 10, top: 10, bottom: height - 44, zero: height - 30 };
     // x is the call's place in execution order; with a decimated series the kept calls keep their place.
     box.x = function (i) {
       const seq = d.seq ? d.seq[i] : i;
       return box.left + (total > 1 ? seq / (total - 1) : 0.5) * (box.right - box.left);
     };
     box.y = function (v) {
+      if (v <= 0) return box.zero;
       const t = (Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo));
       return box.bottom - t * (box.bottom - box.top);
     };
     axes(ctx, box, lo, hi, "execution order (" + total + " calls) →");
-    let drawn = 0;
+    ctx.setLineDash([2, 3]); ctx.strokeStyle = "#b8c0cc";
+    ctx.beginPath(); ctx.moveTo(box.left, box.zero); ctx.lineTo(box.right, box.zero); ctx.stroke();
+    ctx.setLineDash([]); ctx.fillStyle = "#667085"; ctx.fillText("0", 4, box.zero + 4);
+    let drawn = 0, zeros = 0;
     let divergence = -1;
     for (let i = 0; i < n; i++) {
       if (d.api[i] === d.first_divergence) divergence = i;
@@ -99,6 +104,7 @@
         ctx.fillStyle = colour;
         ctx.beginPath(); ctx.arc(box.x(i), box.y(d.rel[i]), failing ? 3.2 : 2, 0, 2 * Math.PI); ctx.fill();
         drawn++;
+        if (d.rel[i] <= 0) zeros++;
       }
       if (d.cos[i] !== null && d.cos[i] > 0) {
         ctx.strokeStyle = colour;
@@ -106,18 +112,29 @@
         drawn++;
       }
     }
+    // Labels go in the first row under the top where they overlap no label already placed.
+    const placed = [];
+    function label(text, x, colour, font) {
+      ctx.font = font; ctx.fillStyle = colour;
+      const w = ctx.measureText(text).width;
+      const left = Math.max(box.left, Math.min(x + 6, box.right - w));
+      let row = 0;
+      while (row < 12 && placed.some(function (r) {
+        return r.row === row && left < r.right + 6 && r.left < left + w + 6;
+      })) row++;
+      const y = box.top + 12 + 14 * row;
+      ctx.fillText(text, left, y);
+      placed.push({ row: row, left: left, right: left + w, top: y - 11, bottom: y + 3 });
+    }
     if (divergence >= 0) {
       const x = box.x(divergence);
       ctx.strokeStyle = "#d00000"; ctx.lineWidth = 2;
       ctx.beginPath(); ctx.moveTo(x, box.top); ctx.lineTo(x, box.bottom); ctx.stroke();
-      ctx.fillStyle = "#d00000"; ctx.font = "12px sans-serif";
-      const label = "first divergence: " + d.first_divergence;
-      ctx.fillText(label, Math.min(x + 4, box.right - ctx.measureText(label).width), box.top + 12);
+      label("first divergence: " + d.first_divergence, x, "#d00000", "12px sans-serif");
     }
     // The calls new or worse since the previous comparison against the baseline: a triangle and a line each.
     const marks = d.marks || {};
     const marked = [];
-    ctx.font = "11px sans-serif";
     for (let i = 0; i < n; i++) {
       const verdict = marks[d.api[i]];
       if (!verdict) continue;
@@ -127,17 +144,21 @@
       ctx.setLineDash([]);
       ctx.beginPath(); ctx.moveTo(x - 6, box.top); ctx.lineTo(x + 6, box.top); ctx.lineTo(x, box.top + 9);
       ctx.closePath(); ctx.fill();
-      if (marked.length < 3) {
-        const text = verdict + ": " + d.api[i];
-        ctx.fillText(text, Math.min(x + 8, box.right - ctx.measureText(text).width), box.top + 26 + 13 * marked.length);
-      }
+      if (marked.length < 3) label(verdict + ": " + d.api[i], x + 2, "#7a1fa2", "11px sans-serif");
       marked.push(d.api[i]);
     }
+    canvas.dataset.labels = JSON.stringify(placed);
+    canvas.dataset.zeros = String(zeros);
     canvas.dataset.marked = JSON.stringify(marked);
     canvas.dataset.points = String(drawn);
     canvas.dataset.divergence = String(divergence);
     canvas.dataset.drawn = "1";
     const info = document.getElementById("chart-info");
+    // The name of the call under the pointer, beside it (and in the line under the chart).
+    const tip = document.createElement("div");
+    tip.id = "chart-tip"; tip.className = "chart-tip"; tip.hidden = true;
+    canvas.parentNode.style.position = "relative";
+    canvas.parentNode.appendChild(tip);
     function nearest(event) {
       const rect = canvas.getBoundingClientRect();
       const px = event.clientX - rect.left;
@@ -150,12 +171,19 @@
     }
     canvas.addEventListener("mousemove", function (event) {
       const i = nearest(event);
-      if (i >= 0 && info) {
-        info.textContent = "#" + i + " " + d.api[i] + " · " + d.status[i] + " · MaxRelativeErr " +
-          (d.rel[i] === null ? "n/a" : d.rel[i].toPrecision(3)) + " · 1 − cosine " +
-          (d.cos[i] === null ? "n/a" : d.cos[i].toPrecision(3));
-      }
+      if (i < 0) return;
+      const text = d.api[i] + " · " + d.status[i] + " · MaxRelativeErr " +
+        (d.rel[i] === null ? "n/a" : d.rel[i].toPrecision(3)) + " · 1 − cosine " +
+        (d.cos[i] === null ? "n/a" : d.cos[i].toPrecision(3)) +
+        (d.row && d.row[i] !== null && d.row[i] !== undefined ? " · Excel row " + (d.row[i] + 2) : "");
+      if (info) info.textContent = text;
+      tip.textContent = d.api[i];
+      tip.hidden = false;
+      const x = box.x(i), y = d.rel[i] !== null ? box.y(d.rel[i]) : box.bottom;
+      tip.style.left = Math.min(canvas.offsetLeft + x + 8, canvas.offsetLeft + width - 220) + "px";
+      tip.style.top = Math.max(canvas.offsetTop + y - 28, canvas.offsetTop) + "px";
     });
+    canvas.addEventListener("mouseleave", function () { tip.hidden = true; });
     canvas.addEventListener("click", function (event) {
       const i = nearest(event);
       if (i < 0) return;
