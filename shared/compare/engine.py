@@ -20,7 +20,9 @@ from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
 from parity.shared.compare.alignment import Aligned, Modules, Sites, pair_calls
+from parity.shared.compare.call_errors import JUDGED_INPUTS
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
+from parity.shared.compare.choices import argument_difference
 from parity.shared.compare.facts import (
     F_INCOMPATIBLE,
     F_NO_FILE,
@@ -443,7 +445,11 @@ def _build_rows(
             flag(i, F_INCOMPATIBLE)
         if tensor:
             metric_cells = _UNSUPPORTED6  # until the metrics are in
-            if b is None:
+            changed = _changed_argument(name, api, n, b)
+            if changed is not None:  # no data file to read: the row says what the two sides asked for
+                accuracy = v.NONE
+                msgs.append(changed)
+            elif b is None:
                 accuracy = v.NONE  # msprobe 8.3.3's cell for an unmatched row (never Yes)
                 # msprobe's words, in its order: "No bench data matched." unless requires_grad disagreed
                 # (that message replaces it), then why no metric could be computed.
@@ -477,6 +483,17 @@ def _build_rows(
 
 
 _UNSUPPORTED6 = (v.UNSUPPORTED,) * 6
+
+
+def _changed_argument(name: str, api: str, n: Leaf, b: Leaf | None) -> str | None:
+    """A non-tensor input argument that the bench passed with another value, or not at all, in words
+    (``Argument approximate: 'tanh' vs 'none'.``); None for a tensor, an output, or the same request."""
+    if n.is_tensor or n.data_name or n.state not in JUDGED_INPUTS or (b is not None and b.is_tensor):
+        return None
+    text = argument_difference(name, api, n.max, *(() if b is None else (b.max,)))
+    return None if text is None else f"Argument {text}."
+
+
 _NA6 = (v.NA,) * 6
 
 
@@ -522,7 +539,10 @@ def _build_bench_only(table: Table, mode: CompareMode, bench_rows: SideRows, ben
         cells += (status.value, bench_rows.apis[j], None, None)
         table.rows.append(CompareRow(cells, bench_rows.apis[j], status))
         table.states.append(b.state)
-        table.messages.append([v.MSG_NPU_UNMATCHED])
+        argument = None
+        if not b.is_tensor and not b.data_name and b.state in JUDGED_INPUTS:
+            argument = argument_difference(bench_rows.names[j], bench_rows.apis[j], bench=b.max)
+        table.messages.append([v.MSG_NPU_UNMATCHED if argument is None else f"Argument {argument}."])
 
 
 def _with_tail(ranges: list[tuple[int, int]], npu_apis: list[str], total: int) -> list[tuple[int, int]]:
