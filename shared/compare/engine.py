@@ -114,7 +114,8 @@ def compare_dumps(
     if options.replay_top > 0:  # imported here: a compare without the replay never imports torch for it
         from parity.shared.replay.compare import dump_replayer
 
-        replayer = dump_replayer(npu_dump_json, bench_dump_json, limits=options.tensor_limits)
+        replayer = dump_replayer(npu_dump_json, bench_dump_json, limits=options.tensor_limits,
+                                 budget=options.replay_budget)  # fmt: skip
     result = conclude([part], stacks_of(npu_dump_json, stack_path), replayer=replayer,
                       replay_top=options.replay_top)  # fmt: skip
     result.npu_path = str(npu_dump_json)
