@@ -12,6 +12,11 @@ Parity's readers ignore), logged once: never a crash.
 Callers run this with torch-function handling disabled and grad off (see ``quiet()``), so the tool's own
 reductions are neither recorded nor part of any autograd graph.
 
+The Mean and Norm are accumulated in float64 (float32 on MPS): a float32 attention score masked with
+float32's minimum has a Mean of about -3.4e38 and a Norm above float32's range, which a float32 reduction
+writes as ``-inf``/``inf`` (and the replay then reads as a tensor overwritten since). Max and Min are exact
+in the tensor's own dtype.
+
 The output of one call is usually the input of the next, and at mix a module's inputs and outputs are its
 APIs' tensors: a small cache keyed by tensor identity *and* ``_version`` (bumped by every in-place update)
 lets those leaves share one set of statistics instead of recomputing them.
@@ -600,7 +605,8 @@ def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
     if x.dim() == 0:
         return _SCALAR, [x.clone()]
     mn, mx = torch.aminmax(x)
-    return _FULL, [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
+    wide = host_dtype(x.device)
+    return _FULL, [mx, mn, x.mean(dtype=wide), torch.linalg.vector_norm(x, dtype=wide)]
 
 
 def _storage_alive(t: torch.Tensor) -> bool:
@@ -640,8 +646,9 @@ def _row_statistics(kind: int, copies: list[torch.Tensor], blocks: bool = False)
     rows = joined.view(joined.shape[0], -1)
     if kind == _BOOL:
         return torch.stack((rows.any(1), rows.all(1)), 1).view(-1)
-    return torch.stack((rows.amax(1), rows.amin(1), rows.mean(1), torch.linalg.vector_norm(rows, dim=1)),
-                       1).view(-1)  # fmt: skip
+    wide = host_dtype(rows.device)
+    return torch.stack((rows.amax(1), rows.amin(1), rows.mean(1, dtype=wide),
+                        torch.linalg.vector_norm(rows, dim=1, dtype=wide)), 1).view(-1)  # fmt: skip
 
 
 def _stack_chunks(chunks: list[torch.Tensor], pending: list[torch.Tensor]) -> torch.Tensor:

@@ -31,6 +31,7 @@ from parity.shared.compare.facts import (
     F_STATISTICS_ONLY,
     F_UNINITIALISED,
     RowFacts,
+    fill_limits,
 )
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
@@ -581,11 +582,13 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
         npu_dir, bench_dir = npu.tensor_dir, bench.tensor_dir
         _check_tensor_dir(npu, "NPU")
         _check_tensor_dir(bench, "bench")
+        fills = _fills(table.facts, len(table.rows))
         jobs = [
             TensorPairJob(
                 index=i,
                 npu_file=npu_dir / n.data_name if n.data_name else None,
                 bench_file=bench_dir / b.data_name if b.data_name else None,
+                fill=fills[i],
             )
             for i, n, b in table.jobs
         ]
@@ -617,6 +620,14 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
         if row.status is RowStatus.FAIL and row.cells[acc_col] not in (v.NO, NA):
             row.cells[acc_col] = v.NO  # a failure found outside the metrics (a changed scalar argument)
     return [f for _, f in sorted(missing, key=lambda item: item[0])]
+
+
+def _fills(facts: RowFacts | None, n: int) -> list[float]:
+    """Each row's fill limit where its statistics say it is masked (``RowFacts.masked``), else infinity:
+    the metrics of a masked pair are taken over its other elements (``metrics.tensor.unmask``)."""
+    if facts is None:
+        return [math.inf] * n
+    return np.where(facts.masked(), fill_limits(facts.npu.dtype), math.inf).tolist()
 
 
 def _metric_facts(facts: RowFacts | None) -> Callable[[int, TensorMetrics], None]:
