@@ -72,7 +72,8 @@ def uninitialised_rows(facts: RowFacts, states: Sequence[str], apis: Sequence[st
                     found.add((side.dims[i], side.dtype[i]))
             continue
         name = names[i]
-        if state != STATE_OUTPUT and _OUT_ARGUMENT.search(name):
+        tensor = sides[0].tensor[i] or sides[1].tensor[i]
+        if state != STATE_OUTPUT and tensor and _OUT_ARGUMENT.search(name):
             out[i] = True
         elif forward and op in FILL_OPS and (buffers[0] or buffers[1]):
             if name.endswith(_DESTINATION) and state != STATE_OUTPUT and _is_buffer(sides, buffers, i):

@@ -24,9 +24,7 @@ FC2 = "Module.fc2.Linear"
 
 def stats_of(t: torch.Tensor) -> tuple[float, float, float, float]:
     t = t.detach()
-    wide = torch.float64  # the Mean and Norm are accumulated in float64
-    return (t.max().item(), t.min().item(), t.mean(dtype=wide).item(),
-            torch.linalg.vector_norm(t, dtype=wide).item())  # fmt: skip
+    return (t.max().item(), t.min().item(), t.mean().item(), torch.linalg.vector_norm(t).item())
 
 
 def leaf_stats(leaf: dict[str, Any]) -> tuple[float, float, float, float]:

@@ -27,16 +27,14 @@ def _views() -> list[torch.Tensor]:
 
 
 def _own(t: torch.Tensor) -> list[object]:
-    """The statistics of ``t`` itself, as the reductions at record time computed them (msprobe's, with the
-    Mean and Norm accumulated in float64)."""
+    """msprobe's statistics of ``t`` itself, as the reductions at record time computed them."""
     if t.dtype is torch.bool:
         return [bool(t.any()), bool(t.all())]
     # integers and float64 in float32, as msprobe 8.3.3 computes them
     plain = t.is_floating_point() and t.dtype is not torch.float64
     x = t.abs() if t.is_complex() else (t if plain else t.float())
     mn, mx = torch.aminmax(x)
-    wide = torch.float64
-    return [float(v.double()) for v in (mx, mn, x.mean(dtype=wide), torch.linalg.vector_norm(x, dtype=wide))]
+    return [float(v.double()) for v in (mx, mn, x.mean(), torch.linalg.vector_norm(x))]
 
 
 def _same(a: object, b: object) -> bool:
