@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
+from parity.shared.compare.foreach import CallList, pair_foreach
 from parity.shared.compare.mapping import BASIS_MAPPED, RowMapping
 from parity.shared.compare.module_scopes import CallModules, GapRange, Modules, module_scopes, split_by_scope
 from parity.shared.compare.pairing import FLOAT_FAMILY, Pairing, fuzzy_entry_name, pair_exact, pair_fuzzy
@@ -44,6 +45,7 @@ from parity.shared.dump.naming import FORWARD, parse_entry
 
 __all__ = [
     "BASIS_ALIGNED",
+    "BASIS_FOREACH",
     "BASIS_GAP",
     "BASIS_MAPPED",
     "BASIS_NAME",
@@ -57,6 +59,7 @@ __all__ = [
 
 BASIS_NAME = "name"  # paired with the bench row of the same name
 BASIS_ALIGNED = "aligned"  # paired by the alignment with a bench row of another name
+BASIS_FOREACH = "foreach"  # an element of a foreach call, paired with the per-parameter call it stands for
 BASIS_GAP = "gap"  # a row of a gap: a boundary tensor paired across it, or one of its internal rows
 #: The state of a gap's internal rows (neither an input nor an output of the gap): not judged.
 STATE_GAP = "gap"
@@ -605,6 +608,7 @@ def align_rows(npu: SideRows, bench: SideRows, *, sites: Sites | None = None,
         _paired_rows(t, b, x, y, index, aligned.basis)
     gaps = [part for gap in _gaps(pairs, len(t.calls.names), len(b.calls.names))
             for part in split_by_scope(gap, t.modules.scopes, b.modules.scopes)]
+    gaps = _pair_foreach_gaps(t, b, gaps, index, aligned.basis)
     if gaps:
         tv, bv = _Values(npu), _Values(bench)
         provenance = _Provenance(tv, index)
@@ -624,6 +628,24 @@ def align_rows(npu: SideRows, bench: SideRows, *, sites: Sites | None = None,
     used = set(index)
     bench_only = [j for j in range(len(bench)) if j not in used]
     return Pairing(index, bench_only), aligned
+
+
+def _pair_foreach_gaps(t: _Side, b: _Side, gaps: list[GapRange], index: list[int],
+                       basis: list[str]) -> list[GapRange]:  # fmt: skip
+    """Pair the rows of each gap that is an optimizer's foreach calls against its per-parameter calls
+    (``foreach``), in place; the gaps that remain."""
+    t_calls = CallList(t.calls.names, t.calls.starts, t.calls.stops, t.rows.columns.is_tensor)
+    b_calls = CallList(b.calls.names, b.calls.starts, b.calls.stops, b.rows.columns.is_tensor)
+    out: list[GapRange] = []
+    for gap in gaps:
+        found = pair_foreach(t_calls, b_calls, t.rows.names, b.rows.names, gap)
+        if found is None:
+            out.append(gap)
+            continue
+        for r, j in found.rows:
+            index[r], basis[r] = j, BASIS_FOREACH
+        out.extend(found.rest)
+    return out
 
 
 def _basis_fast(index: Sequence[int]) -> list[str]:
