@@ -126,10 +126,11 @@ def _width(calls: CallList, rows: Sequence[str], k: int) -> int:
 def _blocks(calls: CallList, lo: int, hi: int, ops: list[str], width: int) -> int | None:
     """Where in ``[lo, hi)`` a run of ``width`` blocks of ``ops`` (in order) starts, or None."""
     size = len(ops) * width
-    for start in range(lo, hi - size + 1):
-        if all(_op(calls.names[start + i])[0] == ops[i % len(ops)] and not _op(calls.names[start + i])[1]
-               for i in range(size)):  # fmt: skip
-            return start
+    have = [op if not foreach else "" for op, foreach in map(_op, calls.names[lo:hi])]
+    want = ops * width
+    for start in range(hi - lo - size + 1):  # a mismatch ends each try early: linear in practice
+        if have[start] == want[0] and have[start : start + size] == want:
+            return lo + start
     return None
 
 
