@@ -5,37 +5,23 @@ found in the update calls. Each case dumps one training step with Parity's clien
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from parity.client import PrecisionDebugger
 from parity.shared.compare.engine import compare_dumps
 from parity.shared.compare.headers import full_header
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import CompareResult, RowStatus
 from torch import nn
 
+from tests.shared.test_precision_choices import _dump as dump_step
+
 
 def _dump(root: Path, *, foreach: bool, lr: float = 1e-2) -> Path:
-    PrecisionDebugger.reset()
-    root.mkdir(parents=True)
-    config = root / "config.json"
-    config.write_text(json.dumps({"task": "tensor", "dump_path": str(root), "level": "L1", "step": [0]}))
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
-    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
-    PrecisionDebugger(str(config))
-    PrecisionDebugger.start()
-    model(x).pow(2).mean().backward()
-    opt.step()
-    PrecisionDebugger.stop()
-    PrecisionDebugger.step()
-    PrecisionDebugger.drain()
-    PrecisionDebugger.reset()
-    return next(root.glob("step0/*/dump.json"))
+    model = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 4))
+    return dump_step(root, model, optimizer=lambda params: torch.optim.AdamW(params, lr=lr, foreach=foreach))
 
 
 def _compare(tmp_path: Path, target_foreach: bool, lr: float = 1e-2) -> CompareResult:

@@ -7,7 +7,7 @@ target with one port bug), and compares the two dumps with the engine."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,14 +47,19 @@ class Net(nn.Module):
         return self.c(h)
 
 
-def _dump(root: Path, model: nn.Module, *, task: str = "tensor", autocast: bool = False) -> Path:
-    """One training step (forward, loss, backward, SGD) of ``model`` dumped at L1 into ``root``."""
+Optimizer = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
+
+
+def _dump(root: Path, model: nn.Module, *, task: str = "tensor", autocast: bool = False,
+          optimizer: Optimizer | None = None) -> Path:  # fmt: skip
+    """One training step (forward, loss, backward, SGD or ``optimizer``) of ``model`` dumped at L1 into
+    ``root``."""
     PrecisionDebugger.reset()
     root.mkdir(parents=True)
     config = root / "config.json"
     config.write_text(json.dumps({"task": task, "dump_path": str(root), "level": "L1", "step": [0]}))
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = (optimizer or (lambda params: torch.optim.SGD(params, lr=0.1)))(model.parameters())
     PrecisionDebugger(str(config))
     PrecisionDebugger.start()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
