@@ -19,7 +19,7 @@ from parity.shared.compare import md5 as md5_mode
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
-from parity.shared.compare.alignment import Aligned, Modules, Sites, pair_calls
+from parity.shared.compare.alignment import BASIS_FOREACH, Aligned, Modules, Sites, pair_calls
 from parity.shared.compare.call_errors import JUDGED_INPUTS
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
 from parity.shared.compare.choices import argument_difference
@@ -371,6 +371,9 @@ def _pairing_cells(table: Table, npu_rows: SideRows, bench_rows: SideRows, pairi
         if j >= 0 and basis[i] != _NAME and i not in row_gap:
             partners.setdefault(npu_rows.apis[i], bench_rows.apis[j])
     partners.update((call, "") for gap in aligned.gaps for call in gap.target)
+    # a foreach call stands for several bench calls (and a per-parameter call for part of one): no bench
+    # call of its own to replay
+    partners.update((npu_rows.apis[i], "") for i, b in enumerate(basis) if b == BASIS_FOREACH)
     return {gap.api: gap.label for gap in aligned.gaps if gap.api is not None}, partners
 
 
