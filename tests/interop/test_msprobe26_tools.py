@@ -65,6 +65,9 @@ import sys, torch
 from parity.client import PrecisionDebugger
 debugger = PrecisionDebugger(task="statistics", dump_path=sys.argv[1], level="mix")
 model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+with torch.no_grad():  # fixed weights: a random init can leave every ReLU output at 0, and exp(0) is 1
+    model[0].weight.fill_(0.25)
+    model[0].bias.fill_(0.5)
 debugger.start(model)
 torch.exp(model(torch.ones(2, 4)) * 1000).sum()
 debugger.stop()
