@@ -170,9 +170,13 @@ def _tensor_errors(facts: RowFacts, from_stats: np.ndarray) -> np.ndarray:
         has_dist = np.isfinite(dist)
         has_max = np.isfinite(max_abs)
         by_max = np.where(magnitude > 0.0, max_abs / magnitude, np.inf)
+        # A Norm of 0 over nonzero values underflowed (the client's float32 sum of squares of values below
+        # 1e-19: an optimizer's second moment), and MaxAbsErr, rounded to 12 decimals, reads 0 there too:
+        # the float64 distance against the largest magnitude says how far apart they are.
+        underflowed = norm_ok & (top_norm == 0.0) & (magnitude > 0.0) & ~mask
         dist_rule = np.select(
-            [dist == 0.0, by_norm, has_max & (magnitude > 0.0), ~np.isnan(from_stats)],
-            [0.0, dist / top_norm, max_abs / magnitude, from_stats], np.inf)
+            [dist == 0.0, by_norm, underflowed, has_max & (magnitude > 0.0), ~np.isnan(from_stats)],
+            [0.0, dist / top_norm, dist / magnitude, max_abs / magnitude, from_stats], np.inf)
         max_rule = np.where(max_abs == 0.0, 0.0, by_max)
     no_file = facts.has(F_NO_FILE)
     file_rule = np.where(from_stats == 0.0, 0.0, np.nan)

@@ -89,6 +89,7 @@ from parity.shared.compare.facts import RowFacts
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.held_screen import held_screen
 from parity.shared.compare.result import CompareRow, Suspect, SystematicFinding
+from parity.shared.compare.unrecorded_backward import UnrecordedBackward, unrecorded_backwards
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT
 from parity.shared.dump.naming import (
     BACKWARD,
@@ -296,16 +297,21 @@ class JudgedCalls:
     held: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     #: what each side asked each call to do (precision, arguments)
     choices: Choices | None = None
+    #: the calls judged by the gradients across their bench-only backward (``unrecorded_backward``)
+    unrecorded: dict[int, UnrecordedBackward] = field(default_factory=dict)
 
     def evidence(self, k: int) -> CallEvidence:
         """Call ``k`` as a ``CallEvidence``."""
         cols = self.columns
         i, o, r = float(self.input_err[k]), float(cols.output_err[k]), float(self.routed_share[k])
+        choice = self.choices.text(k) if self.choices is not None else None
+        if (backward := self.unrecorded.get(k)) is not None:
+            o = backward.output_err
+            choice = backward.text() if choice is None else f"{choice}; {backward.text()}"
         return CallEvidence(cols.apis[k], k, int(cols.first_row[k]), int(cols.worst_row[k]),
                             None if math.isnan(i) else i, None if math.isnan(o) else o, self.directions[k],
                             int(self.collectives_before[k]), float(self.expected[k]), float(self.gain[k]),
-                            float(self.score[k]), None if math.isnan(r) else r,
-                            choice=self.choices.text(k) if self.choices is not None else None)  # fmt: skip
+                            float(self.score[k]), None if math.isnan(r) else r, choice=choice)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -530,6 +536,8 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
     # the difference is the request's (a tanh GELU under bfloat16 autocast hides in bfloat16's rounding).
     named = choices.asked() & judged & (o_err > 0.0)
     scores[named] = np.maximum(scores[named], threshold)
+    unrecorded = _judge_unrecorded_backwards(rows, states, facts, cols, errs, mode, i_err, scores, expected,
+                                             gains, call_floor, own, background)  # fmt: skip
     shares = _routed_shares(facts, states, cols, routed)
     element_wise = shares > 0.0
     scores[element_wise] = np.log10(shares[element_wise] / ROUTE_SHARE)
@@ -539,7 +547,7 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
     before = np.cumsum(collective) - collective
     held = held_screen(facts, states, cols) if mode is CompareMode.TENSOR else np.zeros(n, dtype=bool)
     judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares, own, classes,
-                               call_floor, background, held, choices)  # fmt: skip
+                               call_floor, background, held, choices, unrecorded)  # fmt: skip
     suspects = [judged_calls.evidence(k) for k in np.flatnonzero(scores >= threshold).tolist()]
     if mode is CompareMode.STATISTICS:
         tiers = _statistics_tiers(apis, directions, classes, i_err, o_err, choices)
@@ -553,6 +561,32 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
         suspects.sort(key=lambda c: (-c.score, c.order))
     return Localization(mode=mode, judged=judged_calls, floor=floor, errors=errs, suspects=suspects,
                         first_divergence=first, systematic=findings)  # fmt: skip
+
+
+def _judge_unrecorded_backwards(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
+                                cols: CallColumns, errs: np.ndarray, mode: CompareMode, i_err: np.ndarray,
+                                scores: np.ndarray, expected: np.ndarray, gains: np.ndarray,
+                                call_floor: np.ndarray, own: np.ndarray,
+                                background: np.ndarray) -> dict[int, UnrecordedBackward]:  # fmt: skip
+    """Judge each call whose backward only the bench records by the gradients across that backward
+    (``unrecorded_backward``), in place: the gradient it receives (and its forward's inputs, which a backward
+    reads) through its gain, its rounding and the noise explain the gradient it hands on, or it stands out.
+    Returns the calls so judged above their own score."""
+    if mode is CompareMode.MD5:
+        return {}
+    out: dict[int, UnrecordedBackward] = {}
+    for found in unrecorded_backwards(facts, states, [r.api for r in rows], cols, errs):
+        k = found.call
+        carried = max(found.input_err, float(i_err[k]) if np.isfinite(i_err[k]) else 0.0)
+        level = math.sqrt((float(gains[k]) * carried) ** 2 + float(call_floor[k]) ** 2 + float(own[k]) ** 2
+                          + float(background[k]) ** 2)  # fmt: skip
+        if found.output_err <= 0.0 or level <= 0.0:
+            continue
+        score = math.log10(found.output_err / level)
+        if score > scores[k]:
+            scores[k], expected[k], i_err[k] = score, level, carried
+            out[k] = found
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------
