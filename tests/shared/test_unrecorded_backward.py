@@ -16,49 +16,36 @@ from tests.shared.test_localization import _facts
 from tests.shared.test_precision_choices import _compare
 
 
-class _Bf16Backward(torch.autograd.Function):
-    """GELU whose forward is the model's own and whose hand-written backward rounds through bfloat16."""
+def _gelu_on_hand_written_backward(dtype: torch.dtype) -> Any:
+    """GELU as a custom Function: the model's own forward, a hand-written backward that computes in
+    ``dtype`` (bfloat16: the port's bug; float32: right, a recorded forward and an unrecorded backward)."""
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return F.gelu(x)
+    class HandWritten(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x)
+            return F.gelu(x)
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            low = x.detach().to(torch.bfloat16).requires_grad_()
-            (g,) = torch.autograd.grad(F.gelu(low), low, grad.to(torch.bfloat16))
-        return g.to(x.dtype)
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                low = x.detach().to(dtype).requires_grad_()
+                (g,) = torch.autograd.grad(F.gelu(low), low, grad.to(dtype))
+            return g.to(x.dtype)
 
-
-class _ExactBackward(torch.autograd.Function):
-    """The same Function with the right backward: a recorded forward, an unrecorded backward, no fault."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return F.gelu(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            y = x.detach().requires_grad_()
-            (g,) = torch.autograd.grad(F.gelu(y), y, grad)
-        return g
+    return HandWritten.apply
 
 
 def test_a_wrong_hand_written_backward_names_its_forward_call(tmp_path: Path) -> None:
-    result = _compare(tmp_path, {"act": _Bf16Backward.apply})
+    result = _compare(tmp_path, {"act": _gelu_on_hand_written_backward(torch.bfloat16)})
     top = result.suspects[0]
     assert top.api == "Functional.gelu.0.forward"
     assert "its backward Functional.gelu.0.backward is recorded on the bench only" in top.reason
 
 
 def test_a_right_hand_written_backward_names_nothing(tmp_path: Path) -> None:
-    result = _compare(tmp_path, {"act": _ExactBackward.apply})
+    result = _compare(tmp_path, {"act": _gelu_on_hand_written_backward(torch.float32)})
     assert [s.api for s in result.suspects if "gelu" in s.api] == []
 
 
