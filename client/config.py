@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.client.errors import ConfigError
+from parity.client.index_ranges import IndexRanges
 from parity.client.server_address import base_url, clean_token
 from parity.shared.naming import NameRefused, check_name, check_tags
 
@@ -87,8 +88,8 @@ class DebuggerConfig:
     task: str = "statistics"
     dump_path: Path = Path("./dump_path")
     level: str = "L1"
-    ranks: frozenset[int] | None = None
-    steps: frozenset[int] | None = None
+    ranks: IndexRanges | None = None
+    steps: IndexRanges | None = None
     async_dump: bool = False
     extra_info: bool = True
     #: task ``tensor``: host memory (MiB) that copies of device tensors may hold while waiting to be written;
@@ -121,11 +122,12 @@ class DebuggerConfig:
 
     @property
     def max_step(self) -> int | None:
-        return max(self.steps) if self.steps else None
+        return self.steps.max() if self.steps else None
 
 
-def parse_index_list(value: Any, field_name: str, source: str | None = None) -> frozenset[int] | None:
-    """Parse ``rank``/``step``: a list of ints, ``"N"`` or inclusive ``"a-b"`` ranges; ``[]`` = all."""
+def parse_index_list(value: Any, field_name: str, source: str | None = None) -> IndexRanges | None:
+    """Parse ``rank``/``step``: a list of ints, ``"N"`` or inclusive ``"a-b"`` ranges; ``[]`` = all. The
+    ranges stay ranges (``"0-4000000000"`` is two ints, not four billion)."""
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -134,32 +136,32 @@ def parse_index_list(value: Any, field_name: str, source: str | None = None) -> 
         raise ConfigError(
             field_name, f'must be a list of ints, "N" or "a-b" strings, got {value!r}', source=source
         )
-    out: set[int] = set()
+    out: list[tuple[int, int]] = []
     for item in value:
         if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
-            out.add(item)
+            out.append((item, item))
             continue
         if isinstance(item, str):
             text = item.strip()
             lo, sep, hi = text.partition("-")
             try:
                 if not sep:
-                    out.add(int(text))
                     if int(text) < 0:
                         raise ValueError
+                    out.append((int(text), int(text)))
                     continue
                 a, b = int(lo), int(hi)
             except ValueError:
                 a, b = -1, -1
             if 0 <= a <= b:
-                out.update(range(a, b + 1))
+                out.append((a, b))
                 continue
         raise ConfigError(
             field_name,
             f'bad item {item!r}: allowed are ints >= 0, "N" and ranges "a-b" with a <= b',
             source=source,
         )
-    return frozenset(out) if out else None
+    return IndexRanges(out) if out else None
 
 
 def _choice(
@@ -178,11 +180,29 @@ def _bool(raw: Mapping[str, Any], key: str, default: bool, src: str | None) -> b
     return value
 
 
-def _str_list(value: Any, where: str, src: str | None) -> tuple[str, ...]:
+#: a ``list`` is matched against every call's name while training: bounded in items and in characters
+MAX_PATTERNS = 10_000
+MAX_PATTERN_CHARS = 1_000
+
+
+def _str_list(value: Any, where: str, src: str | None, *, patterns: bool = False) -> tuple[str, ...]:
+    """A list of strings; ``patterns``: names or parts of names (``list``), each non-empty (an empty one
+    would match every call, a full tensor dump from a targeted config) and within the bounds above."""
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(where, f"must be a list of strings, got {value!r}", source=src)
+        shown = repr(value) if len(repr(value)) <= 200 else f"a {type(value).__name__}"
+        raise ConfigError(where, f"must be a list of strings, got {shown}", source=src)
+    if patterns:
+        if len(value) > MAX_PATTERNS:
+            raise ConfigError(where, f"has {len(value):,} items; at most {MAX_PATTERNS:,}", source=src)
+        for i, item in enumerate(value):
+            if not item.strip():
+                raise ConfigError(f"{where}[{i}]", "is empty: it would match every call; name the calls (or "
+                                  "leave list out for all of them)", source=src)  # fmt: skip
+            if len(item) > MAX_PATTERN_CHARS:
+                raise ConfigError(f"{where}[{i}]", f"has {len(item):,} characters; at most "
+                                  f"{MAX_PATTERN_CHARS:,}", source=src)  # fmt: skip
     return tuple(value)
 
 
@@ -327,8 +347,8 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
     if not isinstance(statistics_for_all, bool):
         raise ConfigError(f"{task}.{STATISTICS_FOR_ALL}",
                           f"must be true or false, got {statistics_for_all!r}", source=src)  # fmt: skip
-    api_list = _str_list(section.get("list"), f"{task}.list", src)
-    tensor_list = _str_list(section.get("tensor_list"), f"{task}.tensor_list", src)
+    api_list = _str_list(section.get("list"), f"{task}.list", src, patterns=True)
+    tensor_list = _str_list(section.get("tensor_list"), f"{task}.tensor_list", src, patterns=True)
     if tensor_list and task != "statistics":
         ignored.append(f"{task}.tensor_list")  # msprobe 26 reads it in a statistics task only
     elif tensor_list:
@@ -375,7 +395,7 @@ def apply_plan(cfg: DebuggerConfig, plan: Mapping[str, Any], comparison: str) ->
     return replace(
         cfg, task="tensor", level=level, steps=parse_index_list(plan.get("step"), "step", src),
         ranks=parse_index_list(plan.get("rank"), "rank", src), scope=(),
-        api_list=_str_list(section.get("list"), "tensor.list", src), statistics_for_all=True,
+        api_list=_str_list(section.get("list"), "tensor.list", src, patterns=True), statistics_for_all=True,
         plan=comparison, planned_by=comparison,
     )  # fmt: skip
 

@@ -72,6 +72,9 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 #: Bytes read per chunk when hashing or streaming a file: big enough that per-chunk overhead is negligible,
 #: small enough that an upload never holds more than this of a file in memory.
 CHUNK_BYTES = 1 << 20
+#: a plan (a config.json whose list has at most ``MAX_PATTERNS`` names) is far smaller; a bigger answer is
+#: refused before the training process holds it
+MAX_PLAN_BYTES = 16 << 20
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -142,6 +145,22 @@ def _first_error(exc: pydantic.ValidationError) -> str:
     return f"{loc or 'body'}: {message}{more}"
 
 
+def _read_bounded(response: httpx.Response, max_bytes: int) -> httpx.Response:
+    """A streamed ``response`` read whole, refused (:class:`ApiError`) past ``max_bytes``."""
+    body = bytearray()
+    try:
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                request = response.request
+                raise ApiError(request.method, str(request.url), response.status_code,
+                               f"answer is over {max_bytes:,} bytes: refused")  # fmt: skip
+    finally:
+        response.close()
+    return httpx.Response(response.status_code, headers=response.headers, content=bytes(body),
+                          request=response.request)  # fmt: skip
+
+
 def _request(model: type[M], **fields: Any) -> M:
     """A request body of the contract; a value it refuses is an :class:`UploadError`, before sending."""
     try:
@@ -207,14 +226,18 @@ class ParityClient:
         content: Any = None,
         headers: Mapping[str, str] | None = None,
         ok: Sequence[int] = (200,),
+        max_bytes: int | None = None,
     ) -> httpx.Response:
+        """One request; ``max_bytes``: the answer is read up to that size and refused past it (a server's
+        answer that the training process holds, such as a plan, cannot take its memory)."""
         url = self._api + path
         all_headers = {**self._headers, **(headers or {})}
+        request = self._http.build_request(method, url, json=json, params=httpx.QueryParams(params or []),
+                                           content=content, headers=all_headers)  # fmt: skip
         try:
-            response = self._http.request(
-                method, url, json=json, params=httpx.QueryParams(params or []), content=content,
-                headers=all_headers,
-            )
+            response = self._http.send(request, stream=max_bytes is not None)
+            if max_bytes is not None:
+                response = _read_bounded(response, max_bytes)
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__
             raise ServerUnreachable(f"{method} {url}: server unreachable: {reason}"
@@ -259,10 +282,11 @@ class ParityClient:
         body: pydantic.BaseModel | None = None,
         params: list[tuple[str, Any]] | None = None,
         ok: Sequence[int] = (200,),
+        max_bytes: int | None = None,
     ) -> M:
         """One JSON request whose answer is parsed as ``model``, the contract's type for that endpoint."""
         json = body.model_dump(mode="json") if body is not None else None
-        response = self._send(method, path, json=json, params=params, ok=ok)
+        response = self._send(method, path, json=json, params=params, ok=ok, max_bytes=max_bytes)
         try:
             return model.model_validate_json(response.content)
         except pydantic.ValidationError as exc:
@@ -456,7 +480,7 @@ class ParityClient:
         """``GET /comparisons/{id}/plan``: the next dump's msprobe config.json (None: no suspects)."""
         params = [(k, v) for k, v in (("top", top), ("neighbours", neighbours)) if v is not None]
         path = f"/comparisons/{quote(comparison_id, safe='')}/plan"
-        return self._call(PlanPublic, "GET", path, params=params)
+        return self._call(PlanPublic, "GET", path, params=params, max_bytes=MAX_PLAN_BYTES)
 
     def list_comparisons(
         self,

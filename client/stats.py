@@ -12,6 +12,14 @@ Parity's readers ignore), logged once: never a crash.
 Callers run this with torch-function handling disabled and grad off (see ``quiet()``), so the tool's own
 reductions are neither recorded nor part of any autograd graph.
 
+The Mean and Norm never overflow where the values do not (``_mean_norm``): a float32 attention score
+masked with float32's minimum has a Mean of about -3.4e38 and a Norm above float32's range, which a float32
+reduction writes as ``-inf``/``inf`` (and the replay then reads as a tensor overwritten since). On an
+accelerator they are accumulated in float64 (float32 on MPS), which a memory-bound reduction gets for
+nothing; on the CPU, where a float64 sum costs five times a float32 one, in the tensor's dtype as msprobe
+8.3.3 does (so the two tools' dumps of the same CPU code agree bit for bit), and again in float64 where that
+overflowed. Max and Min are exact in the tensor's own dtype.
+
 The output of one call is usually the input of the next, and at mix a module's inputs and outputs are its
 APIs' tensors: a small cache keyed by tensor identity *and* ``_version`` (bumped by every in-place update)
 lets those leaves share one set of statistics instead of recomputing them.
@@ -555,7 +563,25 @@ def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
     if x.dim() == 0:
         return _SCALAR, [x.clone()]
     mn, mx = torch.aminmax(x)
-    return _FULL, [mx, mn, x.mean(), torch.linalg.vector_norm(x)]
+    return _FULL, [mx, mn, *_mean_norm(x, mx, mn)]
+
+
+def _mean_norm(x: torch.Tensor, mx: torch.Tensor, mn: torch.Tensor,
+               dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The Mean and Norm of ``x`` (over ``dim``, the rows of a stack of copies, or all of it), accumulated
+    without overflow (module docstring); ``mx``/``mn``: its Max and Min, the same way."""
+    over: dict[str, Any] = {} if dim is None else {"dim": dim}
+    if not x.is_cpu:
+        wide = host_dtype(x.device)
+        return x.mean(dtype=wide, **over), torch.linalg.vector_norm(x, dtype=wide, **over)
+    mean, norm = x.mean(**over), torch.linalg.vector_norm(x, **over)
+    # a CPU tensor's values are at hand: no device to wait for
+    overflow = ~(torch.isfinite(mean) & torch.isfinite(norm)) & torch.isfinite(mx) & torch.isfinite(mn)
+    if not bool(overflow.any()):
+        return mean, norm
+    f64 = torch.float64
+    return (torch.where(overflow, x.mean(dtype=f64, **over), mean.double()),
+            torch.where(overflow, torch.linalg.vector_norm(x, dtype=f64, **over), norm.double()))
 
 
 def _strided_copy(x: torch.Tensor) -> torch.Tensor | None:
@@ -589,8 +615,8 @@ def _row_statistics(kind: int, copies: list[torch.Tensor], blocks: bool = False)
     rows = joined.view(joined.shape[0], -1)
     if kind == _BOOL:
         return torch.stack((rows.any(1), rows.all(1)), 1).view(-1)
-    return torch.stack((rows.amax(1), rows.amin(1), rows.mean(1), torch.linalg.vector_norm(rows, dim=1)),
-                       1).view(-1)  # fmt: skip
+    mx, mn = rows.amax(1), rows.amin(1)
+    return torch.stack((mx, mn, *_mean_norm(rows, mx, mn, dim=1)), 1).view(-1)
 
 
 def _stack_chunks(chunks: list[torch.Tensor], pending: list[torch.Tensor]) -> torch.Tensor:

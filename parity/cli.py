@@ -23,11 +23,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare-runs": ("compare_runs", "compare two uploaded runs on a server and download the reports"),
     "regressions": ("regressions", "a comparison's new and worse APIs against the baseline"),
     "check": ("check", "the CI gate: exit 1 when a run has APIs new or worse against the baseline"),
+    "overflow-check": ("overflow_check", "the first call to make NaN/Inf across a step's ranks"),
+    "merge-result": ("merge_result", "chosen APIs x ranks x metrics of compare results in one workbook"),
     "plan": ("plan", "write the next dump's config.json: tensor files for a comparison's suspects only"),
     "runs": ("runs", "list, delete or make a baseline of runs on a server"),
     "accept": ("accept", "accept a failing API with a note (or --revoke it) in a project"),
     "gc": ("gc", "server maintenance: remove orphaned blobs, stale temp files and expired runs"),
 }
+
+#: msprobe's spelling of a command, accepted beside Parity's (``parity merge_result``, as msprobe's)
+ALIASES: dict[str, str] = {"overflow_check": "overflow-check", "merge_result": "merge-result"}
 
 EXIT_USAGE = 2
 
@@ -47,9 +52,10 @@ def _build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argpars
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    chosen = next((a for a in argv if a in COMMANDS), None)
+    chosen = next((ALIASES.get(a, a) for a in argv if a in COMMANDS or a in ALIASES), None)
     for name, (module_name, help_text) in COMMANDS.items():
-        cmd_parser = sub.add_parser(name, help=help_text, description=help_text)
+        aliases = [alias for alias, command in ALIASES.items() if command == name]
+        cmd_parser = sub.add_parser(name, help=help_text, description=help_text, aliases=aliases)
         if name == chosen:
             module = importlib.import_module(f"parity.commands.{module_name}")
             module.add_arguments(cmd_parser)

@@ -1,9 +1,9 @@
 """Process policy for the programs that run compares: the ``parity compare`` command and the server's workers.
 
 ``parity.shared`` computes and never touches process-wide state; what a whole process should do while it
-compares (pause the cyclic garbage collector, which workers compute the tensor metrics, how those start) is
-decided here, once, by the entry point that owns the process, and handed to the library
-(``CompareOptions.executor``).
+compares (pause the cyclic garbage collector, which workers compute the tensor metrics, how those start,
+what the float64 replay's child process may spend) is decided here, once, by the entry point that owns the
+process, and handed to the library (``CompareOptions.executor``, ``CompareOptions.replay_budget``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NoReturn
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
+    from parity.shared.replay.sandbox import ReplayBudget
     from parity.shared.tensor_io import TensorLimits
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,33 @@ def die_with_parent(parent_pid: int) -> None:
             libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before the prctl took effect
         os._exit(1)
+
+
+def replay_budget(environ: Mapping[str, str] = os.environ) -> ReplayBudget:
+    """What the float64 replay's child process may spend (``parity.shared.replay.sandbox``):
+    ``PARITY_REPLAY_MEMORY_BYTES``, ``PARITY_REPLAY_CALL_SECONDS`` and ``PARITY_REPLAY_SECONDS`` (the
+    server's settings of the same names), each the library's default when unset or not a positive number
+    (with a warning)."""
+    from parity.shared.replay.sandbox import ReplayBudget
+
+    default = ReplayBudget()
+
+    def read(name: str, fallback: float) -> float:
+        raw = environ.get(name)
+        if not raw:
+            return fallback
+        try:
+            value = float(raw)
+        except ValueError:
+            value = 0.0
+        if value > 0 and value == value and value != float("inf"):
+            return value
+        logger.warning("ignoring %s=%r: not a positive number", name, raw)
+        return fallback
+
+    return ReplayBudget(int(read("PARITY_REPLAY_MEMORY_BYTES", default.memory_bytes)),
+                        read("PARITY_REPLAY_CALL_SECONDS", default.call_seconds),
+                        read("PARITY_REPLAY_SECONDS", default.total_seconds))  # fmt: skip
 
 
 def tensor_limits(environ: Mapping[str, str] = os.environ) -> TensorLimits:

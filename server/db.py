@@ -90,6 +90,20 @@ class Database:
         with self._write_sessions() as session, session.begin():
             yield session
 
+    def checkpoint(self) -> None:
+        """On SQLite, move the WAL into the database and truncate it, so the next transaction writes its
+        WAL from the start (a delete in batches then needs the space of one batch, not of all); a no-op
+        elsewhere, and where a reader holds the WAL (the next batch then waits for it)."""
+        if self.dialect != "sqlite":
+            return
+        raw = self.write_engine.raw_connection()
+        try:
+            raw.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except Exception as exc:  # noqa: BLE001 - the driver's own error; the next write says what failed
+            logger.warning("WAL checkpoint failed: %s", exc)
+        finally:
+            raw.close()
+
     def dispose(self) -> None:
         self.read_engine.dispose()
         if self.write_engine is not self.read_engine:

@@ -19,6 +19,7 @@ from parity.server.models import (
     RunTag,
 )
 from parity.shared.incomplete import INCOMPLETE_FILE
+from parity.shared.naming import skeleton
 from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
@@ -66,6 +67,19 @@ class RunRepository:
         if project is not None:
             stmt = stmt.where(Run.project == project)
         return list(self.session.scalars(stmt.order_by(Run.created_at, Run.id)))
+
+    def alike(self, name: str, project: str) -> list[Run]:
+        """The runs of ``project`` whose name looks like ``name`` (the same :func:`skeleton`: ``nightly`` and
+        ``nіghtly`` with a Cyrillic ``і``), oldest first; the exact name first of all when it is taken."""
+        exact = self.named(name, project)
+        if exact:
+            return exact
+        target = skeleton(name)
+        names = self.session.execute(select(Run.id, Run.name).where(Run.project == project))
+        ids = [rid for rid, other in names if skeleton(other) == target]
+        if not ids:
+            return []
+        return list(self.session.scalars(select(Run).where(Run.id.in_(ids)).order_by(Run.created_at, Run.id)))
 
     def filtered(
         self,

@@ -9,12 +9,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+if TYPE_CHECKING:
+    from parity.shared.replay.sandbox import ReplayBudget
+
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 1024**3
+#: every job has a deadline by default (issue 37): a held worker is never the queue's fate. A rank of a big
+#: compare runs minutes, not hours; a validation parses dump.json files in seconds.
+DEFAULT_JOB_TIMEOUT_S = 2 * 3600.0
+DEFAULT_VALIDATION_TIMEOUT_S = 3600.0
 
 #: ``PARITY_TOKENS`` roles: a token without one may write.
 TOKEN_ROLES = {"rw": True, "ro": False}
@@ -58,10 +65,28 @@ class Settings(BaseSettings):
         description="how long a running job stays its worker's without a renewal (renewed every third of "
         "it); a job whose worker died is claimed again once its lease has passed",
     )  # fmt: skip
-    job_timeout_seconds: float | None = Field(
-        default=None, gt=0,
-        description="a compare job still running after this many seconds fails with a message saying so "
-        "(unset: no limit)",
+    job_timeout_seconds: float = Field(
+        default=DEFAULT_JOB_TIMEOUT_S, gt=0,
+        description="a rank of a compare (its replays included) still running after this many seconds "
+        "fails with a message saying so, and its worker takes the next job",
+    )  # fmt: skip
+    validation_timeout_seconds: float = Field(
+        default=DEFAULT_VALIDATION_TIMEOUT_S, gt=0,
+        description="a run's validation still running after this many seconds leaves the run invalid, "
+        "saying so (complete it again to retry), and its worker takes the next job",
+    )  # fmt: skip
+    replay_memory_bytes: int = Field(
+        default=2 * 2**30, gt=0,
+        description="address space the float64 replay's child process may take beyond the interpreter's "
+        "and torch's own; a call that needs more is not replayed (over budget)",
+    )  # fmt: skip
+    replay_call_seconds: float = Field(
+        default=60.0, gt=0, description="CPU seconds one call's replay may take (both sides) before it is "
+        "stopped and not replayed (over budget)",
+    )  # fmt: skip
+    replay_seconds: float = Field(
+        default=600.0, gt=0, description="CPU seconds all the replays of one rank's compare may take; the "
+        "calls left when they are spent are not replayed (over budget)",
     )  # fmt: skip
     retention_days: float | None = Field(
         default=None, gt=0,
@@ -116,7 +141,8 @@ class Settings(BaseSettings):
     forwarded_allow_ips: str | None = Field(
         default=None,
         description="comma-separated addresses of the reverse proxies whose X-Forwarded-For/-Proto are "
-        "trusted (uvicorn's setting; unset: uvicorn's default, 127.0.0.1 or $FORWARDED_ALLOW_IPS)",
+        "trusted (uvicorn's forwarded_allow_ips); unset: none, every client is the address it connects "
+        "from (the wrong-token throttle counts that)",
     )  # fmt: skip
     auth_failure_limit: int = Field(
         default=10, ge=1,
@@ -151,6 +177,12 @@ class Settings(BaseSettings):
     @property
     def resolved_store_url(self) -> str:
         return self.store_url or (self.resolved_data_dir / "blobs").as_uri()
+
+    def replay_budget(self) -> ReplayBudget:
+        """What the float64 replays of one rank may spend, in the child process that runs them."""
+        from parity.shared.replay.sandbox import ReplayBudget
+
+        return ReplayBudget(self.replay_memory_bytes, self.replay_call_seconds, self.replay_seconds)
 
     def token_roles(self) -> dict[str, bool]:
         """token -> True when it may write; empty when authentication is off (``PARITY_TOKENS`` unset)."""

@@ -8,7 +8,12 @@ in URL paths (``/runs/{name}``, ``/projects/{project}/...``), log lines and file
   would otherwise never match what the user types next;
 - a ``/`` is refused: routers split paths at it, so ``DELETE /runs/a%2Fb`` could never reach the run;
 - ``.`` and ``..`` are refused: URL normalisation removes them from a path before any route sees it;
-- control characters (newlines, escapes) are refused: they would forge log lines or garble a terminal.
+- control characters (newlines, escapes) are refused: they would forge log lines or garble a terminal;
+- a name is NFKC-normalised (fullwidth ``ｎｉｇｈｔｌｙ`` is ``nightly``), and format characters (zero-width
+  space, byte-order mark, right-to-left override and the other bidi controls) are refused: each makes a
+  name that looks like another and is not;
+- two names of a project whose :func:`skeleton` is the same (``nightly`` and ``nіghtly`` with a Cyrillic
+  ``і``) are one name to the server: the second is refused as a duplicate of the first.
 
 Tags are ``KEY=VALUE`` on the command line and in the REST filter (``?tag=KEY=VALUE``, split at the first
 ``=`` and trimmed), so a key holding ``=`` or either side with surrounding spaces could never be asked for:
@@ -21,6 +26,7 @@ the field; a ``ParityError``, so the command line prints it as one line).
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 
 from parity.shared.errors import ParityError
@@ -33,6 +39,7 @@ __all__ = [
     "NameRefused",
     "check_name",
     "check_tags",
+    "skeleton",
 ]
 
 #: Longest run or project name (the database column's width).
@@ -45,6 +52,20 @@ MAX_TAGS = 64
 
 #: C0 and C1 control characters, DEL, and the Unicode line and paragraph separators.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+#: Cyrillic, Greek and other letters drawn as a Latin one (the common part of Unicode's confusables.txt
+#: for names typed in Latin script): a name's skeleton spells them in Latin.
+_LOOKALIKES = str.maketrans(
+    "АВЕЅІЈКМНОРСТХУаеһіјорсхуѕԁԛԝӏɡΑΒΕΖΗΙΚΜΝΟΡΤΥΧαοτνιρ",
+    "ABESIJKMHOPCTXYaehijopcxysdqwlgABEZHIKMNOPTYXaotvip",
+)
+
+
+def skeleton(name: str) -> str:
+    """What ``name`` looks like: NFKC-normalised, look-alike letters spelled in Latin; two names with the
+    same skeleton are one name to a reader (and so to the duplicate check)."""
+    return unicodedata.normalize("NFKC", name).translate(_LOOKALIKES)
 
 
 class NameRefused(ParityError, ValueError):
@@ -67,11 +88,17 @@ def _one_line(text: str, field: str, what: str = "") -> None:
 
 
 def check_name(value: object, field: str = "name") -> str:
-    """``value`` trimmed, when it is a name a route can address; else :class:`NameRefused` for ``field``."""
+    """``value`` trimmed and NFKC-normalised, when it is a name a route can address; else
+    :class:`NameRefused` for ``field``."""
     if not isinstance(value, str):
         raise NameRefused(field, f"must be a string, got {type(value).__name__}")
     _one_line(value, field)  # before trimming: a stray newline is a mistake to show, not to hide
-    name = value.strip()
+    for i, char in enumerate(value):
+        if unicodedata.category(char) == "Cf":
+            what = unicodedata.name(char, "unnamed")
+            raise NameRefused(field, f"holds the invisible format character U+{ord(char):04X} ({what}) at "
+                              f"position {i}; a name is what it shows")  # fmt: skip
+    name = unicodedata.normalize("NFKC", value).strip()
     if not name:
         raise NameRefused(field, "must not be empty (or only spaces)")
     if len(name) > MAX_NAME_LENGTH:

@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     for note in msprobe_flag_notes(args, form_26):
         sys.stderr.write(f"parity compare: note: {note}\n")
 
-    from parity.process_policy import collector_paused, metric_executor, tensor_limits
+    from parity.process_policy import collector_paused, metric_executor, replay_budget, tensor_limits
     from parity.shared.compare.job import run_compare
     from parity.shared.compare.options import TOP_SUSPECTS, CompareOptions
     from parity.shared.replay.text import replay_lines
@@ -311,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
             options = CompareOptions(
                 fuzzy_match=args.fuzzy_match, stack_mode=args.stack_mode, executor=executor,
                 replay_top=args.replay, tensor_limits=tensor_limits(), data_mapping=mapping,
+                replay_budget=replay_budget(),  # a crash or a runaway replay loses only its verdict
             )  # fmt: skip
             outputs = run_compare(
                 spec,

@@ -50,11 +50,12 @@ def _dump_pair(spec: object, rank: int | None) -> tuple[Path, Path]:
 
 def run(args: argparse.Namespace) -> int:
     """Check the request, replay each entry on both sides, print one verdict per entry."""
-    from parity.process_policy import tensor_limits
+    from parity.process_policy import replay_budget, tensor_limits
     from parity.shared.compare.spec import load_compare_spec
     from parity.shared.dump.naming import parse_entry
     from parity.shared.errors import CompareInputError
-    from parity.shared.replay.engine import DumpSide, replay_calls
+    from parity.shared.replay.engine import DumpSide
+    from parity.shared.replay.sandbox import replay_isolated
     from parity.shared.report.summary import json_safe
 
     for entry in args.entries:
@@ -66,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     unknown = [e for e in args.entries if e not in known]
     if unknown:
         raise CompareInputError(f"{args.input_path}: no entry {', '.join(unknown)} in either dump.json")
-    verdicts = replay_calls(npu_dump, bench_dump, args.entries, limits=tensor_limits())
+    # in a child process: a crash or a runaway kernel loses only that call's verdict
+    verdicts = replay_isolated(npu_dump, bench_dump, args.entries, budget=replay_budget(),
+                               limits=tensor_limits())  # fmt: skip
     out = sys.stdout
     if args.as_json:
         out.write(json.dumps(json_safe([v.as_dict() for v in verdicts]), indent=2) + "\n")

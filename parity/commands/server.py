@@ -30,10 +30,17 @@ def run(args: argparse.Namespace) -> int:
     # One process: the job pool lives in it, and uvicorn's --workers would start one pool per process.
     # On SIGTERM, requests still running after the grace are cut off (an uploader resumes its file) rather
     # than holding the shutdown open without bound.
-    # Behind a reverse proxy on another host, PARITY_FORWARDED_ALLOW_IPS names it: only then are its
-    # X-Forwarded-For (the address the sign-in throttle counts) and X-Forwarded-Proto (https: Secure
-    # cookies) believed. Unset: uvicorn's default, 127.0.0.1 (or $FORWARDED_ALLOW_IPS).
+    trusted = trusted_proxies(settings.forwarded_allow_ips)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, proxy_headers=True,
-                forwarded_allow_ips=settings.forwarded_allow_ips)  # fmt: skip
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, proxy_headers=trusted is not None,
+                forwarded_allow_ips=trusted)  # fmt: skip
     return 0
+
+
+def trusted_proxies(forwarded_allow_ips: str | None) -> str | None:
+    """The proxies uvicorn is to believe (None: none, its proxy headers off). A reverse proxy's
+    ``X-Forwarded-For`` (the address the wrong-token throttle counts) and ``X-Forwarded-Proto`` (https:
+    Secure cookies) are believed only from those ``PARITY_FORWARDED_ALLOW_IPS`` names: uvicorn's own
+    default trusts 127.0.0.1, so any process on the server's host could claim a new address per guess."""
+    trusted = (forwarded_allow_ips or "").strip()
+    return trusted or None

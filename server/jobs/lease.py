@@ -77,6 +77,7 @@ class Lease:
         what: str,
         why_lost: str,
         timeout: float | None = None,
+        timeout_kind: str = "comparison",
         expire: Callable[[str], None] | None = None,
         alive: Callable[[], bool] | None = None,
         hard_stop: bool = False,
@@ -85,7 +86,7 @@ class Lease:
         self.seconds = seconds
         self.what = what  # for the log: "comparison C rank R", "validation of run R"
         self.why_lost = why_lost
-        self.deadline = Deadline(timeout)
+        self.deadline = Deadline(timeout, timeout_kind)
         self.lost = threading.Event()
         self._renew, self._expire, self._alive = renew, expire, alive
         self.hard_stop, self._stop_process = hard_stop, stop_process

@@ -1,7 +1,8 @@
 """What bounds a compare job and what it may tell its readers, apart from how jobs are claimed and run.
 
-* :class:`Deadline`: ``PARITY_JOB_TIMEOUT_SECONDS`` as a point in time the runner checks between units of
-  work, and its lease thread watches, so a job is failed at its deadline even inside one long unit.
+* :class:`Deadline`: ``PARITY_JOB_TIMEOUT_SECONDS`` (a rank) or ``PARITY_VALIDATION_TIMEOUT_SECONDS`` (a
+  run's validation) as a point in time the runner checks between units of work, and its lease thread
+  watches, so a job is failed at its deadline even inside one long unit.
 * :func:`redact_paths`: a job's error without the server's folders (readers of the API see the error; the
   log keeps the full text).
 
@@ -24,14 +25,25 @@ __all__ = ["Deadline", "JobTimeout", "redact_paths"]
 
 
 class JobTimeout(ServiceError):
-    """The job ran past ``PARITY_JOB_TIMEOUT_SECONDS``."""
+    """The job ran past its deadline (``PARITY_JOB_TIMEOUT_SECONDS``, ``..._VALIDATION_TIMEOUT_SECONDS``)."""
+
+
+#: what a job past its deadline says, by the kind of job: (the setting that set it, what to do)
+_ADVICE = {
+    "comparison": ("PARITY_JOB_TIMEOUT_SECONDS",
+                   "compare fewer ranks or steps, or ask the operator to raise the limit"),
+    "validation": ("PARITY_VALIDATION_TIMEOUT_SECONDS",
+                   "complete the run again to retry, or ask the operator to raise the limit"),
+}  # fmt: skip
 
 
 class Deadline:
-    """``timeout`` seconds from now, or never (None)."""
+    """``timeout`` seconds from now, or never (None); ``kind``: the job's (``comparison``, ``validation``),
+    for its message."""
 
-    def __init__(self, timeout: float | None) -> None:
+    def __init__(self, timeout: float | None, kind: str = "comparison") -> None:
         self.timeout = timeout
+        self.kind = kind
         self.at = time.monotonic() + timeout if timeout is not None else None
 
     def passed(self) -> bool:
@@ -42,8 +54,8 @@ class Deadline:
         return pause if self.at is None else max(0.0, min(pause, self.at - time.monotonic()))
 
     def message(self) -> str:
-        return (f"comparison ran longer than PARITY_JOB_TIMEOUT_SECONDS={self.timeout:g} s and was stopped; "
-                "compare fewer ranks or steps, or ask the operator to raise the limit")  # fmt: skip
+        setting, advice = _ADVICE[self.kind]
+        return f"{self.kind} ran longer than {setting}={self.timeout:g} s and was stopped; {advice}"
 
     def check(self) -> None:
         if self.passed():

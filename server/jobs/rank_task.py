@@ -31,6 +31,7 @@ from parity.server.store import BlobStore, comparison_key
 from parity.shared.compare.call_records import call_records
 from parity.shared.compare.slices import CallSlice
 from parity.shared.dump.layout import DUMP_JSON, rank_dir_name, step_dir_name
+from parity.shared.replay.sandbox import ReplayBudget
 from parity.shared.tensor_io import TensorLimits
 from sqlalchemy.orm import Session
 
@@ -62,9 +63,11 @@ class RankTask:
 
     def __init__(self, db: Database, store: BlobStore, tmp_root: Path,
                  claim_following: Callable[[Session], Claimed | None] | None = None,
-                 tensor_limits: TensorLimits | None = None) -> None:  # fmt: skip
+                 tensor_limits: TensorLimits | None = None,
+                 replay_budget: ReplayBudget | None = None) -> None:  # fmt: skip
         self.db, self.store, self._tmp_root = db, store, tmp_root
         self.tensor_limits = tensor_limits  # the server's settings, read at its edge
+        self.replay_budget = replay_budget  # the replays run in a child process under it
         self.claim_following = claim_following
         self.following: Claimed | None = None
 
@@ -91,6 +94,7 @@ class RankTask:
             fuzzy_match=bool(options.get("fuzzy_match", False)),
             stack_mode=bool(options.get("stack_mode", False)),
             tensor_limits=self.tensor_limits,
+            replay_budget=self.replay_budget,
             mixed_tasks=True,  # a tensor run against a statistics baseline: compared in statistics mode
             # no executor: the backend runs one task per worker slot, so each computes its metrics itself
         )
@@ -206,4 +210,5 @@ class RankTask:
         # the replay of the rank's top suspects reads their tensor files: fetch those this slice lacks
         return finish_rank(pair, parts, xlsx_path=xlsx, advisor_path=advisor, replay_top=options.replay_top,
                            stage_files=files.stage, progress=lease.progress,
-                           tensor_limits=options.tensor_limits)  # fmt: skip
+                           tensor_limits=options.tensor_limits,
+                           replay_budget=options.replay_budget)  # fmt: skip

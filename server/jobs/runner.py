@@ -30,7 +30,7 @@ from parity.server.jobs.rank_store import finish_failed
 from parity.server.jobs.rank_task import Claimed, RankTask, is_parity_error
 from parity.server.jobs.staging import tmp_root
 from parity.server.jobs.timeline import Timeline
-from parity.server.jobs.validation_task import ValidationTask
+from parity.server.jobs.validation_task import ValidationTask, record_outcome
 from parity.server.models import Job, utcnow
 from parity.server.settings import Settings
 from parity.server.store import open_store
@@ -67,7 +67,8 @@ class TaskRunner:
         self.cache = worker_cache(settings, self.store)
         limits = TensorLimits(settings.max_tensor_file_bytes, settings.max_tensor_elements)
         self.ranks = RankTask(self.db, self.store, tmp_root(self.store, settings),
-                              self._claim_following if pull_next else None, tensor_limits=limits)  # fmt: skip
+                              self._claim_following if pull_next else None, tensor_limits=limits,
+                              replay_budget=settings.replay_budget())  # fmt: skip
         self.validations = ValidationTask(settings, self.db, self.store, self.cache, queue or NullQueue(),
                                           self.worker)  # fmt: skip
 
@@ -169,7 +170,8 @@ class TaskRunner:
             logger.exception("%s: its failure could not be recorded", what)
 
     def _lease(self, job_id: JobId, attempt: int, what: str, *, rank: bool) -> Lease:
-        timeout = self.settings.job_timeout_seconds if rank else None  # a validation has no deadline
+        settings = self.settings
+        timeout = settings.job_timeout_seconds if rank else settings.validation_timeout_seconds
         lease_s, hard = self.settings.job_lease_seconds, self.hard_stop
         return job_lease(self.db, job_id, attempt, lease_s, what=what, timeout=timeout, hard_stop=hard)
 
@@ -177,7 +179,8 @@ class TaskRunner:
 def job_lease(db: Database, job_id: JobId, attempt: int, seconds: float, *, what: str | None = None,
               timeout: float | None = None, hard_stop: bool = False) -> Lease:  # fmt: skip
     """The heartbeat of a claimed job: renews its lease (and a rank's progress) in one UPDATE, and reads
-    every half second whether the attempt still holds the job; a rank job past ``timeout`` is failed."""
+    every half second whether the attempt still holds the job; a job past ``timeout`` is failed (a rank
+    with its error, a validation's run ``invalid`` saying so), and the queue moves on."""
     rank = validated_run(job_id) is None
 
     def renew(until: datetime, progress: float) -> bool:
@@ -193,12 +196,16 @@ def job_lease(db: Database, job_id: JobId, attempt: int, seconds: float, *, what
         return found is not None and found[0] == attempt and found[1] in ("running", "succeeded", "skipped")
 
     def expire(message: str) -> None:
+        run_id = validated_run(job_id)
+        if run_id is not None:
+            record_outcome(db, run_id, attempt, message)
+            return
         comparison_id, rank_, slice_ = parse_task_id(job_id)
         finish_failed(db, comparison_id, rank_, attempt, message, slice_=slice_)
 
     return Lease(renew, seconds, what=what or f"job {job_id}", alive=alive, hard_stop=hard_stop,
-                 why_lost=f"attempt {attempt} no longer holds the job", timeout=timeout if rank else None,
-                 expire=expire if rank else None)  # fmt: skip
+                 why_lost=f"attempt {attempt} no longer holds the job", timeout=timeout,
+                 timeout_kind="comparison" if rank else "validation", expire=expire)  # fmt: skip
 
 
 def _rank_label(job_id: JobId) -> str:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from parity.server.db import Database
-from parity.server.errors import Conflict, NotFound, Unprocessable
+from parity.server.errors import NotFound, Unprocessable
 from parity.server.models import ApiAcceptance, Comparison, ComparisonCall, Run, RunFile, RunTag, utcnow
-from parity.server.repositories import RunRepository, serialize_on
+from parity.server.repositories import RunRepository
 from parity.server.schemas import (
     AcceptanceCreate,
     AcceptancePublic,
@@ -40,7 +40,7 @@ from parity.server.schemas import (
     RunUpdate,
 )
 from parity.server.services.comparisons import ComparisonService
-from parity.server.services.runs import RunService, resolve_run
+from parity.server.services.runs import RunService, refuse_taken_name, resolve_run
 from parity.shared.compare.localization import forward_of, user_frame
 from parity.shared.dump.layout import STACK_JSON, stored_prefix
 from parity.shared.dump.reader import load_stack
@@ -100,11 +100,7 @@ class BaselineService:
             if body.name is not None and body.name != run.name:
                 # Names are unique in a project (RunService.create): a rename must not bring back the
                 # ambiguity that made ``compare-runs NAME`` fail.
-                serialize_on(session, f"run-name\0{run.project}\0{body.name}")
-                taken = RunRepository(session).named(body.name, run.project)
-                if taken:
-                    raise Conflict(f"name: project {run.project!r} already has a run named {body.name!r} "
-                                   f"({taken[-1].id}); names are unique in a project")  # fmt: skip
+                refuse_taken_name(session, run.project, body.name, "choose another name", renamed=run_id)
                 run.name = body.name
             if body.tags is not None:
                 run.tags = dict(body.tags)

@@ -2,23 +2,32 @@
 show: statistics runs, their comparison, the tensor re-dump it planned, that re-dump's comparisons.
 
 The plan itself is ``parity.shared.plan`` (the same code ``parity plan`` runs on a summary file): this module
-hands it the comparison's summary document and the target run's stored dump.json of each rank it asks for,
-which the neighbours (calls that fed a suspect or read its output) are read from.
+hands it the comparison's summary document and, for each rank it asks for, the data flow of the target run's
+dump (the neighbours: calls that fed a suspect or read its output). That flow is read from the columns the
+validation stored beside the dump.json (its sidecar), never from the dump.json itself (issue 37: eight plans
+of an 86 MB dump parsed it eight times in the API process, 3.9 GiB, ``/healthz`` 18 s), and kept for the
+next request: one build at a time, the last ``FLOW_CACHE`` flows kept.
 """
 
 from __future__ import annotations
 
-import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parity.server.errors import ServiceError, Unprocessable
 from parity.server.models import Run
 from parity.server.repositories import ComparisonRepository, RunRepository
 from parity.server.schemas import ComparisonPublic, PlanCallPublic, PlanPublic, RunPublic
+from parity.server.store import BlobStore, sidecar_key
 from parity.shared.dump.layout import DUMP_JSON, stored_prefix
+from parity.shared.dump.sidecar import decode_sidecar
+from parity.shared.errors import DumpError
 from parity.shared.plan import PlanError, make_plan
+from parity.shared.plan.dataflow import DataFlow
 from sqlalchemy import select
 
 if TYPE_CHECKING:
@@ -40,10 +49,7 @@ def comparison_plan(service: ComparisonService, comparison_id: str, *, top: int,
 
     def load_dump(rank: int | None, _npu_path: str | None) -> Mapping[str, Any] | None:
         key = blobs.get(f"{stored_prefix(step or 0, rank or 0)}/{DUMP_JSON}")
-        if key is None or not service.store.exists(key):
-            return None
-        document = json.loads(b"".join(service.store.iter_bytes(key)))
-        return document if isinstance(document, dict) else None
+        return stored_flow(service.store, key) if key is not None else None
 
     try:
         plan = make_plan(summary, top=top, neighbours=neighbours, step=step, load_dump=load_dump,
@@ -53,6 +59,36 @@ def comparison_plan(service: ComparisonService, comparison_id: str, *, top: int,
     calls = [PlanCallPublic(api=c.api, rank=c.rank, role=c.role, score=c.score) for c in plan.calls]
     return PlanPublic(comparison_id=comparison_id, calls=calls, config=plan.config() if plan.calls else None,
                       notes=plan.notes)  # fmt: skip
+
+
+#: how many dumps' flows the API process keeps (each a few bytes per call edge; the columns are dropped)
+FLOW_CACHE = 16
+_flows: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_flows_lock = threading.Lock()
+
+
+def stored_flow(store: BlobStore, blob: str) -> dict[str, Any] | None:
+    """``{"level", "data": DataFlow}`` of the dump.json stored at ``blob``, from its sidecar (None: none
+    stored, or of an earlier format; the plan then says the dump is not at hand). Built by one request at a
+    time, so concurrent plans of one big dump wait for the first instead of each holding its columns."""
+    with _flows_lock:
+        found = _flows.get(blob)
+        if found is not None:
+            _flows.move_to_end(blob)
+            return found
+        key = sidecar_key(blob)
+        if not store.exists(key):
+            return None
+        try:
+            dump = decode_sidecar(b"".join(store.iter_bytes(key)), Path(blob))  # the path names it in errors
+        except DumpError:  # StaleSidecar included: an earlier format, not re-parsed here
+            return None
+        found = {"level": dump.level, "data": DataFlow.from_columns(dump.columns)}
+        del dump
+        _flows[blob] = found
+        while len(_flows) > FLOW_CACHE:
+            _flows.popitem(last=False)
+        return found
 
 
 @dataclass(frozen=True)

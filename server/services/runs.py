@@ -24,14 +24,17 @@ from parity.server.errors import (
 )
 from parity.server.job_repository import JobRepository
 from parity.server.jobs.base import JobQueue, NullQueue
-from parity.server.models import Run, RunFile, RunTag, utcnow
+from parity.server.models import ComparisonCall, ComparisonRow, Run, RunFile, RunTag, utcnow
 from parity.server.repositories import RunRepository, RunStats, serialize_on
 from parity.server.schemas import FilePublic, FilesPublic, RunCreate, RunPublic, RunsPublic
 from parity.server.services.paths import check_sha256, check_upload_path
-from parity.server.store import BlobStore, run_key, upload_key
+from parity.server.store import BlobStore, comparison_key, run_key, upload_key
 from parity.shared.contract import split_tag
 from parity.shared.dump.layout import DUMP_JSON, stored_prefix
+from parity.shared.naming import skeleton
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,44 @@ def listing(items: Sequence[str]) -> str:
     """``items`` joined for a one-line message, the first :data:`LISTED_IDS` of them."""
     more = f" and {len(items) - LISTED_IDS} more" if len(items) > LISTED_IDS else ""
     return ", ".join(items[:LISTED_IDS]) + more
+
+
+#: rows a batch of a delete on a full disk removes: its WAL (a page per ~10 rows) fits in a small reserve
+DELETE_BATCH_ROWS = 2000
+
+
+def delete_rows_in_batches(db: Database, comparison_id: str) -> None:
+    """Delete a comparison's rows and calls a batch at a time, checkpointing the WAL between batches: on a
+    full disk one transaction deleting 42,240 rows needed 8 MB of WAL that the disk did not have. Only the
+    comparison being deleted loses rows; its own row goes with the run's delete after."""
+    db.checkpoint()  # the WAL from the start: the space the removed blobs left is the batches' room
+    for model, order in ((ComparisonRow, ComparisonRow.idx), (ComparisonCall, ComparisonCall.seq)):
+        while True:
+            with db.write() as session:
+                keys = session.execute(select(model.rank, order).where(model.comparison_id == comparison_id)
+                                       .limit(DELETE_BATCH_ROWS)).all()  # fmt: skip
+                if not keys:
+                    break
+                for rank in {r for r, _ in keys}:
+                    numbers = [n for r, n in keys if r == rank]
+                    session.execute(delete(model).where(model.comparison_id == comparison_id,
+                                                        model.rank == rank, order.in_(numbers)))  # fmt: skip
+            db.checkpoint()
+
+
+def refuse_taken_name(session: Session, project: str, name: str, advice: str, *, renamed: str | None = None
+                      ) -> None:  # fmt: skip
+    """:class:`Conflict` when ``project`` has a run called ``name`` or a look-alike of it (the same
+    :func:`~parity.shared.naming.skeleton`), other than the run ``renamed``; names are unique in a project so
+    that ``compare-runs NAME`` is never ambiguous, to the eye either. Concurrent creates of one name (or of
+    two look-alikes) are made to take turns first."""
+    serialize_on(session, f"run-name\0{project}\0{skeleton(name)}")
+    taken = [t for t in RunRepository(session).alike(name, project) if t.id != renamed]
+    if taken:
+        t = taken[-1]
+        alike = "" if t.name == name else f" (which {name!r} looks like)"
+        raise Conflict(f"name: project {project!r} already has a run named {t.name!r}{alike} ({t.id}, "
+                       f"{t.status}); names are unique in a project: {advice}")  # fmt: skip
 
 
 def resolve_run(repo: RunRepository, ref: str, *, project: str | None = None, field: str | None = None,
@@ -133,15 +174,8 @@ class RunService:
             auto_compare=body.auto_compare, baseline=False, planned_by=body.planned_by,
         )  # fmt: skip
         with self.db.write() as session:
-            serialize_on(session, f"run-name\0{body.project}\0{body.name}")
-            taken = RunRepository(session).named(body.name, body.project)
-            if taken:
-                t = taken[-1]
-                raise Conflict(
-                    f"name: project {body.project!r} already has a run named {body.name!r} ({t.id}, "
-                    f"{t.status}); names are unique in a project: resume that run's upload, delete it, or "
-                    "choose another name"
-                )
+            refuse_taken_name(session, body.project, body.name,
+                              "resume that run's upload, delete it, or choose another name")  # fmt: skip
             session.add(run)
             session.flush()
             session.add_all(RunTag(run_id=run.id, key=k, value=v) for k, v in body.tags.items())
@@ -184,28 +218,51 @@ class RunService:
         those comparisons' ids. Without it, a run that comparisons use is a 409 that lists them: deleting
         someone's reports must be asked for, not a side effect.
 
-        On a full disk the database may refuse even a delete (SQLite writes its WAL first): the reserve is
-        given up and the delete tried once more, so that space can always be freed through the API.
+        On a full disk the database may refuse even a delete (SQLite writes its WAL first, a page per page
+        of rows deleted: 8 MB for a comparison of 42,240 rows): the reserve is given up and the delete tried
+        once more; if the database still cannot grow, the blobs the delete removes (the run's files, its
+        comparisons' reports) are removed first and the rows after, in the space they left. Space can
+        always be freed through the API, also after a restart (the reserve is not laid again on a full disk).
         """
         try:
             return self._delete(ref, with_comparisons)
         except Exception as exc:
-            if not is_storage_full(exc) or self.reserve is None or not self.reserve.release():
+            if not is_storage_full(exc):
                 raise
+        if self.reserve is not None and self.reserve.release():
+            try:
+                return self._delete(ref, with_comparisons)
+            except Exception as exc:
+                if not is_storage_full(exc):
+                    raise
+        with self.db.read() as session:
+            run_id, comparison_ids = self._deletable(RunRepository(session), ref, with_comparisons)
+        logger.warning("storage is full: run %s's blobs removed before its rows, so that the database can "
+                       "record the delete", run_id)  # fmt: skip
+        self.store.delete_prefix(run_key(run_id))
+        for cid in comparison_ids:
+            self.store.delete_prefix(comparison_key(cid))
+        for cid in comparison_ids:  # the big tables in batches, each one's WAL given back before the next
+            delete_rows_in_batches(self.db, cid)
         return self._delete(ref, with_comparisons)
+
+    def _deletable(self, repo: RunRepository, ref: str, with_comparisons: bool, *,
+                   for_update: bool = False) -> tuple[str, list[str]]:  # fmt: skip
+        """The run's id and its comparisons' ids, once it may be deleted (409 otherwise)."""
+        run = self._require(repo, ref, for_update=for_update)
+        comparison_ids = repo.comparison_ids(run.id)
+        if comparison_ids and not with_comparisons:
+            raise Conflict(
+                f"run {run.id} ({run.name}) is used by {len(comparison_ids)} comparison(s): "
+                f"{listing(comparison_ids)}; deleting the run deletes them and their reports too: ask "
+                "again with with_comparisons=true"
+            )
+        return run.id, comparison_ids
 
     def _delete(self, ref: str, with_comparisons: bool) -> list[str]:
         with self.db.write() as session:
             repo = RunRepository(session)
-            run = self._require(repo, ref, for_update=True)
-            run_id = run.id
-            comparison_ids = repo.comparison_ids(run_id)
-            if comparison_ids and not with_comparisons:
-                raise Conflict(
-                    f"run {run_id} ({run.name}) is used by {len(comparison_ids)} comparison(s): "
-                    f"{listing(comparison_ids)}; deleting the run deletes them and their reports too: ask "
-                    "again with with_comparisons=true"
-                )
+            run_id, comparison_ids = self._deletable(repo, ref, with_comparisons, for_update=True)
             repo.delete(run_id)
         self.store.delete_prefix(run_key(run_id))
         logger.info("run %s deleted with %d comparisons", run_id, len(comparison_ids))

@@ -35,8 +35,9 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
+from parity.shared.compare.foreach import CallList, pair_foreach
 from parity.shared.compare.mapping import BASIS_MAPPED, RowMapping
-from parity.shared.compare.module_scopes import CallModules, Modules, module_scopes, split_by_scope
+from parity.shared.compare.module_scopes import CallModules, GapRange, Modules, module_scopes, split_by_scope
 from parity.shared.compare.pairing import FLOAT_FAMILY, Pairing, fuzzy_entry_name, pair_exact, pair_fuzzy
 from parity.shared.compare.rows import SideRows
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
@@ -44,6 +45,7 @@ from parity.shared.dump.naming import FORWARD, parse_entry
 
 __all__ = [
     "BASIS_ALIGNED",
+    "BASIS_FOREACH",
     "BASIS_GAP",
     "BASIS_MAPPED",
     "BASIS_NAME",
@@ -57,6 +59,7 @@ __all__ = [
 
 BASIS_NAME = "name"  # paired with the bench row of the same name
 BASIS_ALIGNED = "aligned"  # paired by the alignment with a bench row of another name
+BASIS_FOREACH = "foreach"  # an element of a foreach call, paired with the per-parameter call it stands for
 BASIS_GAP = "gap"  # a row of a gap: a boundary tensor paired across it, or one of its internal rows
 #: The state of a gap's internal rows (neither an input nor an output of the gap): not judged.
 STATE_GAP = "gap"
@@ -150,10 +153,12 @@ def _keys(rows: SideRows, calls: _Calls,
     cols = rows.columns
     fine: list[tuple[Any, ...]] = []
     kinds = [fuzzy_entry_name(name) for name in calls.names]
+    canonical: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # one tuple per distinct key: calls repeat
     for kind, start, stop, scope in zip(kinds, calls.starts, calls.stops, scopes, strict=True):
         sig = tuple((cols.states[r][:1], cols.shapes[r], _family(cols.dtypes[r]))
                     for r in range(start, stop) if cols.is_tensor[r])  # fmt: skip
-        fine.append((kind, sig, scope))
+        key = (kind, sig, scope)
+        fine.append(canonical.setdefault(key, key))
     return fine, kinds, [_op(name) for name in calls.names]
 
 
@@ -344,7 +349,9 @@ def _vkey(rows: SideRows, r: int) -> tuple[Any, ...] | None:
     if not cols.is_tensor[r]:
         return None
     stats = cols.stats_of(r)
-    if any(isinstance(s, float) and math.isnan(s) for s in stats) or all(s is None for s in stats):
+    high, low, mean, norm = stats  # x != x: NaN only (None, ints and text equal themselves); no generators
+    unknown = high != high or low != low or mean != mean or norm != norm  # noqa: PLR0124 - the NaN test
+    if unknown or (high is None and low is None and mean is None and norm is None):
         if cols.md5s[r] is None:
             return None
     return (cols.shapes[r], cols.dtypes[r], stats, cols.md5s[r])
@@ -357,8 +364,10 @@ class _Values:
         self.rows = rows
         self.keys: list[tuple[Any, ...] | None] = [_vkey(rows, r) for r in range(len(rows))]
         self.where: dict[tuple[Any, ...], list[int]] = {}
+        canonical: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # one tuple per value: rows repeat values
         for r, key in enumerate(self.keys):
             if key is not None:
+                self.keys[r] = key = canonical.setdefault(key, key)
                 self.where.setdefault(key, []).append(r)
 
 
@@ -417,34 +426,69 @@ def _boundary(side: _Side, values: _Values, lo: int, hi: int) -> tuple[list[int]
     return inputs, outputs, internal
 
 
-def _provenance(values: _Values, r: int, index: Sequence[int], lo_row: int, hi_row: int,
-                before: bool) -> int:  # fmt: skip
-    """The bench partner of the nearest paired target row outside ``[lo_row, hi_row)`` holding row
-    ``r``'s value: before the gap for an input, after it for an output; -1 if none."""
-    key = values.keys[r]
-    where = values.where.get(key) if key is not None else None
-    if not where:
+class _Provenance:
+    """The bench partner of the nearest paired target row outside a gap holding a row's value: before the
+    gap for an input, after it for an output; -1 if none.
+
+    Walking a value's rows one by one was quadratic where many rows share a value (issue 37: 102 s of CPU
+    at 12,240 calls a side). Exact for the order :func:`align_rows` asks in, gaps left to right: the rows
+    before a gap are final by then, so a value's cursor moves forward once over them (amortised O(1)); the
+    rows after it hold only the pairs made before any gap, found by bisection in the list of those."""
+
+    def __init__(self, values: _Values, index: Sequence[int]) -> None:
+        self.values, self.index = values, index
+        self._cursor: dict[Any, tuple[int, int]] = {}  # key -> (positions scanned, last partner among them)
+        self._paired: dict[Any, list[int]] = {}  # key -> positions in where[key] paired when first asked
+
+    def partner(self, r: int, lo_row: int, hi_row: int, before: bool) -> int:
+        key = self.values.keys[r]
+        where = self.values.where.get(key) if key is not None else None
+        if not where:
+            return -1
+        index = self.index
+        if before:
+            stop = bisect.bisect_left(where, lo_row)
+            pos, last = self._cursor.get(key, (0, -1))
+            for k in range(pos, stop):
+                if index[where[k]] >= 0:
+                    last = index[where[k]]
+            if stop > pos:
+                self._cursor[key] = (stop, last)
+            return last if stop >= pos else self._walk_back(where, stop)
+        paired = self._paired.get(key)
+        if paired is None:
+            paired = self._paired[key] = [k for k, row in enumerate(where) if index[row] >= 0]
+        k = bisect.bisect_left(paired, bisect.bisect_left(where, hi_row))
+        return index[where[paired[k]]] if k < len(paired) else -1
+
+    def _walk_back(self, where: Sequence[int], stop: int) -> int:
+        """Asked out of order (before a row the cursor passed): the walk itself."""
+        for k in range(stop - 1, -1, -1):
+            if self.index[where[k]] >= 0:
+                return self.index[where[k]]
         return -1
-    if before:
-        k = bisect.bisect_left(where, lo_row) - 1
-        while k >= 0:
-            if index[where[k]] >= 0:
-                return index[where[k]]
-            k -= 1
-        return -1
-    k = bisect.bisect_left(where, hi_row)
-    while k < len(where):
-        if index[where[k]] >= 0:
-            return index[where[k]]
-        k += 1
-    return -1
 
 
-def _same_value_near(values: _Values, key: tuple[Any, ...] | None, at: int, paired: Set[int]) -> int:
+class _PairedRows:
+    """The bench rows of calls both sides make (``rows``), and by value the sorted ones holding it, each
+    list filtered once (issue 37: filtering it per look-up was quadratic where many rows share a value)."""
+
+    def __init__(self, values: _Values, rows: Set[int]) -> None:
+        self.values, self.rows = values, rows
+        self._where: dict[tuple[Any, ...], list[int]] = {}
+
+    def where(self, key: tuple[Any, ...]) -> list[int]:
+        found = self._where.get(key)
+        if found is None:
+            found = self._where[key] = [r for r in self.values.where.get(key, ()) if r in self.rows]
+        return found
+
+
+def _same_value_near(key: tuple[Any, ...] | None, at: int, paired: _PairedRows) -> int:
     """The paired bench row holding the value ``key`` nearest to row ``at``, after it first (the call that
     reads it there: a parameter the target's gap casts before its first use); -1 if none. Only rows of calls
     both sides make count: a tensor only the bench's own gap reads says nothing of where the target's went."""
-    where = [r for r in values.where.get(key, ()) if r in paired] if key is not None else []
+    where = paired.where(key) if key is not None else []
     if not where:
         return -1
     k = bisect.bisect_left(where, at)
@@ -479,8 +523,8 @@ def _closest(t_rows: SideRows, r: int, b_rows: SideRows, buckets: dict[tuple[Any
     return best
 
 
-def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, gap: tuple[int, int, int, int],
-              index: list[int], aligned: Aligned, number: int, paired: Set[int]) -> None:  # fmt: skip
+def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, provenance: _Provenance, gap: GapRange,
+              index: list[int], aligned: Aligned, number: int, paired: _PairedRows) -> None:  # fmt: skip
     """Pair the boundary tensors of one gap, mark its internal rows, and its rows' gap and call."""
     lo, hi, blo, bhi = gap
     t_in, t_out, t_internal = _boundary(t, tv, lo, hi)
@@ -504,7 +548,7 @@ def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, gap: tuple[int, int,
         used: set[int] = set()
         unpaired = []
         for r in rows_t:  # provenance first: the same tensor as a paired one outside the gap
-            partner = _provenance(tv, r, index, lo_row, hi_row, before)
+            partner = provenance.partner(r, lo_row, hi_row, before)
             if partner >= 0:
                 partner = own.get(bv.keys[partner], partner)
                 index[r] = partner
@@ -528,7 +572,7 @@ def _pair_gap(t: _Side, b: _Side, tv: _Values, bv: _Values, gap: tuple[int, int,
             at = b.calls.starts[blo] if blo < len(b.calls.starts) else len(b.rows)
             rest = []
             for r in unpaired:
-                partner = _same_value_near(bv, tv.keys[r], at, paired)
+                partner = _same_value_near(tv.keys[r], at, paired)
                 if partner >= 0:
                     index[r] = partner
                 else:
@@ -564,14 +608,16 @@ def align_rows(npu: SideRows, bench: SideRows, *, sites: Sites | None = None,
         _paired_rows(t, b, x, y, index, aligned.basis)
     gaps = [part for gap in _gaps(pairs, len(t.calls.names), len(b.calls.names))
             for part in split_by_scope(gap, t.modules.scopes, b.modules.scopes)]
+    gaps = _pair_foreach_gaps(t, b, gaps, index, aligned.basis)
     if gaps:
         tv, bv = _Values(npu), _Values(bench)
-        paired = {j for j in index if j >= 0}  # the bench rows of calls both sides make
+        provenance = _Provenance(tv, index)
+        paired = _PairedRows(bv, {j for j in index if j >= 0})  # the bench rows of calls both sides make
         for number, gap in enumerate(gaps):
             lo, hi, blo, bhi = gap
             aligned.gaps.append(Gap(tuple(t.calls.names[lo:hi]), tuple(b.calls.names[blo:bhi])))
             if hi > lo and max(hi - lo, bhi - blo) <= MAX_GAP_CALLS:
-                _pair_gap(t, b, tv, bv, gap, index, aligned, number, paired)
+                _pair_gap(t, b, tv, bv, provenance, gap, index, aligned, number, paired)
                 continue
             for k in range(lo, hi):
                 for r in range(t.calls.starts[k], t.calls.stops[k]):
@@ -582,6 +628,24 @@ def align_rows(npu: SideRows, bench: SideRows, *, sites: Sites | None = None,
     used = set(index)
     bench_only = [j for j in range(len(bench)) if j not in used]
     return Pairing(index, bench_only), aligned
+
+
+def _pair_foreach_gaps(t: _Side, b: _Side, gaps: list[GapRange], index: list[int],
+                       basis: list[str]) -> list[GapRange]:  # fmt: skip
+    """Pair the rows of each gap that is an optimizer's foreach calls against its per-parameter calls
+    (``foreach``), in place; the gaps that remain."""
+    t_calls = CallList(t.calls.names, t.calls.starts, t.calls.stops, t.rows.columns.is_tensor)
+    b_calls = CallList(b.calls.names, b.calls.starts, b.calls.stops, b.rows.columns.is_tensor)
+    out: list[GapRange] = []
+    for gap in gaps:
+        found = pair_foreach(t_calls, b_calls, t.rows.names, b.rows.names, gap)
+        if found is None:
+            out.append(gap)
+            continue
+        for r, j in found.rows:
+            index[r], basis[r] = j, BASIS_FOREACH
+        out.extend(found.rest)
+    return out
 
 
 def _basis_fast(index: Sequence[int]) -> list[str]:

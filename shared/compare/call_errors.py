@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
-from parity.shared.compare.facts import F_NO_FILE, F_POSITIONS, F_SHAPE, F_STATISTICS_ONLY, RowFacts
+from parity.shared.compare.facts import (
+    F_NO_FILE,
+    F_POSITIONS,
+    F_SHAPE,
+    F_STATISTICS_ONLY,
+    F_UNINITIALISED,
+    RowFacts,
+    fill_limits,
+)
 from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.result import CompareRow, RowStatus
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS
@@ -70,30 +78,14 @@ def stats_error(npu: Sequence[float | None], bench: Sequence[float | None]) -> f
     return err
 
 
-#: A statistic this large (half its dtype's largest finite value, or infinite), equal on both sides, is a
-#: fill, not data: attention masks are float32's minimum (or -inf) on both sides, and a mask's Mean and Norm
-#: say nothing of the values it hides.
-_MASK_FRACTION = 0.5
-_FINITE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
-               "float64": 1.7976931348623157e308}  # fmt: skip
-
-
-def _mask_limits(dtypes: Sequence[str | None]) -> np.ndarray:
-    table: dict[str | None, float] = {}
-    out = np.empty(len(dtypes))
-    for i, d in enumerate(dtypes):
-        limit = table.get(d)
-        if limit is None:
-            name = d.rsplit(".", 1)[-1] if isinstance(d, str) else ""
-            limit = table[d] = _MASK_FRACTION * _FINITE_MAX.get(name, _FINITE_MAX["float32"])
-        out[i] = limit
-    return out
+#: A statistic this large, equal on both sides, is a fill, not data (``facts.fill_limits``).
+_mask_limits = fill_limits
 
 
 def statistics_errors(facts: RowFacts) -> np.ndarray:
     """Each row's relative error from its four statistics on both sides, column-wise (``stats_error``'s
     rule): NaN where neither side has a statistic. A statistic equal on both sides that is a fill value
-    (``_MASK_FRACTION``: an attention mask's float32 minimum, -inf) is no data: it sets no magnitude, and
+    (``facts.FILL_FRACTION``: an attention mask's float32 minimum, -inf) is no data: it sets no magnitude, and
     the Mean and Norm it swamps are left out of the error."""
     a, b = facts.npu.stats_array(), facts.bench.stats_array()
     na, nb = facts.npu.numeric_array(), facts.bench.numeric_array()
@@ -142,7 +134,7 @@ def row_errors(rows: Sequence[CompareRow], facts: RowFacts, mode: CompareMode) -
             err = _tensor_errors(facts, err)
     shape = facts.has(F_SHAPE)
     err = np.where(shape, np.inf, err)  # another shape: never "identical", never a gain to learn from
-    err[unknown] = np.nan
+    err[unknown | facts.has(F_UNINITIALISED)] = np.nan  # uninitialised memory: no value to judge
     return err
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "PRECISION_MIN_CALLS",
     "PRECISION_SHARE",
     "Choices",
+    "argument_difference",
     "argument_rows",
     "call_choices",
     "rewired_rows",
@@ -170,6 +171,14 @@ def _name(dtype: str | None) -> str:
     return dtype.rsplit(".", 1)[-1] if dtype else "another format"
 
 
+def argument_difference(name: str, api: str, target: Any = _MISSING, bench: Any = _MISSING) -> str | None:
+    """What an argument row of call ``api`` asks for on each side, in words (``approximate: 'tanh' vs
+    'none'``; a side that did not pass it: ``not passed``), or None where both sides asked for the same."""
+    if target is not _MISSING and bench is not _MISSING and _same(target, bench):
+        return None
+    return f"{_place_of(name, api).removeprefix('input.')}: {_value_text(target)} vs {_value_text(bench)}"
+
+
 def _value_text(value: Any) -> str:
     if value is _MISSING:
         return "not passed"
@@ -263,17 +272,20 @@ def _arguments(facts: RowFacts, cols: CallColumns, arguments: np.ndarray) -> Arg
             dtype_asked[k] = True
         target = npu.values[j]
         other = bench.values.get(j, _MISSING) if present[j] else _MISSING
-        if other is not _MISSING and _same(target, other):
+        text = argument_difference(facts.names[j], api, target, other)
+        if text is None:
             continue
-        place = facts.names[j][len(api) + 1 :] if facts.names[j].startswith(api + ".") else facts.names[j]
-        label = place.removeprefix("input.")
-        words.setdefault(k, []).append(f"{label}: {_value_text(target)} vs {_value_text(other)}")
-        values.setdefault(k, {})[place] = (target, None if other is _MISSING else other)
+        words.setdefault(k, []).append(text)
+        values.setdefault(k, {})[_place(facts, j, api)] = (target, None if other is _MISSING else other)
     return words, values, dtype_asked
 
 
 def _place(facts: RowFacts, r: int, api: str) -> str:
-    name = facts.names[r]
+    return _place_of(facts.names[r], api)
+
+
+def _place_of(name: str, api: str) -> str:
+    """A row's place in its call (``input.approximate``), from its name."""
     return name[len(api) + 1 :] if name.startswith(api + ".") else name
 
 

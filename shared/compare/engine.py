@@ -19,15 +19,19 @@ from parity.shared.compare import md5 as md5_mode
 from parity.shared.compare import statistics as stats_mode
 from parity.shared.compare import verdicts as v
 from parity.shared.compare.advisor import advise
-from parity.shared.compare.alignment import Aligned, Modules, Sites, pair_calls
+from parity.shared.compare.alignment import BASIS_FOREACH, Aligned, Modules, Sites, pair_calls
+from parity.shared.compare.call_errors import JUDGED_INPUTS
 from parity.shared.compare.cells import PairFacts, Table, stack_cells
+from parity.shared.compare.choices import argument_difference
 from parity.shared.compare.facts import (
     F_INCOMPATIBLE,
     F_NO_FILE,
     F_POSITIONS,
     F_SHAPE,
     F_STATISTICS_ONLY,
+    F_UNINITIALISED,
     RowFacts,
+    fill_limits,
 )
 from parity.shared.compare.headers import CompareMode, full_header
 from parity.shared.compare.highlight import REASONS as HIGHLIGHT_REASONS
@@ -41,6 +45,7 @@ from parity.shared.compare.rows import SideRows, data_file, side_rows
 from parity.shared.compare.slices import CallSlice, TablePart
 from parity.shared.compare.statistics_table import build_statistics_rows
 from parity.shared.compare.suspects import suspects_of
+from parity.shared.compare.uninitialised import MSG_UNINITIALISED, uninitialised_rows
 from parity.shared.dump.columns import Leaf
 from parity.shared.dump.layout import sibling_stack_json
 from parity.shared.dump.reader import Dump, load_construct, load_dump, load_stack
@@ -110,7 +115,8 @@ def compare_dumps(
     if options.replay_top > 0:  # imported here: a compare without the replay never imports torch for it
         from parity.shared.replay.compare import dump_replayer
 
-        replayer = dump_replayer(npu_dump_json, bench_dump_json, limits=options.tensor_limits)
+        replayer = dump_replayer(npu_dump_json, bench_dump_json, limits=options.tensor_limits,
+                                 budget=options.replay_budget)  # fmt: skip
     result = conclude([part], stacks_of(npu_dump_json, stack_path), replayer=replayer,
                       replay_top=options.replay_top)  # fmt: skip
     result.npu_path = str(npu_dump_json)
@@ -315,6 +321,7 @@ def _table_part(
     apply_highlights(table.rows, table.states, mode, header, table.messages, table.highlight_ranges)
     phase_done()
     _finish_rows(table, header, mode)
+    _leave_uninitialised(table, header)
     return TablePart(mode=mode.value, stack_mode=stack_mode, rows=table.rows, states=table.states,
                      missing_tensor_files=[str(f) for f in missing], calls=calls, gaps=gaps,
                      partners=partners, facts=table.facts)  # fmt: skip
@@ -326,7 +333,10 @@ def _row_facts(npu_rows: SideRows, bench_rows: SideRows, pairing: Pairing) -> Ro
     names = [*npu_rows.names, *map(bench_rows.names.__getitem__, only)]
     npu_index = np.concatenate((np.arange(n_npu), np.full(len(only), -1))).astype(np.intp)
     bench_index = np.asarray([*pairing.bench_index, *only], dtype=np.intp)
-    return RowFacts.build(names, npu_rows.columns, npu_index, bench_rows.columns, bench_index)
+    facts = RowFacts.build(names, npu_rows.columns, npu_index, bench_rows.columns, bench_index)
+    uninitialised = uninitialised_rows(facts, npu_rows.columns.states, npu_rows.apis)
+    facts.flags_array()[:n_npu][uninitialised] |= F_UNINITIALISED
+    return facts
 
 
 _NAME = "name"
@@ -361,6 +371,9 @@ def _pairing_cells(table: Table, npu_rows: SideRows, bench_rows: SideRows, pairi
         if j >= 0 and basis[i] != _NAME and i not in row_gap:
             partners.setdefault(npu_rows.apis[i], bench_rows.apis[j])
     partners.update((call, "") for gap in aligned.gaps for call in gap.target)
+    # a foreach call stands for several bench calls (and a per-parameter call for part of one): no bench
+    # call of its own to replay
+    partners.update((npu_rows.apis[i], "") for i, b in enumerate(basis) if b == BASIS_FOREACH)
     return {gap.api: gap.label for gap in aligned.gaps if gap.api is not None}, partners
 
 
@@ -433,6 +446,11 @@ def _build_rows(
 
         no_npu_file = MSG_NO_NPU_FILE
     flag = table.facts.flag if table.facts is not None else _no_flag
+    flags = table.facts.flags if table.facts is not None else bytearray(len(npu_rows))
+
+    def uninitialised(i: int) -> bool:
+        return bool(flags[i] & F_UNINITIALISED)
+
     for i, (name, n, api) in enumerate(zip(npu_rows.names, npu_rows.leaves, npu_rows.apis, strict=True)):
         j = bench_index[i]
         b = b_leaf(j) if j >= 0 else None
@@ -442,7 +460,11 @@ def _build_rows(
             flag(i, F_INCOMPATIBLE)
         if tensor:
             metric_cells = _UNSUPPORTED6  # until the metrics are in
-            if b is None:
+            changed = _changed_argument(name, api, n, b)
+            if changed is not None:  # no data file to read: the row says what the two sides asked for
+                accuracy = v.NONE
+                msgs.append(changed)
+            elif b is None:
                 accuracy = v.NONE  # msprobe 8.3.3's cell for an unmatched row (never Yes)
                 # msprobe's words, in its order: "No bench data matched." unless requires_grad disagreed
                 # (that message replaces it), then why no metric could be computed.
@@ -451,6 +473,8 @@ def _build_rows(
                 msgs.append(v.MSG_BENCH_UNMATCHED if n.data_name else no_npu_file)
             elif not facts.compatible:
                 accuracy = v.NO
+            elif uninitialised(i):
+                accuracy, metric_cells = v.NA, _NA6  # no values to compare (``_leave_uninitialised``)
             elif not n.data_name and not b.data_name and n.is_tensor and b.is_tensor:
                 accuracy, status = _statistics_only(n, b, msgs, status)
                 metric_cells = _NA6
@@ -476,6 +500,17 @@ def _build_rows(
 
 
 _UNSUPPORTED6 = (v.UNSUPPORTED,) * 6
+
+
+def _changed_argument(name: str, api: str, n: Leaf, b: Leaf | None) -> str | None:
+    """A non-tensor input argument that the bench passed with another value, or not at all, in words
+    (``Argument approximate: 'tanh' vs 'none'.``); None for a tensor, an output, or the same request."""
+    if n.is_tensor or n.data_name or n.state not in JUDGED_INPUTS or (b is not None and b.is_tensor):
+        return None
+    text = argument_difference(name, api, n.max, *(() if b is None else (b.max,)))
+    return None if text is None else f"Argument {text}."
+
+
 _NA6 = (v.NA,) * 6
 
 
@@ -521,7 +556,10 @@ def _build_bench_only(table: Table, mode: CompareMode, bench_rows: SideRows, ben
         cells += (status.value, bench_rows.apis[j], None, None)
         table.rows.append(CompareRow(cells, bench_rows.apis[j], status))
         table.states.append(b.state)
-        table.messages.append([v.MSG_NPU_UNMATCHED])
+        argument = None
+        if not b.is_tensor and not b.data_name and b.state in JUDGED_INPUTS:
+            argument = argument_difference(bench_rows.names[j], bench_rows.apis[j], bench=b.max)
+        table.messages.append([v.MSG_NPU_UNMATCHED if argument is None else f"Argument {argument}."])
 
 
 def _with_tail(ranges: list[tuple[int, int]], npu_apis: list[str], total: int) -> list[tuple[int, int]]:
@@ -547,11 +585,13 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
         npu_dir, bench_dir = npu.tensor_dir, bench.tensor_dir
         _check_tensor_dir(npu, "NPU")
         _check_tensor_dir(bench, "bench")
+        fills = _fills(table.facts, len(table.rows))
         jobs = [
             TensorPairJob(
                 index=i,
                 npu_file=npu_dir / n.data_name if n.data_name else None,
                 bench_file=bench_dir / b.data_name if b.data_name else None,
+                fill=fills[i],
             )
             for i, n, b in table.jobs
         ]
@@ -583,6 +623,14 @@ def _run_tensor_metrics(table: Table, header: list[str], npu: Dump, bench: Dump,
         if row.status is RowStatus.FAIL and row.cells[acc_col] not in (v.NO, NA):
             row.cells[acc_col] = v.NO  # a failure found outside the metrics (a changed scalar argument)
     return [f for _, f in sorted(missing, key=lambda item: item[0])]
+
+
+def _fills(facts: RowFacts | None, n: int) -> list[float]:
+    """Each row's fill limit where its statistics say it is masked (``RowFacts.masked``), else infinity:
+    the metrics of a masked pair are taken over its other elements (``metrics.tensor.unmask``)."""
+    if facts is None:
+        return [math.inf] * n
+    return np.where(facts.masked(), fill_limits(facts.npu.dtype), math.inf).tolist()
 
 
 def _metric_facts(facts: RowFacts | None) -> Callable[[int, TensorMetrics], None]:
@@ -659,6 +707,28 @@ def _finish_rows(table: Table, header: list[str], mode: CompareMode) -> list[boo
         return [row.status is fail for row in rows]
     unmatched = v.SHAPE_UNMATCHED
     return [row.status is fail or row.cells[shape_col] == unmatched for row in rows]
+
+
+def _leave_uninitialised(table: Table, header: list[str]) -> None:
+    """The rows of uninitialised memory (``uninitialised``): no verdict, no highlight, status
+    uncomparable, and the message says why (whatever their statistics or metrics said)."""
+    if table.facts is None:
+        return
+    rows = np.flatnonzero(table.facts.has(F_UNINITIALISED)).tolist()
+    if not rows:
+        return
+    pos = {name: i for i, name in enumerate(header)}
+    verdict = pos.get("Accuracy Reached or Not", pos.get("Result", -1))
+    msg_col, status_col = pos.get("Err_message", -1), pos["Parity Status"]
+    for i in rows:
+        row = table.rows[i]
+        row.status, row.highlight = RowStatus.UNCOMPARABLE, None
+        table.messages[i] = [MSG_UNINITIALISED]
+        if verdict >= 0:
+            row.cells[verdict] = NA
+        if msg_col >= 0:
+            row.cells[msg_col] = MSG_UNINITIALISED
+        row.cells[status_col] = RowStatus.UNCOMPARABLE.value
 
 
 def _reason(facts: RowFacts, i: int, mode: CompareMode, message: Cell) -> str:

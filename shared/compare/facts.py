@@ -31,9 +31,11 @@ __all__ = [
     "F_SHAPE",
     "F_STATISTICS_ONLY",
     "F_UNINITIALISED",
+    "FILL_FRACTION",
     "METRICS",
     "RowFacts",
     "SideFacts",
+    "fill_limits",
     "unit_roundoff",
 ]
 
@@ -59,6 +61,12 @@ _UNIT_ROUNDOFF = {
     "half": 2.0**-11, "bfloat16": 2.0**-8, "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3,
     "complex128": 2.0**-53, "complex64": 2.0**-24,
 }  # fmt: skip
+#: A value this large (this fraction of its dtype's largest finite value, or infinite), equal on both
+#: sides, is a fill, not data: attention masks are float32's minimum (or -inf) on both sides, and a mask's
+#: Mean and Norm, its cosine and its share of agreeing elements say nothing of the values it hides.
+FILL_FRACTION = 0.5
+_FINITE_MAX = {"float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355e38,
+               "float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}  # fmt: skip
 _NON_FINITE_TEXT = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "+inf": np.inf, "infinity": np.inf,
                     "-infinity": -np.inf}  # fmt: skip
 
@@ -69,6 +77,19 @@ def unit_roundoff(dtype: object) -> float:
     if not isinstance(dtype, str):
         return 0.0
     return _UNIT_ROUNDOFF.get(dtype.rsplit(".", 1)[-1], 0.0)
+
+
+def fill_limits(dtypes: Sequence[str | None]) -> np.ndarray:
+    """Each dtype's fill limit (``FILL_FRACTION`` of its largest finite value; float32's where unknown)."""
+    table: dict[str | None, float] = {}
+    out = np.empty(len(dtypes))
+    for i, d in enumerate(dtypes):
+        limit = table.get(d)
+        if limit is None:
+            name = d.rsplit(".", 1)[-1] if isinstance(d, str) else ""
+            limit = table[d] = FILL_FRACTION * _FINITE_MAX.get(name, _FINITE_MAX["float32"])
+        out[i] = limit
+    return out
 
 
 def _number(value: Any) -> float | None:
@@ -250,6 +271,15 @@ class RowFacts(msgspec.Struct, gc=False):
         return cls([name for p in parts for name in p.names], SideFacts.concat([p.npu for p in parts]),
                    SideFacts.concat([p.bench for p in parts]), bytearray(b"".join(p.metrics for p in parts)),
                    bytearray(b"".join(p.flags for p in parts)))  # fmt: skip
+
+    def masked(self) -> np.ndarray:
+        """Which rows are masked tensors: their Max or Min a fill value (``fill_limits``) equal on both sides,
+        an attention mask's float32 minimum or -inf."""
+        a, b = self.npu.stats_array()[:, :2], self.bench.stats_array()[:, :2]
+        both = self.npu.numeric_array()[:, :2] & self.bench.numeric_array()[:, :2]
+        with np.errstate(invalid="ignore"):
+            fill = (a == b) & both & (np.abs(a) >= fill_limits(self.npu.dtype)[:, None])
+        return fill.any(axis=1) & self.npu.tensor_array() & self.bench.tensor_array()
 
     def value(self, side: str, i: int) -> Any:
         """Row ``i``'s recorded non-tensor value on ``side`` (``npu``/``bench``); None for a tensor."""

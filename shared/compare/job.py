@@ -50,6 +50,7 @@ from parity.shared.report.xlsx import write_xlsx
 
 if TYPE_CHECKING:
     from parity.shared.dump.reader import Dump
+    from parity.shared.replay.sandbox import ReplayBudget
     from parity.shared.tensor_io import TensorLimits
 
 logger = logging.getLogger(__name__)
@@ -217,7 +218,8 @@ def compare_rank(
     part = compare_slice(pair, options, None, progress=progress, read_dump=read_dump)
     return finish_rank(pair, [part], xlsx_path=xlsx_path, advisor_path=advisor_path, highlight=highlight,
                        log_rows=log_rows, replay_top=options.replay_top, progress=progress,
-                       tensor_limits=options.tensor_limits, form=form)  # fmt: skip
+                       tensor_limits=options.tensor_limits, replay_budget=options.replay_budget,
+                       form=form)  # fmt: skip
 
 
 def compare_slice(
@@ -271,6 +273,7 @@ def finish_rank(
     stage_files: StageFiles | None = None,
     progress: ProgressCallback | None = None,
     tensor_limits: TensorLimits | None = None,
+    replay_budget: ReplayBudget | None = None,
     form: ReportForm = "xlsx",
 ) -> RankReport:
     """Join the parts of every slice of a rank (in call order) into its result; write its xlsx and advisor.
@@ -279,8 +282,9 @@ def finish_rank(
     rank-wide steps (localization, the float64 replay of about ``replay_top`` calls in tensor mode, advice,
     suspects) run here over all of them. ``pair`` names the dumps for the stack.json, the replay and the
     result's paths; ``stage_files`` fetches the replay's tensor files first where a worker holds only its
-    slice's. ``progress`` gets ``(0, 0)`` between those steps (each is seconds for a million rows): a point
-    where a caller may stop the compare.
+    slice's; ``replay_budget``: the replays run in a child process under it (None: in this process).
+    ``progress`` gets ``(0, 0)`` between those steps (each is seconds for a million rows): a point where a
+    caller may stop the compare.
     """
     from parity.shared.compare import engine
 
@@ -288,8 +292,8 @@ def finish_rank(
         if progress is not None:
             progress(0, 0)
 
-    replayer = (dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files, limits=tensor_limits)
-                if replay_top > 0 else None)  # fmt: skip
+    replayer = (dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files, limits=tensor_limits,
+                              budget=replay_budget) if replay_top > 0 else None)  # fmt: skip
     result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path), replayer=replayer,
                              replay_top=replay_top)  # fmt: skip
     result.rank = pair.rank

@@ -90,7 +90,15 @@ from parity.shared.compare.headers import CompareMode
 from parity.shared.compare.held_screen import held_screen
 from parity.shared.compare.result import CompareRow, Suspect, SystematicFinding
 from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT
-from parity.shared.dump.naming import direction_of, entry_family, entry_op, forward_of, parse_entry
+from parity.shared.dump.naming import (
+    BACKWARD,
+    PARAMETERS_GRAD,
+    direction_of,
+    entry_family,
+    entry_op,
+    forward_of,
+    parse_entry,
+)
 
 __all__ = [
     "CallEvidence",
@@ -533,13 +541,72 @@ def localize(rows: Sequence[CompareRow], states: Sequence[str], facts: RowFacts,
     judged_calls = JudgedCalls(cols, directions, i_err, expected, gains, scores, before, shares, own, classes,
                                call_floor, background, held, choices)  # fmt: skip
     suspects = [judged_calls.evidence(k) for k in np.flatnonzero(scores >= threshold).tolist()]
-    first = first_divergence(i_err, suspects)
+    if mode is CompareMode.STATISTICS:
+        tiers = _statistics_tiers(apis, directions, classes, i_err, o_err, choices)
+        first = first_divergence(i_err, [c for c in suspects if tiers[c.order] < SYMPTOM_TIER] or suspects)
+        suspects.sort(key=lambda c: (int(tiers[c.order]), -c.score, c.order))
+    else:
+        first = first_divergence(i_err, suspects)
     if mode is CompareMode.MD5:
         suspects.sort(key=lambda c: c.order)
-    else:
+    elif mode is CompareMode.TENSOR:
         suspects.sort(key=lambda c: (-c.score, c.order))
     return Localization(mode=mode, judged=judged_calls, floor=floor, errors=errs, suspects=suspects,
                         first_divergence=first, systematic=findings)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------------
+# statistics mode: causes before symptoms
+
+#: Statistics mode ranks its suspects in tiers, by score within each: a call whose inputs' statistics agree
+#: and whose outputs' do not (its inputs carry at most FRESH_SHARE of its output's error), or that asked
+#: for another precision or other arguments (``choices``), is a cause (tier 0); another call (1); then the
+#: symptoms (SYMPTOM_TIER): parameter gradients, the loss, and the optimizer's updates.
+CAUSE_TIER, CALL_TIER, SYMPTOM_TIER = 0, 1, 2
+#: Optimizer updates by name: the multi-tensor and fused paths (``Torch._foreach_add_``, ``_fused_adamw_``).
+_OPTIMIZER_PREFIXES = ("_foreach_", "_fused_")
+
+
+def _statistics_tiers(apis: Sequence[str], directions: Sequence[str | None], classes: Sequence[str],
+                      i_err: np.ndarray, o_err: np.ndarray, choices: Choices) -> np.ndarray:  # fmt: skip
+    """Each call's tier (``CAUSE_TIER``, ``CALL_TIER``, ``SYMPTOM_TIER``), for ranking statistics mode's
+    suspects.
+
+    Four numbers per tensor hide where an error came from: a parameter gradient has no recorded inputs (so
+    "inputs identical"), a loss is a scalar whose statistics are its value, and an update ``p.add_(u)``
+    moves by what the gradients moved. Each follows from the calls before it, and its score is no
+    measure of a fault there: a linear under bfloat16 shows as the next layer's parameter gradients and
+    the optimizer's ``add_`` otherwise. A symptom still ranks, after every other suspect."""
+    n = len(apis)
+    symptom = _symptoms(apis, directions, classes)
+    with np.errstate(invalid="ignore"):
+        fresh = (i_err <= FRESH_SHARE * o_err) & (o_err > 0.0)
+    cause = (fresh | choices.chosen() | choices.asked()) & ~symptom
+    tiers = np.full(n, CALL_TIER, dtype=np.int64)
+    tiers[cause] = CAUSE_TIER
+    tiers[symptom] = SYMPTOM_TIER
+    return tiers
+
+
+def _symptoms(apis: Sequence[str], directions: Sequence[str | None], classes: Sequence[str]) -> np.ndarray:
+    """The calls that follow from those before them whatever their statistics say: parameter gradients,
+    the loss (forward and backward), and the optimizer's updates: ``_foreach_*`` and fused optimizer calls
+    anywhere, and the API calls after the last backward that no backward follows (an update runs under
+    ``no_grad``: clipping, the step, zeroing the gradients)."""
+    n = len(apis)
+    parsed = [parse_entry(a) for a in apis]
+    out = np.fromiter((c == "loss" for c in classes), dtype=bool, count=n)
+    backward = [k for k, d in enumerate(directions) if d == BACKWARD]
+    partnered = {forward_of(apis[k]) for k in backward}
+    last_backward = backward[-1] if backward else n
+    for k, p in enumerate(parsed):
+        if p is None:
+            continue
+        if p.kind == PARAMETERS_GRAD or p.name.startswith(_OPTIMIZER_PREFIXES):
+            out[k] = True
+        elif k > last_backward and p.kind == "api" and apis[k] not in partnered:
+            out[k] = True
+    return out
 
 
 def _call_rounding(facts: RowFacts, cols: CallColumns, directions: Sequence[str | None], kinds: np.ndarray,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from parity.shared.bounded_yaml import load_bounded
 from parity.shared.errors import CompareInputError
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class DataMapping:
     source: str = "data_mapping.yaml"
 
     def _where(self, key: str, value: str) -> str:
-        return f"{self.source}: entry '{key}: {value}'"
+        return f"{self.source}: entry '{_clip(key)}: {_clip(value)}'"
 
     def apply(self, npu: SideRows, bench: SideRows, pairing: Pairing, basis: list[str]) -> Pairing:
         """``pairing`` with the mapped rows paired as the file says (``basis`` marked ``mapped``, in
@@ -62,14 +63,14 @@ class DataMapping:
         for key, value in self.pairs:
             if key in n_rows:
                 if value not in b_rows:
-                    raise CompareInputError(f"{self._where(key, value)}: '{value}' is no row of the bench "
-                                            "dump (a row name maps to a row name)")  # fmt: skip
+                    raise CompareInputError(f"{self._where(key, value)}: '{_clip(value)}' is no row of the "
+                                            "bench dump (a row name maps to a row name)")  # fmt: skip
                 for r in n_rows[key]:
                     index[r], basis[r] = b_rows[value][0], BASIS_MAPPED
             elif key in n_calls:
                 if value not in b_calls:
-                    raise CompareInputError(f"{self._where(key, value)}: '{value}' is no call of the bench "
-                                            "dump (a call name maps to a call name)")  # fmt: skip
+                    raise CompareInputError(f"{self._where(key, value)}: '{_clip(value)}' is no call of the "
+                                            "bench dump (a call name maps to a call name)")  # fmt: skip
                 start, stop = b_calls[value]
                 by_suffix = {bench.names[j][len(value) :]: j for j in range(start, stop)}
                 start, stop = n_calls[key]
@@ -78,8 +79,8 @@ class DataMapping:
                     if j is not None:
                         index[r], basis[r] = j, BASIS_MAPPED
             else:
-                raise CompareInputError(f"{self._where(key, value)}: '{key}' is no row or call of the NPU "
-                                        "(target) dump")  # fmt: skip
+                raise CompareInputError(f"{self._where(key, value)}: '{_clip(key)}' is no row or call of "
+                                        "the NPU (target) dump")  # fmt: skip
         used = set(index)
         return Pairing(index, [j for j in range(len(bench.names)) if j not in used])
 
@@ -107,37 +108,57 @@ def parse_data_mapping(doc: Any, *, source: str = "data_mapping.yaml") -> DataMa
     if not doc:
         raise CompareInputError(f"{source}: has no entries (expected NPU name: bench name lines)")
     pairs = []
-    for key, value in doc.items():
+    for n, (key, value) in enumerate(doc.items(), 1):
         for what, name in (("NPU name", key), ("bench name", value)):
             if not isinstance(name, str) or not name.strip():
+                entry = f"'{_clip(key)}'" if isinstance(key, str) else f"{n}"
                 raise CompareInputError(
-                    f"{source}: entry '{key}: {value}': the {what} must be a non-empty string, got {name!r}"
+                    f"{source}: entry {entry}: the {what} must be a non-empty string, got {_shown(name)}"
                 )
         pairs.append((key.strip(), value.strip()))
     return DataMapping(tuple(pairs), source)
 
 
+#: the longest value a message repeats; a longer one (or a list, a mapping) is named by its kind and size
+_SHOWN = 120
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text):,} characters)"
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message, never echoing more than ``_SHOWN`` characters of a file's content."""
+    if isinstance(value, (list, dict)):
+        return f"a {'list' if isinstance(value, list) else 'mapping'} of {len(value)} items"
+    return _clip(repr(value))
+
+
 def load_data_mapping(path: str | Path) -> DataMapping:
     """Read and check a data mapping YAML file (msprobe's ``-dm``)."""
+    return parse_data_mapping(read_yaml(Path(path), "data mapping"), source=str(path))
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """One of msprobe's YAML files (safely loaded); a missing, unreadable or malformed file becomes a
+    ``CompareInputError`` naming it (and the line and column)."""
     import yaml
 
-    path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise CompareInputError(f"{path}: data mapping file not found") from None
+        raise CompareInputError(f"{path}: {what} file not found") from None
     except IsADirectoryError:
-        raise CompareInputError(f"{path}: is a directory, expected a data mapping YAML file") from None
+        raise CompareInputError(f"{path}: is a directory, expected a {what} YAML file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise CompareInputError(f"{path}: cannot read the data mapping file: {exc}") from None
+        raise CompareInputError(f"{path}: cannot read the {what} file: {exc}") from None
     try:
-        doc = yaml.safe_load(text)
+        return load_bounded(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise CompareInputError(f"{path}: not valid YAML{where}: {problem}") from None
-    return parse_data_mapping(doc, source=str(path))
 
 
 #: msprobe 26's split of a module row name into its ``{module path}.{class}`` and what follows
@@ -205,7 +226,8 @@ class ModuleMapping:
                 index[r], basis[r] = j, BASIS_MAPPED
         for target, golden in self.pairs:
             if target not in used:
-                raise CompareInputError(f"{self.source}: entry '{target}: {golden}': '{target}' is no module "
+                entry = f"{self.source}: entry '{_clip(target)}: {_clip(golden)}'"
+                raise CompareInputError(f"{entry}: '{_clip(target)}' is no module "
                                         "(or part of a module name) of the target dump")  # fmt: skip
         taken = set(index)
         return Pairing(index, [j for j in range(len(bench.names)) if j not in taken])

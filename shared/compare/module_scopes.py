@@ -153,6 +153,9 @@ def split_by_scope(gap: GapRange, t_scopes: Sequence[str | None],
     if len(ts) <= 1 and len(bs) <= 1 and (not ts or not bs or ts[0][0] == bs[0][0]):
         return [gap]
     out: list[GapRange] = []
+    # where each scope's last bench run is: "the target's scope comes later on the bench" in O(1), not a
+    # scan of the bench's runs left (quadratic with alternating scopes, issue 37)
+    last_bench = {run[0]: k for k, run in enumerate(bs)}
     u = v = 0
     while u < len(ts) or v < len(bs):
         i = ts[u][1] if u < len(ts) else hi
@@ -160,7 +163,7 @@ def split_by_scope(gap: GapRange, t_scopes: Sequence[str | None],
         if u < len(ts) and v < len(bs) and ts[u][0] == bs[v][0]:
             out.append((i, ts[u][2], j, bs[v][2]))
             u, v = u + 1, v + 1
-        elif v < len(bs) and (u == len(ts) or any(r[0] == ts[u][0] for r in bs[v + 1 :])):
+        elif v < len(bs) and (u == len(ts) or last_bench.get(ts[u][0], -1) > v):
             out.append((i, i, j, bs[v][2]))  # the bench's run comes first: the target's scope is later
             v += 1
         else:

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
     from parity.shared.compare.mapping import RowMapping
+    from parity.shared.replay.sandbox import ReplayBudget
     from parity.shared.tensor_io import TensorLimits
 
 
@@ -30,6 +31,9 @@ class CompareOptions:
     calling thread. The rows are the same either way. ``data_mapping`` (``-dm``) pairs the rows it names as
     it says, whatever the alignment chose. ``replay_top``: how many top calls the float64 replay
     judges (``replay_judgement``), part of the judgement of the suspects; it changes no row.
+    ``replay_budget``: the replays run in a child process under that budget (``replay.sandbox``: memory and
+    CPU capped, a crash loses only its call's verdict); the entry point that owns the process decides (the
+    CLI and the server's workers set it); None runs them in the calling process.
     ``mixed_tasks``: a tensor dump against a statistics dump is compared in statistics mode (a tensor dump
     records the statistics too) instead of refused as msprobe refuses it; the server's comparisons set it.
     """
@@ -41,3 +45,4 @@ class CompareOptions:
     mixed_tasks: bool = False
     executor: Executor | None = field(default=None, compare=False, repr=False)
     data_mapping: RowMapping | None = None  # ``-dm``/``-cm``: the user's own pairs, over the alignment
+    replay_budget: ReplayBudget | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -54,11 +55,13 @@ COMPILED_FROM_BYTES = 64 * 2**20
 @dataclass(frozen=True, slots=True)
 class TensorPairJob:
     """One row to compare: ``index`` is the caller's (e.g. the row number); a file of ``None`` means that
-    side has no data file (a non-tensor leaf)."""
+    side has no data file (a non-tensor leaf). ``fill``: the pair is masked (its statistics say so), and
+    its elements equal on both sides of at least this magnitude are left out (``tensor.unmask``)."""
 
     index: int
     npu_file: Path | None
     bench_file: Path | None
+    fill: float = math.inf
 
 
 def _open_side(path: Path, limits: TensorLimits) -> RawTensor | TensorMetrics:
@@ -81,6 +84,7 @@ def compare_pair_files(
     *,
     limits: TensorLimits = DEFAULT_LIMITS,
     compiled: bool | None = None,
+    fill: float = math.inf,
 ) -> TensorMetrics:
     """Metrics of one pair of tensor files, with §4.2's file cases (no data file, missing or unreadable file).
 
@@ -97,7 +101,7 @@ def compare_pair_files(
     bench = _open_side(Path(bench_file), limits)
     if isinstance(bench, TensorMetrics):
         return bench
-    return compare_raw(npu, bench, compiled=compiled)
+    return compare_raw(npu, bench, compiled=compiled, fill=fill)
 
 
 def _job_bytes(job: TensorPairJob) -> int:
@@ -118,7 +122,8 @@ _Outcome = tuple[int, TensorMetrics | None, tuple[str | None, str, str | None] |
 
 def _run_job(job: TensorPairJob, limits: TensorLimits, compiled: bool | None = None) -> _Outcome:
     try:
-        metrics = compare_pair_files(job.npu_file, job.bench_file, limits=limits, compiled=compiled)
+        metrics = compare_pair_files(job.npu_file, job.bench_file, limits=limits, compiled=compiled,
+                                     fill=job.fill)  # fmt: skip
         return job.index, metrics, None
     except UnsafeFileError as exc:
         return job.index, None, (exc.file, exc.problem, exc.where)

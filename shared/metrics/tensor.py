@@ -25,6 +25,7 @@ by the pair's size (``NUMPY_MAX_ELEMENTS``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -383,14 +384,46 @@ def _zero_d(n: np.ndarray, b: np.ndarray) -> TensorMetrics:
     )
 
 
-def compare_raw(npu: RawTensor, bench: RawTensor, *, compiled: bool | None = None) -> TensorMetrics:
+def unmask(pair: PreparedPair, fill: float) -> tuple[PreparedPair, int]:
+    """The pair with its masked elements (equal on both sides and at least ``fill`` in magnitude: an
+    attention mask's float32 minimum, ``-inf``) set to 0 on both sides, as float64 copies, and how many
+    there were. A mask is no data: with it, the cosine of any two masked score tensors is 1 and the ratios
+    count its elements as agreeing. Unchanged (count 0) where none, or every element, is masked."""
+    x, y = _as_float64(pair.n, pair.n_kind), _as_float64(pair.b, pair.b_kind)  # copies: files stay as read
+    with np.errstate(invalid="ignore"):
+        masked = (x == y) & (np.abs(x) >= fill)
+    count = int(np.count_nonzero(masked))
+    if count == 0 or count == pair.size:
+        return pair, 0
+    x[masked] = 0.0
+    y[masked] = 0.0
+    return dataclasses.replace(pair, n=x, b=y, n_kind=KIND_NATIVE, b_kind=KIND_NATIVE), count
+
+
+def compare_raw(npu: RawTensor, bench: RawTensor, *, compiled: bool | None = None,
+                fill: float = math.inf) -> TensorMetrics:  # fmt: skip
     """Metrics of one loaded pair (as :func:`parity.shared.tensor_io.open_tensor` returns them); ``compiled``
-    as in :func:`run_segment` (the cells are the same either way)."""
+    as in :func:`run_segment` (the cells are the same either way). A finite ``fill``: the metrics are taken
+    over the elements that are not masked with values of at least that magnitude (``unmask``)."""
     prepared = validate(npu, bench)
     if isinstance(prepared, TensorMetrics):
         return prepared
+    masked = 0
+    if fill < math.inf:
+        prepared, masked = unmask(prepared, fill)
     parts = [run_segment(prepared, start, stop, compiled=compiled) for start, stop in segments(prepared.size)]
-    return finish(prepared, combine_partials(parts))
+    acc = combine_partials(parts)
+    if masked:  # each masked element counted as agreeing (0 against 0): the ratios are of the others
+        acc[A_LT1] -= masked
+        acc[A_LT5] -= masked
+        messages = (*prepared.messages, masked_message(masked, prepared.size))
+        prepared = dataclasses.replace(prepared, size=prepared.size - masked, messages=messages)
+    return finish(prepared, acc)
+
+
+def masked_message(masked: int, size: int) -> str:
+    """The Err_message fragment of a pair whose metrics leave its masked elements out."""
+    return f"{masked} of {size} elements are a mask (equal fill values): left out of the metrics."
 
 
 def compare_arrays(npu: np.ndarray, bench: np.ndarray) -> TensorMetrics:

@@ -41,7 +41,8 @@ DEFAULT_NEIGHBOURS = 1
 DEFAULT_DUMP_PATH = "./parity_plan_dump"
 
 #: ``loader(rank, npu_path)``: the target side's dump.json document of one rank, or None where it is not at
-#: hand. The CLI reads the file the summary names; the server reads the run's stored copy.
+#: hand. The CLI reads the file the summary names; the server gives ``{"level": ..., "data": DataFlow}``
+#: from the columns its workers stored (never a dump.json parsed in the API process).
 DumpLoader = Callable[[int | None, str | None], Mapping[str, Any] | None]
 
 _STEP_DIR = re.compile(r"(?:^|[/\\])step(0|[1-9][0-9]*)(?:[/\\]|$)")
@@ -207,12 +208,13 @@ def make_plan(
     if neighbours:
         for rank in sorted(needed, key=lambda r: -1 if r is None else r):
             dump = dumps.get(rank)
-            if dump is None or not isinstance(dump.get("data"), Mapping):
+            data = dump.get("data") if dump is not None else None
+            if not isinstance(data, (Mapping, DataFlow)):
                 where = f"rank {rank}" if rank is not None else "the compared rank"
                 raise PlanError(f"--neighbours needs the target dump.json of {where}, which is not at hand "
                                 "(moved or deleted?); plan without neighbours, or from the server's "
                                 "comparison id")  # fmt: skip
-            flow = DataFlow(dump["data"])
+            flow = data if isinstance(data, DataFlow) else DataFlow(data)
             seeds = [e for c in chosen if c.rank == rank for e in call_entries(c.api)]
             known = {e for c in calls if c.rank == rank for e in call_entries(c.api)}
             for name in order_of(flow.neighbours(seeds, neighbours), flow):

@@ -15,12 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from parity.shared.dump.columns import STATE_INPUT, STATE_OUTPUT, STATE_PARAMETERS, DumpColumns
+
 __all__ = ["DataFlow"]
 
 #: The keys of an entry that hold what a call read; everything else except ``output`` it wrote. Backward
 #: entries read the gradients of their forward's outputs (``input``) and write those of its inputs.
 _READ_KEYS = ("input_args", "input_kwargs", "parameters", "input")
 _WRITE_KEYS = ("output",)
+#: the same split of a dump's parsed rows, by their state
+_READ_STATES = frozenset({STATE_INPUT, STATE_PARAMETERS})
 
 _Fingerprint = tuple[Any, ...]
 
@@ -46,17 +50,39 @@ class DataFlow:
     """Producers and consumers of every call entry of one dump, from its statistics (module docstring)."""
 
     def __init__(self, data: Mapping[str, Any]) -> None:
-        self.names: list[str] = [name for name, entry in data.items() if isinstance(entry, dict)]
+        names = [name for name, entry in data.items() if isinstance(entry, dict)]
+        self._link(names, [(_fingerprints([data[name].get(k) for k in _READ_KEYS], []),
+                            _fingerprints([data[name].get(k) for k in _WRITE_KEYS], [])) for name in names])
+
+    @classmethod
+    def from_columns(cls, columns: DumpColumns) -> DataFlow:
+        """The same flow from a dump's parsed columns (the server's sidecar), never its dump.json text: the
+        fingerprints of each entry's non-constant tensors, read (inputs, parameters) or written (outputs)."""
+        flow = cls.__new__(cls)
+        sides: list[tuple[list[_Fingerprint], list[_Fingerprint]]] = [([], []) for _ in columns.entry_names]
+        for i in range(len(columns)):
+            state = columns.states[i]
+            if not columns.is_tensor[i] or state not in _READ_STATES and state != STATE_OUTPUT:
+                continue
+            high, low, mean, norm = columns.stats_of(i)
+            if isinstance(high, (int, float)) and high != low:
+                reads, writes = sides[columns.entry_of[i]]
+                shape = columns.dims_of(i) or ()
+                fingerprint = (columns.dtypes[i], shape, high, low, mean, norm)
+                (writes if state == STATE_OUTPUT else reads).append(fingerprint)
+        flow._link(list(columns.entry_names), sides)
+        return flow
+
+    def _link(self, names: list[str], sides: Sequence[tuple[list[_Fingerprint], list[_Fingerprint]]]) -> None:
+        """Producers and consumers from each entry's (read, written) fingerprints, in dump order."""
+        self.names = names
         self.position = {name: i for i, name in enumerate(self.names)}
         self.producers: list[set[int]] = [set() for _ in self.names]
         self.consumers: list[set[int]] = [set() for _ in self.names]
         last_writer: dict[_Fingerprint, int] = {}
         reads_any: list[bool] = []
         writes_any: list[bool] = []
-        for i, name in enumerate(self.names):
-            entry = data[name]
-            reads = _fingerprints([entry.get(k) for k in _READ_KEYS], [])
-            writes = _fingerprints([entry.get(k) for k in _WRITE_KEYS], [])
+        for i, (reads, writes) in enumerate(sides):
             for fp in reads:
                 j = last_writer.get(fp)
                 if j is not None and j != i:

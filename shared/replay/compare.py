@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from parity.shared.dump.layout import TENSOR_DIR
 from parity.shared.replay.verdicts import ReplayVerdict
 
 if TYPE_CHECKING:
+    from parity.shared.replay.sandbox import ReplayBudget
     from parity.shared.tensor_io import TensorLimits
 
 __all__ = ["StageFiles", "dump_replayer"]
@@ -39,21 +40,29 @@ Replay = Callable[..., list[ReplayVerdict]]
 
 
 def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageFiles | None = None,
-                  limits: TensorLimits | None = None) -> Replay:  # fmt: skip
+                  limits: TensorLimits | None = None,
+                  budget: ReplayBudget | None = None) -> Replay:  # fmt: skip
     """A replayer of entries of ``npu_dump`` (the target) against ``bench_dump``; ``stage`` fetches the
-    tensor files they need first; ``limits`` caps each tensor load (None: the defaults). Raises
+    tensor files they need first; ``limits`` caps each tensor load (None: the defaults); ``budget``: the
+    replays run in a child process under it (``replay.sandbox``), None: in this process. Raises
     ``ParityError`` when a dump.json cannot be read."""
 
     def replay(entries: Sequence[str], partners: Mapping[str, str] | None = None, *,
                asked: Mapping[str, str] | None = None, identical: Sequence[str] = ()) -> list[ReplayVerdict]:
         """``partners``: the bench call of an entry paired under another name, ``""`` for a gap; ``asked``
         and ``identical`` as ``engine.replay_calls`` takes them."""
-        from parity.shared.replay.engine import replay_calls
-
         if stage is not None:
             bench_entries = [p for p in (partners.get(e, e) if partners else e for e in entries) if p]
             stage(_lacking(npu_dump, entries), _lacking(bench_dump, bench_entries))
+        extra: dict[str, Any] = {"limits": limits} if limits else {}
+        if budget is not None:
+            from parity.shared.replay.sandbox import replay_isolated
+
+            return replay_isolated(npu_dump, bench_dump, entries, budget=budget, partners=partners,
+                                   asked=asked, identical=identical, **extra)  # fmt: skip
+        from parity.shared.replay.engine import replay_calls
+
         return replay_calls(npu_dump, bench_dump, entries, partners=partners, asked=asked,
-                            identical=identical, **({"limits": limits} if limits else {}))
+                            identical=identical, **extra)
 
     return replay

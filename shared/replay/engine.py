@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from parity.shared.dump.reader import read_json
 from parity.shared.errors import DumpError
 from parity.shared.replay.apis import ReplayRefusal, is_random, resolve
 from parity.shared.replay.arguments import RecordedCall, is_tensor_leaf, tensor_file_names
+from parity.shared.replay.cost import check_gradients, trace_backward, trace_forward
 from parity.shared.replay.precision import held_format
 from parity.shared.replay.rounding import reduction_length, rounding_allowance
 from parity.shared.replay.verdicts import ReplayVerdict, SideReplay, Verdict, verdict_of
@@ -46,6 +47,7 @@ __all__ = [
     "ReplayVerdict",
     "SideReplay",
     "Verdict",
+    "iter_replays",
     "replay_calls",
     "replay_files",
 ]
@@ -56,11 +58,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_ELEMENTS = 2**26
 #: the bench side of a gap (calls without a partner, judged as one): another computation, nothing to replay
 GAP_REFUSAL = "the bench computes this call as other calls (a gap of the alignment): nothing to replay there"
-#: Floating-point operations one side's replay may take (about a minute of float64 on one CPU core).
+#: Operations one side's replay may take (``replay.cost``: about a minute of float64 on one CPU core).
 MAX_FLOPS = 2**36
 #: ``allowance(dtype, K)``: the rounding a correct kernel may add (swap in a fuller expected-error model).
 Allowance = Callable[[torch.dtype, int], float]
-_BOUNDED_WITHOUT_META = frozenset(("__getitem__",))  # data-dependent shapes, never larger than the input
 
 
 class DumpSide:
@@ -129,29 +130,15 @@ def _index(value: Any) -> Any:
     return value
 
 
-def _to_meta(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return torch.empty(value.shape, dtype=value.dtype, device="meta")
-    if isinstance(value, list):
-        return [_to_meta(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_to_meta(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_meta(v) for k, v in value.items()}
-    return value
-
-
 def _bound_size(func: Callable[..., Any], api: str, args: list[Any], kwargs: dict[str, Any],
                 max_elements: int) -> None:  # fmt: skip
-    """Infer the replay's output sizes on the meta device (nothing allocated); refuse a replay too large."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+    """Infer the replay's output sizes and cost on the meta device (nothing allocated, ``replay.cost``);
+    refuse a replay over budget."""
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as flops:
-            out = func(*_to_meta(args), **_to_meta(kwargs))
+        out, trace = trace_forward(func, api, args, kwargs)
+    except ReplayRefusal:
+        raise
     except Exception as exc:  # noqa: BLE001 - no meta kernel, or a data-dependent shape
-        if api in _BOUNDED_WITHOUT_META:
-            return
         message = " ".join(str(exc).split())[:200]
         if isinstance(exc, TypeError):  # the recorded arguments do not bind to the API's signature
             why = f"its recorded arguments do not make a valid call of {api}: {message}"
@@ -160,11 +147,9 @@ def _bound_size(func: Callable[..., Any], api: str, args: list[Any], kwargs: dic
         raise ReplayRefusal(why) from None
     total = sum(int(t.numel()) for t in _tensors(out, []) if t is not None)
     if total > max_elements:
-        raise ReplayRefusal(f"its replay would produce {total} elements, over the cap of {max_elements}")
-    work = flops.get_total_flops()  # matmul, conv, attention: where a crafted shape could cost hours
-    if work > MAX_FLOPS:
-        raise ReplayRefusal(f"its replay would take {work:.1e} floating-point operations, over the cap of "
-                            f"{MAX_FLOPS:.1e}")  # fmt: skip
+        raise ReplayRefusal(f"over budget: its replay would produce {total} elements, over the cap of "
+                            f"{max_elements}")  # fmt: skip
+    trace.check(max_elements, MAX_FLOPS)
 
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -291,8 +276,10 @@ def _replay_side(side: DumpSide, entry: str, allowance: Allowance, max_elements:
         grads_out = calls.tensors_of(bwd.get("input"), "backward input", float64=True)
         recorded = judged.tensors_of(judged_side.entry(judged_entry).get("output"), "backward output",
                                      float64=False)  # fmt: skip
+        trace_backward(func, api, args, kwargs, grads_out).check(max_elements, MAX_FLOPS)
         with torch.enable_grad():
             out = _tensors(_call(func, args, kwargs), [])
+        check_gradients(out, grads_out)
         anchor = next((t for t in out if t is not None and t.grad_fn is not None), None)
         if anchor is None:
             raise ReplayRefusal("the replay builds no autograd node (no input that requires grad)")
@@ -353,9 +340,32 @@ def replay_calls(
     Raises ``DumpError`` when a dump.json cannot be read; everything about a single call is its verdict's
     refusal instead. ``limits`` caps each tensor file read.
     """
+    return list(iter_replays(npu_dump, bench_dump, entries, allowance=allowance, max_elements=max_elements,
+                             limits=limits, partners=partners, asked=asked, identical=identical))  # fmt: skip
+
+
+def iter_replays(
+    npu_dump: str | Path,
+    bench_dump: str | Path,
+    entries: Sequence[str],
+    *,
+    allowance: Allowance = rounding_allowance,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    limits: TensorLimits = DEFAULT_LIMITS,
+    partners: Mapping[str, str] | None = None,
+    asked: Mapping[str, str] | None = None,
+    identical: Collection[str] = (),
+) -> Iterator[ReplayVerdict]:
+    """:func:`replay_calls` one verdict at a time (``replay.sandbox`` sets each call's budget between them).
+    Both dump.json files are read before it returns (a ``DumpError`` is raised here)."""
     target, bench = DumpSide("target", Path(npu_dump), limits), DumpSide("bench", Path(bench_dump), limits)
     target.data(), bench.data()  # a broken dump.json is an error of the request, not of one call
-    verdicts = []
+    return _replays(target, bench, entries, allowance, max_elements, partners, asked, identical)
+
+
+def _replays(target: DumpSide, bench: DumpSide, entries: Sequence[str], allowance: Allowance,
+             max_elements: int, partners: Mapping[str, str] | None, asked: Mapping[str, str] | None,
+             identical: Collection[str]) -> Iterator[ReplayVerdict]:  # fmt: skip
     for entry in entries:
         direction = "backward" if entry.endswith(".backward") else "forward"
         t = replay_side(target, entry, allowance=allowance, max_elements=max_elements)
@@ -368,10 +378,10 @@ def replay_calls(
         if asked and entry in asked and partner:
             mixed = replay_side(target, entry, allowance=allowance, max_elements=max_elements,
                                 asked=(bench, partner))  # fmt: skip
-        verdicts.append(verdict_of(entry, direction, t, b, asked=mixed, arguments=(asked or {}).get(entry),
-                                   identical=entry in identical))  # fmt: skip
-        logger.debug("replay %s: %s", entry, verdicts[-1].text)
-    return verdicts
+        verdict = verdict_of(entry, direction, t, b, asked=mixed, arguments=(asked or {}).get(entry),
+                             identical=entry in identical)  # fmt: skip
+        logger.debug("replay %s: %s", entry, verdict.text)
+        yield verdict
 
 
 def replay_files(dump_json: str | Path, entries: Sequence[str]) -> list[str]:

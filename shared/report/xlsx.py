@@ -321,3 +321,46 @@ def _write_xlsxwriter(
                         write_string(r, col, value, fmt)
     finally:
         workbook.close()
+
+
+NamedTable = tuple[str, Sequence[str], Sequence[Sequence[Cell]]]
+
+
+def write_sheets_xlsx(sheets: Sequence[NamedTable], path: Path) -> Path:
+    """Write named tables (``(name, header, rows)``), a sheet each, as one workbook at ``path`` (atomically).
+
+    For small workbooks of several tables (``parity merge-result``'s one sheet per metric): cells as
+    :func:`excel_value` stores them without msprobe's highlighting (booleans stay booleans, NaN/±Inf are
+    ``nan``/``inf``/``-inf`` text), formula-like text quote-prefixed, the header frozen and filtered.
+    """
+    import xlsxwriter
+
+    with publish_atomically(Path(path)) as tmp:
+        workbook = xlsxwriter.Workbook(
+            str(tmp), {"constant_memory": True, "strings_to_formulas": False, "strings_to_urls": False}
+        )
+        quoted = workbook.add_format({"quote_prefix": True})
+        try:
+            for name, header, rows in sheets:
+                worksheet = workbook.add_worksheet(name)
+                for col, title in enumerate(header):
+                    worksheet.set_column(col, col, column_width(title))
+                    worksheet.write_string(0, col, title)
+                worksheet.freeze_panes(1, 0)
+                worksheet.autofilter(0, 0, len(rows), max(0, len(header) - 1))
+                for r, cells in enumerate(rows, start=1):
+                    for col, cell in enumerate(cells):
+                        value, quote = excel_value(cell)
+                        if value is None:
+                            continue
+                        if isinstance(value, bool):
+                            worksheet.write_boolean(r, col, value)
+                        elif isinstance(value, float):
+                            worksheet.write_number(r, col, value)
+                        else:
+                            worksheet.write_string(r, col, value, quoted if quote else None)
+        except Exception as exc:  # a writer library failing on odd data must name the report, not crash
+            raise ReportError(f"{path}: the xlsx writer failed: {exc}") from exc
+        finally:
+            workbook.close()
+    return Path(path)

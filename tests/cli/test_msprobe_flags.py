@@ -88,6 +88,10 @@ def test_data_mapping_pairs_the_rows_it_names(spec, tmp_path):
         ("Torch.nope.0.forward.output.0: x\n", [], ("map.yaml", "entry 'Torch.nope.0.forward.output.0: x'",
                                                     "is no row or call of the NPU")),
         ("a: b\n", ["-f"], ("-dm", "cannot be combined with -f")),
+        ("a: &a [x, x, x, x, x, x, x, x, x, x]\n"  # issue 37: aliases of aliases, neither built nor echoed
+         + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n"
+           for p, c in zip("abcdefgh", "bcdefghi", strict=True)),
+         [], ("map.yaml", "expands to more than 1,000,000 values")),
     ],
 )
 def test_bad_data_mappings_are_one_line_errors(spec, tmp_path, text, extra, words):

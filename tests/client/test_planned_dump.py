@@ -142,3 +142,56 @@ def test_a_planned_dump_matches_items_that_are_no_entry_name_as_substrings(tmp_p
     assert list(planned) == list(statistics)
     expected = {n for n in statistics if "relu" in n} | {"Functional.linear.1.forward"}
     assert set(data_names(planned)) == expected
+
+
+def test_a_plan_is_bounded_input(tmp_path: Path) -> None:
+    """Issue 37: a step range is kept as a range (four billion steps is no MemoryError in the debugger), an
+    empty ``list`` pattern (it would match every call) is refused, and so is a plan answer past its size."""
+    debugger = PrecisionDebugger(dump_path=str(tmp_path), task="statistics", step=["0-4000000000"])
+    steps = debugger.config.steps
+    assert steps is not None and len(steps) == 4_000_000_001 and 3_999_999_999 in steps
+    assert debugger.config.max_step == 4_000_000_000 and 4_000_000_001 not in steps
+    user = load_config(None, task="statistics", dump_path=str(tmp_path))
+    for listed, words in (([""], r"tensor.list\[0\].*is empty: it would match every call"),
+                          (["x", " "], r"tensor.list\[1\].*is empty"),
+                          (["x"] * 10_001, "has 10,001 items; at most 10,000")):  # fmt: skip
+        with pytest.raises(ConfigError, match=words):
+            apply_plan(user, {"task": "tensor", "tensor": {"list": listed}}, "cmp1")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"task": "statistics", "statistics": {"tensor_list": [""]}}))
+    with pytest.raises(ConfigError, match=r"statistics.tensor_list\[0\].*is empty"):
+        load_config(config)
+
+
+def test_a_plan_answer_past_its_size_is_refused() -> None:
+    """The training process never holds a plan answer bigger than ``MAX_PLAN_BYTES`` (a real HTTP server
+    streaming an endless body: the client stops reading past the bound)."""
+    import http.server
+    import threading
+
+    from parity.client.rest import MAX_PLAN_BYTES, ApiError, ParityClient
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            try:
+                self.wfile.write(b'{"config": {"task": "tensor", "x": "')
+                for _ in range(MAX_PLAN_BYTES // (1 << 20) + 8):
+                    self.wfile.write(b"a" * (1 << 20))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with ParityClient(f"http://127.0.0.1:{server.server_address[1]}") as api:
+            with pytest.raises(ApiError, match=f"answer is over {MAX_PLAN_BYTES:,} bytes: refused"):
+                api.get_plan("cmp1")
+    finally:
+        server.shutdown()
+        server.server_close()

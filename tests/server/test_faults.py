@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -85,11 +86,20 @@ def assert_no_orphans(data_dir: Path) -> None:
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs, or a skip where this process may not mount one (the ENOSPC store test covers it)."""
-    mount = tmp_path / "small-disk"
+    yield from _mounted(tmp_path / "small-disk", "16m")
+
+
+@pytest.fixture
+def tmpfs_32m(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MiB tmpfs (room for a comparison of 42,240 rows), or a skip as above."""
+    yield from _mounted(tmp_path / "small-disk", "32m")
+
+
+def _mounted(mount: Path, size: str) -> Iterator[Path]:
     mount.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount command")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
                           capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
@@ -169,6 +179,65 @@ def test_full_filesystem(tmpfs: Path, tmp_path: Path) -> None:
     (tmpfs / "filler").unlink(missing_ok=True)
     run_gc(data_dir)
     assert_no_orphans(data_dir)
+
+
+def _record_comparison(data_dir: Path, target: str, bench: str, rows: int) -> str:
+    """A succeeded comparison of ``rows`` rows between two runs, written to the server's database as its
+    workers would (the rows are what make its delete's WAL big)."""
+    from parity.server.db import Database
+    from parity.server.models import Comparison, ComparisonRow
+    from sqlalchemy import insert
+
+    db = Database.connect(Settings(data_dir=data_dir).resolved_database_url)
+    cid = uuid.uuid4().hex
+    try:
+        with db.write() as session:
+            session.add(Comparison(id=cid, target_run_id=target, bench_run_id=bench, status="succeeded"))
+        cells = json.dumps(["Torch.add.0.forward.output.0", 0.999] + ["x" * 24] * 4)
+        for start in range(0, rows, 5000):
+            with db.write() as session:
+                session.execute(insert(ComparisonRow), [
+                    {"comparison_id": cid, "rank": 0, "idx": k, "api": f"Torch.add.{k}.forward",
+                     "status": "pass", "highlight": None, "name": f"Torch.add.{k}.forward.output.0",
+                     "failing": False, "cells": cells, "score": None}
+                    for k in range(start, min(rows, start + 5000))])  # fmt: skip
+        db.checkpoint()  # as SQLite's own checkpoints would have by the time the disk fills
+    finally:
+        db.dispose()
+    return cid
+
+
+def test_a_run_with_a_big_comparison_is_deleted_on_a_full_disk_after_a_restart(
+    tmpfs_32m: Path, tmp_path: Path
+) -> None:
+    """Issue 37: the delete of a run with a 42,240-row comparison needed more WAL than the reserve; now its
+    blobs go first and its rows in batches, each batch's WAL given back before the next."""
+    data_dir = tmpfs_32m / "data"
+    srv = ServerProcess(data_dir, {"PARITY_WORKERS": "0", "PARITY_RESERVE_BYTES": str(1 << 20)})
+    srv.log_path = srv.server.log_path = tmp_path / "server.log"  # the log must not share the full disk
+    srv.start()
+    try:
+        api = srv.client()
+        target, bench = (api.post("/runs", json={"name": n, "device": "npu"}).json() for n in ("t", "b"))
+        assert put(api, target["id"], "step0/rank0/blob.bin", os.urandom(2 << 20)).status_code == 201
+        cid = _record_comparison(data_dir, target["id"], bench["id"], 42_240)
+        assert api.get(f"/comparisons/{cid}").status_code == 200
+        _fill(tmpfs_32m / "filler")
+        big = {"device": "npu", "metadata": {"pad": "x" * 400_000}}
+        statuses = [api.post("/runs", json={**big, "name": f"more-{i}"}).status_code for i in range(8)]
+        assert statuses[-1] == 507, statuses  # the database is full too
+        srv.kill()  # a restart on a full disk
+        srv.start()
+        api = srv.client()
+        resp = api.delete(f"/runs/{target['id']}", params={"with_comparisons": "true"})
+        assert resp.status_code == 204, srv.log()[-4000:]
+        assert api.get(f"/comparisons/{cid}").status_code == 404
+        assert api.get(f"/runs/{target['id']}").status_code == 404
+        assert "blobs removed before its rows" in srv.log()
+        assert api.post("/runs", json={"name": "after", "device": "npu"}).status_code == 201
+    finally:
+        srv.stop()
+    (tmpfs_32m / "filler").unlink(missing_ok=True)
 
 
 class FullStore(FileStore):

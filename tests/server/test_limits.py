@@ -170,3 +170,34 @@ def test_deleting_a_run_cancels_its_running_job(
         worker.join(30)
     assert client.get(f"{API}/comparisons/{cid}").status_code == 404
     assert pairs  # it was running when deleted
+
+
+def test_a_validation_past_its_deadline_leaves_the_run_invalid_and_the_queue_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: every job has a deadline, a validation too (``PARITY_VALIDATION_TIMEOUT_SECONDS``): one stuck
+    in a unit of work is failed by its lease's heartbeat, the run says why, and the next run validates."""
+    from parity.server.jobs import validation_task
+
+    assert Settings().validation_timeout_seconds > 0 and Settings().job_timeout_seconds > 0  # the defaults
+    settings = Settings(data_dir=tmp_path / "data", workers=0, job_lease_seconds=600,
+                        validation_timeout_seconds=1)  # fmt: skip
+    release, calls = threading.Event(), []
+    real = validation_task.validate_dumps
+
+    def stuck_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            release.wait(60)  # one long unit: no check is called meanwhile
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validation_task, "validate_dumps", stuck_once)
+    with TestClient(create_app(settings)) as client, validation_thread(settings):
+        run = new_run(client)
+        with pytest.raises(AssertionError):  # upload() waits for "complete"
+            upload(client, run["id"], build_dump(tmp_path / "npu"))
+        body = client.get(f"{API}/runs/{run['id']}").json()
+        assert body["status"] == "invalid", body
+        assert "validation ran longer than PARITY_VALIDATION_TIMEOUT_SECONDS=1 s" in body["error"]
+        release.set()
+        upload(client, new_run(client)["id"], build_dump(tmp_path / "gpu"))  # the next one completes

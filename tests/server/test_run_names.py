@@ -58,3 +58,23 @@ def test_a_rename_follows_the_same_rule(client: TestClient) -> None:
     assert resp.status_code == 422 and "holds a '/'" in resp.json()["detail"]
     resp = client.patch(f"{API}/runs/{run['id']}", json={"name": " r2 ", "tags": {" k ": "v"}})
     assert resp.status_code == 200 and (resp.json()["name"], resp.json()["tags"]) == ("r2", {"k": "v"})
+
+
+def test_look_alike_names_are_refused_as_duplicates(client: TestClient) -> None:
+    """Issue 37: invisible format characters are refused, fullwidth letters are NFKC-normalised, and a name
+    that looks like one the project has (Cyrillic letters for Latin ones) is a duplicate of it."""
+    first = client.post(f"{API}/runs", json={"name": "nightly", "device": "cpu"}).json()
+    invisibles = (("nigh\u200btly", "U+200B"), ("\u202enightly", "U+202E"), ("\ufeffnightly", "U+FEFF"))
+    for invisible, code in invisibles:
+        resp = client.post(f"{API}/runs", json={"name": invisible, "device": "cpu"})
+        assert resp.status_code == 422 and f"invisible format character {code}" in resp.json()["detail"]
+    for alike in ("ｎｉｇｈｔｌｙ", "n\u0456ghtly", "nightl\u0443", "ni\u0261htly"):
+        resp = client.post(f"{API}/runs", json={"name": alike, "device": "cpu"})
+        assert resp.status_code == 409, resp.text
+        assert "already has a run named 'nightly'" in resp.json()["detail"] and first["id"] in resp.text
+    other = client.post(f"{API}/runs", json={"name": "weekly", "device": "cpu"}).json()
+    resp = client.patch(f"{API}/runs/{other['id']}", json={"name": "n\u0456ghtly"})
+    assert resp.status_code == 409 and "(which 'n\u0456ghtly' looks like)" in resp.json()["detail"]
+    elsewhere = client.post(f"{API}/runs", json={"name": "nightly", "project": "other", "device": "cpu"})
+    assert elsewhere.status_code == 201
+    assert client.get(f"{API}/runs").json()["count"] == 3

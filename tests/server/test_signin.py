@@ -4,13 +4,15 @@
    CSRF token changes at sign-in and sign-out;
 2. nothing in the cookie or on the page helps guess a token (a random id; an HMAC fingerprint);
 3. wrong tokens from one address (REST and the form, counted together) are slowed, then answered 429 with
-   Retry-After, each logged once without the token;
+   Retry-After, each logged once without the token; the address is the connection's unless a trusted proxy is
+   configured (a rotated ``X-Forwarded-For`` changes nothing then);
 4. a non-ASCII or huge token is a 401, never a 500;
 5. no-store and nosniff on every answer, /docs not framable, the logout cookie's attributes, acceptances
    recording the signed-in identity, Secure cookies with ``PARITY_HTTPS_ONLY`` or a trusted proxy's https.
 
-Each test comes from its own client address (``X-Forwarded-For``, believed from 127.0.0.1 as uvicorn does
-by default), so one test's wrong tokens never slow or block another's requests.
+Each test comes from its own client address (``X-Forwarded-For``: the guarded server trusts the test on
+127.0.0.1 as its proxy, ``PARITY_FORWARDED_ALLOW_IPS``), so one test's wrong tokens never slow or block
+another's requests; a server with the default (no proxy trusted) counts the connection's address.
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ def record_calls(settings: Settings, comparison_id: str, apis: Sequence[str]) ->
 def guarded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
     root = tmp_path_factory.mktemp(f"signin-{request.param}")
     env = {"PARITY_TOKENS": TOKENS, "PARITY_WORKERS": "0", "PARITY_SESSION_SECRET": SECRET,
-           "PARITY_AUTH_FAILURE_LIMIT": str(LIMIT), "PARITY_AUTH_FAILURE_DELAY_SECONDS": "0.01"}  # fmt: skip
+           "PARITY_AUTH_FAILURE_LIMIT": str(LIMIT), "PARITY_AUTH_FAILURE_DELAY_SECONDS": "0.01",
+           "PARITY_FORWARDED_ALLOW_IPS": "127.0.0.1"}  # fmt: skip
     database_url = None
     if request.param == "postgres":
         database_url = env["PARITY_DATABASE_URL"] = fresh_postgres_database(postgres_url_or_skip())
@@ -297,6 +300,29 @@ def test_wrong_tokens_are_slowed_then_answered_429(guarded: Guarded, browser: Br
     assert not any(guess in log for guess in guesses)
 
 
+def test_without_a_trusted_proxy_a_rotated_forwarded_for_is_the_same_address(tmp_path: Path) -> None:
+    """The default (``PARITY_FORWARDED_ALLOW_IPS`` unset): the wrong-token throttle counts the connection's
+    address, so a new ``X-Forwarded-For`` per guess neither spreads the guesses nor lets the right token
+    through from the locked-out address; nor is a claimed https believed."""
+    env = {"PARITY_TOKENS": TOKENS, "PARITY_WORKERS": "0", "PARITY_SESSION_SECRET": SECRET,
+           "PARITY_AUTH_FAILURE_LIMIT": str(LIMIT), "PARITY_AUTH_FAILURE_DELAY_SECONDS": "0"}  # fmt: skip
+    server = ServerProcess(tmp_path / "srv", env).start()
+    try:
+        api = f"{server.url}/api/v1/runs"
+        for i in range(LIMIT):
+            headers = {"X-Forwarded-For": address(), "Authorization": f"Bearer guess-{i}-{uuid.uuid4().hex}"}
+            assert httpx.get(api, headers=headers).status_code == 401
+        right = httpx.get(api, headers={"X-Forwarded-For": address(), "Authorization": f"Bearer {RW}"})
+        assert right.status_code == 429, right.text
+        assert "too many wrong tokens from 127.0.0.1" in right.text
+        lines = [line for line in server.log().splitlines() if "wrong token from " in line]
+        assert len(lines) == LIMIT and all("wrong token from 127.0.0.1 (REST)" in line for line in lines)
+        login = httpx.get(f"{server.url}/login", headers={"X-Forwarded-Proto": "https"})
+        assert "Secure" not in login.headers["set-cookie"]
+    finally:
+        server.stop()
+
+
 def test_a_short_token_is_accepted_with_a_warning(guarded: Guarded) -> None:
     log = guarded.server.log()
     assert "PARITY_TOKENS: tiny has 5 characters; use at least 32" in log
@@ -361,7 +387,7 @@ def test_acceptances_record_who_signed_in_and_keep_author_as_text(guarded: Guard
 
 def test_a_trusted_proxys_https_makes_cookies_secure(guarded: Guarded) -> None:
     b = other_browser(guarded)
-    b.http.headers["X-Forwarded-Proto"] = "https"  # from 127.0.0.1, which uvicorn trusts by default
+    b.http.headers["X-Forwarded-Proto"] = "https"  # from 127.0.0.1, the guarded server's trusted proxy
     assert b.get("/login").status_code == 200
     assert "Secure" in b.cookie_header("parity_csrf")
     b.close()

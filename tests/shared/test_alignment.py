@@ -201,7 +201,16 @@ def test_data_mapping_overrides_the_alignment(tmp_path: Path) -> None:
         ("a: [b\n", "not valid YAML at line"),
         ("- a\n- b\n", "must be a YAML mapping"),
         ("", "got empty"),
-        ("Torch.sin.0.forward: 3\n", "entry 'Torch.sin.0.forward: 3': the bench name must be a non-empty"),
+        ("Torch.sin.0.forward: 3\n",
+         "entry 'Torch.sin.0.forward': the bench name must be a non-empty string, got 3"),
+        # issue 37: a few hundred bytes of aliases of aliases, refused before they are built or echoed
+        ("a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+         + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n"
+           for p, c in zip("abcdefgh", "bcdefghi", strict=True)),
+         "expands to more than 1,000,000 values"),
+        ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b]\n",
+         "entry 'a': the bench name must be a non-empty string, got a list of 10 items"),
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than 64 levels"),
     ],
 )
 def test_bad_mapping_files_are_named(tmp_path: Path, text: str, message: str) -> None:
@@ -209,7 +218,7 @@ def test_bad_mapping_files_are_named(tmp_path: Path, text: str, message: str) ->
     path.write_text(text)
     with pytest.raises(CompareInputError, match=str(path)) as info:
         load_data_mapping(path)
-    assert message in str(info.value)
+    assert message in str(info.value) and len(str(info.value)) < 300 + len(str(path))
 
 
 def test_mapping_names_must_exist(tmp_path: Path) -> None:
@@ -218,11 +227,12 @@ def test_mapping_names_must_exist(tmp_path: Path) -> None:
     bench = _write(tmp_path, "bench", [("Torch.sin.0.forward", [x], [x.sin()])])
     nope = "Torch.nope.0.forward"
     for doc, wrong in (({nope: "Torch.sin.0.forward"}, f"'{nope}' is no row"),
-                       ({"Torch.sin.0.forward": nope}, f"'{nope}' is no call")):
+                       ({"Torch.sin.0.forward": nope}, f"'{nope}' is no call"),
+                       ({"b" * 10**6: "x"}, "... (1,000,000 characters)' is no row")):  # not echoed whole
         options = CompareOptions(replay_top=0, data_mapping=parse_data_mapping(doc, source="dm.yaml"))
         with pytest.raises(CompareInputError, match="dm.yaml: entry") as info:
             compare_dumps(npu, bench, options)
-        assert wrong in str(info.value)
+        assert wrong in str(info.value) and len(str(info.value)) < 500
 
 
 def test_the_part_names_the_bench_partner_of_a_renamed_call_and_of_a_gap(tmp_path: Path) -> None:
@@ -357,3 +367,22 @@ def test_modules_pair_by_name_then_by_path_and_a_gap_is_cut_at_a_module_boundary
     cut = split_by_scope((0, 4, 0, 3), ["a", "a", "b", "b"], ["b", "c", "b"])
     assert cut == [(0, 2, 0, 0), (2, 4, 0, 1), (4, 4, 1, 2), (4, 4, 2, 3)]
     assert split_by_scope((0, 2, 0, 1), [None, None], [None]) == [(0, 2, 0, 1)]
+
+
+def test_alternating_scopes_align_in_linear_work(tmp_path: Path) -> None:
+    """Issue 37's probe (``tests/alignment_probes.py``) at 20,000 calls a side: every call a gap of its own
+    module scope, every tensor of one value. Quadratic before (50,000 held a worker 3 min 50 s), about a
+    second now (``benchmarks/bench_alignment_scale.py`` times 200,000); each gap pairs its call's input and
+    output with the bench's call of the same scope and place."""
+    from tests.alignment_probes import write_alternating_scopes
+
+    calls = 20_000
+    target, bench = write_alternating_scopes(tmp_path, calls)
+    npu = side_rows(load_dump(target), tensor_mode=False)
+    ref = side_rows(load_dump(bench), tensor_mode=False)
+    modules = (load_construct(target.parent / "construct.json"),
+               load_construct(bench.parent / "construct.json"))  # fmt: skip
+    pairing, aligned = align_rows(npu, ref, modules=modules)
+    assert len(aligned.gaps) == calls
+    assert aligned.gaps[3].label == "target Torch.add.3.forward ~ bench Torch.mul.3.forward"
+    assert all(j >= 0 for j in pairing.bench_index) and len(set(pairing.bench_index)) == 2 * calls

@@ -134,3 +134,19 @@ def test_no_suspects_is_a_plan_without_calls() -> None:
 def test_a_summary_of_another_format_is_refused(doc: Any, message: str) -> None:
     with pytest.raises(PlanError, match=message):
         make_plan(doc)
+
+
+def test_data_flow_from_the_stored_columns_is_the_same(tmp_path: Any) -> None:
+    """The server builds the flow from a dump's parsed columns (its sidecar), never the dump.json text
+    (issue 37): the same producers and consumers as from the document."""
+    import json
+
+    from parity.shared.dump.reader import load_dump
+
+    doc = {"task": "statistics", "framework": "pytorch", "dump_data_dir": None, **chain_dump()}
+    (tmp_path / "dump.json").write_text(json.dumps(doc))
+    columns = load_dump(tmp_path / "dump.json").columns
+    ours, theirs = DataFlow.from_columns(columns), DataFlow(chain_dump()["data"])
+    assert ours.names == theirs.names
+    assert (ours.producers, ours.consumers) == (theirs.producers, theirs.consumers)
+    assert any(ours.producers) and any(ours.consumers)

@@ -7,7 +7,7 @@ target with one port bug), and compares the two dumps with the engine."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +15,11 @@ import torch
 import torch.nn.functional as F
 from parity.client import PrecisionDebugger
 from parity.shared.compare.engine import compare_dumps
+from parity.shared.compare.headers import full_header
 from parity.shared.compare.options import CompareOptions
 from parity.shared.compare.result import CompareResult
+from parity.shared.plan import make_plan
+from parity.shared.report.summary import rank_summary, single_rank_summary
 from torch import nn
 
 Port = Callable[[torch.Tensor], torch.Tensor]
@@ -44,14 +47,19 @@ class Net(nn.Module):
         return self.c(h)
 
 
-def _dump(root: Path, model: nn.Module, *, task: str = "tensor", autocast: bool = False) -> Path:
-    """One training step (forward, loss, backward, SGD) of ``model`` dumped at L1 into ``root``."""
+Optimizer = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
+
+
+def _dump(root: Path, model: nn.Module, *, task: str = "tensor", autocast: bool = False,
+          optimizer: Optimizer | None = None) -> Path:  # fmt: skip
+    """One training step (forward, loss, backward, SGD or ``optimizer``) of ``model`` dumped at L1 into
+    ``root``."""
     PrecisionDebugger.reset()
     root.mkdir(parents=True)
     config = root / "config.json"
     config.write_text(json.dumps({"task": task, "dump_path": str(root), "level": "L1", "step": [0]}))
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = (optimizer or (lambda params: torch.optim.SGD(params, lr=0.1)))(model.parameters())
     PrecisionDebugger(str(config))
     PrecisionDebugger.start()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -92,6 +100,29 @@ def test_gelu_with_the_tanh_approximation_is_named_by_its_argument(tmp_path: Pat
     top = result.suspects[0]
     assert top.api == "Functional.gelu.0.forward"
     assert "approximate: 'tanh' vs not passed" in top.reason and "inputs identical" in top.reason
+
+
+def _messages(result: CompareResult) -> dict[str, str]:
+    column = full_header(result.mode, stack=result.stack_mode).index("Err_message")
+    return {str(row.cells[0]): str(row.cells[column]) for row in result.rows}
+
+
+def test_an_argument_row_says_what_differs_and_the_plan_lists_its_call(tmp_path: Path) -> None:
+    """An argument only the target passes, and one both pass with other values: each row says what the two
+    sides asked for, never that a data file is missing; ``parity plan`` lists the call."""
+    one_sided = _compare(tmp_path / "one", {"act": lambda h: F.gelu(h, approximate="tanh")})
+    message = _messages(one_sided)["Functional.gelu.0.forward.input.approximate"]
+    assert message == "Argument approximate: 'tanh' vs not passed."
+    torch.manual_seed(0)
+    bench = _dump(tmp_path / "both" / "bench", Net(ln=lambda h: F.layer_norm(h, (64,), eps=1e-5)))
+    torch.manual_seed(0)
+    target = _dump(tmp_path / "both" / "target", Net(ln=lambda h: F.layer_norm(h, (64,), eps=1e-2)))
+    both = compare_dumps(target, bench, CompareOptions())
+    message = _messages(both)["Functional.layer_norm.0.forward.input.eps"]
+    assert message.endswith("Argument eps: 0.01 vs 1e-05.") and "data file" not in message
+    summary = single_rank_summary(rank_summary(one_sided, {}))
+    plan = make_plan(json.loads(json.dumps(summary, default=str)), neighbours=0)
+    assert "Functional.gelu.0.forward" in [call.api for call in plan.calls]
 
 
 def test_another_eps_is_named_by_its_argument(tmp_path: Path) -> None:

@@ -206,9 +206,11 @@ def test_a_replay_too_large_is_refused_before_it_runs(dumps: dict[str, Path],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     v = one(dumps["bench"], dumps["bench"], "Functional.linear.0.forward", max_elements=100)
     assert v.verdict is Verdict.NOT_REPLAYED and "elements" in v.text, v.text
-    monkeypatch.setattr(engine, "MAX_FLOPS", 1000)  # the linear takes 6 x 8 x 16 x 2 = 1536
+    # the linear's addmm: 6 x 8 x 16 x 2 = 1536 floating-point operations and 288 elements read and written
+    monkeypatch.setattr(engine, "MAX_FLOPS", 1000)
     v = one(dumps["bench"], dumps["bench"], "Functional.linear.0.forward")
-    expected = "its replay would take 1.5e+03 floating-point operations, over the cap of 1.0e+03"
+    expected = ("over budget: its replay would take 1.8e+03 operations (aten.addmm: 1.8e+03), over the cap "
+                "of 1.0e+03")
     assert v.text == f"not replayed: {expected}", v.text
 
 
