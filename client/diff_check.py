@@ -9,24 +9,37 @@ does not; msprobe then writes that call's tensors and counts it, up to ``diff_nu
 adds the culprit's data-flow neighbours as ``parity plan`` picks them (:class:`parity.shared.plan.dataflow.
 DataFlow`, over the baseline dump, whose call order the target repeats where its inputs agree).
 
-Not yet wired into the recorder: ``task: "diff_check"`` is still refused in :mod:`parity.client.config`.
+The live side (:class:`LiveDiffCheck`, driven by :class:`parity.client.recorder.Recorder`): every recorded
+call gets its statistics and checksums; its tensors are held (references, no copy) with their file names
+until the call is judged, when its forward outputs are recorded (one read of that call's checksums, as
+msprobe does). A culprit's files are written then, with those of its producers still held (the last
+:attr:`LiveDiffCheck.HELD` entries) and, as they run, its consumers; a held tensor changed in place since it
+was recorded gets no file (its values are gone) and says so in the leaf. Every other leaf loses its file name.
+Unlike msprobe 26.2.0, which stops the whole dump at ``diff_nums`` culprits, the statistics go on to the end
+of the step (the comparison of the two runs still has every call); and an xor baseline works (msprobe 26.2.0
+reads the live checksum before its xor is computed, so it never finds a culprit in xor mode).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from parity.client.errors import ConfigError
-from parity.shared.dump.layout import rank_dir_path
+from parity.shared.dump.layout import find_rank_dirs, rank_dir_path, step_dir_name
 from parity.shared.dump.reader import read_json
 from parity.shared.errors import ParityError
 from parity.shared.plan.builder import DEFAULT_NEIGHBOURS
 from parity.shared.plan.dataflow import DataFlow
 
-__all__ = ["Baseline", "CallChecksums", "DiffCheck", "baseline_json"]
+__all__ = ["Baseline", "CallChecksums", "DiffCheck", "LiveDiffCheck", "baseline_json"]
+
+log = logging.getLogger(__name__)
 
 #: (checksum, shape) of one tensor, or None where the dump has no checksum for it
 _Ref = tuple[str | None, tuple[int, ...]]
@@ -52,6 +65,13 @@ def baseline_json(bench_path: str | Path, step: int, rank: int) -> Path:
     for candidate in (path, path / "dump.json", rank_dir_path(path, step, rank) / "dump.json"):
         if candidate.is_file():
             return candidate
+    for step_dir in (path / step_dir_name(step), path):  # msprobe's unnumbered ``proc{pid}`` folder too
+        try:
+            found = [d for d in find_rank_dirs(step_dir) if d.number == rank and d.dump_json.is_file()]
+        except ParityError:
+            continue
+        if found:
+            return found[0].dump_json
     expected = rank_dir_path(path, step, rank) / "dump.json"
     raise ConfigError("tensor.bench_path", f"no baseline dump.json for step {step}, rank {rank} under "
                       f"{str(path)!r} (expected {expected})")  # fmt: skip
@@ -63,8 +83,8 @@ def _tensors(values: Any) -> dict[int, _Ref]:
     if isinstance(values, list):
         for i, leaf in enumerate(values):
             if isinstance(leaf, dict) and leaf.get("type") == "torch.Tensor":
-                md5 = leaf.get("md5")
-                out[i] = (md5 if isinstance(md5, str) else None, tuple(leaf.get("shape") or ()))
+                md5 = leaf.get("md5")  # a 0-d tensor's xor checksum is its value: compared as text (msprobe)
+                out[i] = (None if md5 is None else str(md5), tuple(leaf.get("shape") or ()))
     return out
 
 
@@ -134,3 +154,96 @@ class DiffCheck:
         ``hops`` in the baseline's data flow (``parity plan``'s choice), in dump order."""
         seeds = list(self.culprits if culprits is None else culprits)
         return seeds + [n for n in self.baseline.flow.neighbours(seeds, self.hops) if n not in seeds]
+
+
+#: one held tensor: its file name, the tensor, its ``_version`` when recorded, and its leaf
+_Held = tuple[str, torch.Tensor, int, dict[str, Any]]
+
+
+class LiveDiffCheck:
+    """One step's divergence dump in the live run: which entries' tensors are held, written or let go.
+
+    ``write(file_name, tensor)`` queues a tensor file (the recorder's writer); the recorder asks
+    :meth:`wants` before naming a tensor's file, :meth:`hold` after making its leaf, and calls
+    :meth:`call_done` once a forward call's outputs are recorded and :meth:`settle` before a flush."""
+
+    #: the entries whose tensors stay held after their call (a later culprit's producers); references only,
+    #: so past this many the oldest is let go (its tensors then free as the run would free them)
+    HELD = 64
+
+    def __init__(self, check: DiffCheck, write: Callable[[str, torch.Tensor], None]) -> None:
+        self.check = check
+        self._write = write
+        self._held: OrderedDict[str, list[_Held]] = OrderedDict()
+        self._wanted: set[str] = set()  # a culprit's neighbours not run yet: written as they are recorded
+        self._seen: set[str] = set()  # entries already let go or written: too late for their files
+        self._complete: set[str] = set()  # forward calls whose outputs are recorded
+        self.written: list[str] = []  # entries whose files were written, in order (once per tensor)
+        self.lost: list[str] = []  # neighbours whose tensors were let go (or changed) before a culprit showed
+
+    def wants(self, entry: str) -> bool:
+        """Whether ``entry``'s tensors may still get files (every entry until ``diff_nums`` culprits)."""
+        return not self.check.done or entry in self._wanted
+
+    def hold(self, entry: str, file_name: str, tensor: torch.Tensor, leaf: dict[str, Any]) -> None:
+        """A recorded tensor that may get a file; a wanted neighbour's is written at once."""
+        if entry in self._wanted:
+            self._write(file_name, tensor)
+            self.written.append(entry)
+            return
+        held = self._held.get(entry)
+        if held is None:
+            held = self._held[entry] = []
+            if len(self._held) > self.HELD:
+                self._let_go(next(iter(self._held)))
+        held.append((file_name, tensor, tensor._version, leaf))
+
+    def call_done(self, entry: str, record: Mapping[str, Any]) -> None:
+        """A forward call's outputs are recorded (its checksums filled): judge it; a culprit's files and
+        its held producers' are written, its consumers are wanted."""
+        self._wanted.discard(entry)
+        self._complete.add(entry)
+        if self.check.done or not self.check.judge(entry, CallChecksums.of_entry(record)):
+            return
+        for name in self.check.file_calls([entry]):
+            if name in self._held:
+                self._flush_held(name)
+                if name not in self._complete:  # a call still running (the module around the culprit)
+                    self._wanted.add(name)
+            elif name in self._seen:
+                self.lost.append(name)
+            elif name != entry:
+                self._wanted.add(name)
+
+    def settle(self) -> None:
+        """Before the documents are written: every held entry lets its file names go (no file was written)."""
+        for entry in list(self._held):
+            self._let_go(entry)
+
+    def _flush_held(self, entry: str) -> None:
+        changed = False
+        for file_name, tensor, version, leaf in self._held.pop(entry):
+            if tensor._version != version:  # an in-place update since: the values recorded are gone
+                leaf.pop("data_name", None)
+                leaf["note"] = "changed in place before diff_check wrote it: no tensor file"
+                changed = True
+            else:
+                self._write(file_name, tensor)
+        self._seen.add(entry)
+        (self.lost if changed else self.written).append(entry)
+
+    def _let_go(self, entry: str) -> None:
+        for _, _, _, leaf in self._held.pop(entry):
+            leaf.pop("data_name", None)
+        self._seen.add(entry)
+
+    def summary(self, step: int, rank: int) -> str:
+        """One line for the log: the culprits, the entries with files, those too late for theirs."""
+        culprits = ", ".join(self.check.culprits) or "none"
+        line = f"parity: diff_check step {step} rank {rank}: culprits: {culprits}"
+        written, lost = list(dict.fromkeys(self.written)), list(dict.fromkeys(self.lost))
+        if self.check.culprits:
+            line += f"; tensor files for {len(written)} entries ({', '.join(written)})"
+        if lost:
+            line += f"; not written (let go or changed in place before the culprit ran): {', '.join(lost)}"
+        return line
