@@ -180,3 +180,19 @@ def test_parity_fields_only_warn_nothing(tmp_path: Path, caplog: pytest.LogCaptu
     with caplog.at_level("WARNING", logger="parity.client.config"):
         load_config(_cfg(tmp_path, doc))
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_save_records_nothing_outside_level_debug_and_says_so(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    PrecisionDebugger.reset()
+    PrecisionDebugger(dump_path=str(tmp_path))
+    with caplog.at_level("WARNING", logger="parity.client.debugger"):
+        PrecisionDebugger.save(torch.ones(2), "x")
+        PrecisionDebugger.save(torch.ones(2), "y")
+    said = [r.getMessage() for r in caplog.records if "save(" in r.getMessage()]
+    assert len(said) == 1 and 'level "debug"' in said[0]
+    with pytest.raises(ConfigError, match="name must be a string"):
+        PrecisionDebugger.save(torch.ones(2), 3)  # type: ignore[arg-type]
+    PrecisionDebugger.reset()
