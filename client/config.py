@@ -3,8 +3,9 @@
 An msprobe user's config.json works unchanged where Parity does what it asks: every field msprobe 8.3.3 and
 26.x ship or document is known. The fields Parity acts on are checked against their allowed values (26.x's
 ``summary_mode: "xor"``, ``statistics.tensor_list``, ``precision: "low"``, ``risk_level: "ALL"``,
-``dump_enable: true`` included); a 26.x setting Parity does not carry out (``task: "diff_check"``, the
-``load`` section, ``level: "debug"``, ``tensor.bench_path``, ``precision: "high"``, ``risk_level`` ``CORE`` or
+``dump_enable: true`` included); ``tensor.bench_path`` with ``diff_nums`` (msprobe 26's one-pass divergence
+dump, also spelled ``task: "diff_check"``) runs :mod:`parity.client.diff_check`; a 26.x setting Parity does
+not carry out (the ``load`` section, ``level: "debug"``, ``precision: "high"``, ``risk_level`` ``CORE`` or
 ``FOCUS``, ``dump_enable: false``, ``slice``) is refused by name with the reason (:data:`REFUSED_26`), never
 accepted and ignored; the fields neither tool acts on for a PyTorch dump of this task (the
 ``overflow_check``/``run_ut``/... sections of other tasks, ``enable_dataloader``, ``seed``,
@@ -37,21 +38,19 @@ __all__ = ["DebuggerConfig", "apply_plan", "load_config", "parse_index_list"]
 log = logging.getLogger(__name__)
 
 TASKS = ("statistics", "tensor")
+#: msprobe 26's one-pass divergence dump: task ``tensor`` with ``tensor.bench_path`` (how msprobe 26.2.0
+#: runs it), or ``task: "diff_check"`` with a ``bench_path`` in its section or ``tensor``'s; written as tensor
+DIFF_CHECK = "diff_check"
 LEVELS = ("L0", "L1", "mix")
 SUMMARY_MODES = ("statistics", "md5", "xor")
 #: msprobe 26's tasks and levels that Parity does not run, each with the reason (refused by name)
 REFUSED_26 = {
-    "task:diff_check": "msprobe 26's online divergence dump (tensor files only for the calls whose inputs "
-    "agree with a baseline and whose outputs do not) is not implemented in Parity; compare the statistics "
-    "or xor dumps, then `parity plan` writes the tensor dump of the culprits and their neighbours",
     "task:structure": "msprobe 26's structure-only dump is not implemented; use task statistics",
     "task:acc_check": "msprobe's online accuracy check is not a dump Parity writes",
     "task:nan_check": "msprobe 26's NaN check is not implemented; `parity compare` flags NaN/Inf rows",
     "level:debug": "PrecisionDebugger.save and debug.json (level debug) are not implemented in Parity",
     "level:L2": "the kernel-level (L2) dump needs msprobe's NPU kernel hooks",
     "load": "msprobe 26's module input override (load) is not implemented in Parity",
-    "bench_path": "the one-pass divergence dump against a baseline is not implemented in Parity (see "
-    "task diff_check); leave it empty",
     "slice": "msprobe 26's tensor slicing before statistics is not implemented in Parity; leave it empty",
     "precision:high": "msprobe 26.2.0's high precision writes no Mean and Norm; Parity computes them as "
     "\"low\" does (its default)",
@@ -63,7 +62,7 @@ REFUSED_26 = {
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 COMMON_FIELDS = (
     "task", "dump_path", "rank", "step", "level", "async_dump", "extra_info", "host_buffer_mb",
-    "server", "token", "run_name", "project", "tags", "plan", "planned_by", *TASKS,
+    "server", "token", "run_name", "project", "tags", "plan", "planned_by", *TASKS, DIFF_CHECK,
 )  # fmt: skip
 #: Parity's own task field (``parity plan`` writes it; msprobe ignores it): with ``list``, every call keeps
 #: its statistics entry and only the listed calls get tensor files.
@@ -110,6 +109,11 @@ class DebuggerConfig:
     plan: str | None = None
     #: the comparison that planned this dump (the run's provenance on the server)
     planned_by: str | None = None
+    #: msprobe 26's one-pass divergence dump: the baseline (an md5 or xor dump: its root, a step folder or a
+    #: dump.json) whose checksums each call is judged against; None: no diff_check
+    bench_path: Path | None = None
+    #: how many culprits diff_check looks for (-1: no limit)
+    diff_nums: int = 1
 
     def wants(self, direction: str, io: str) -> bool:
         """Whether ``data_mode`` keeps this direction (forward/backward) and side (input/output)."""
@@ -232,12 +236,49 @@ def _task_section(raw: Any, task: str, src: str | None, ignored: list[str]) -> d
         elif key not in TASK_FIELDS and key not in MSPROBE_26_TASK_FIELDS:
             known = (*TASK_FIELDS, *MSPROBE_26_TASK_FIELDS, *MSPROBE_TASK_FIELDS)
             raise _unknown(f"{task}.{key}", key, known, src)
-    for key in ("slice", "bench_path"):
-        if raw.get(key):
-            raise ConfigError(f"{task}.{key}", f"{raw[key]!r} not supported: {REFUSED_26[key]}", source=src)
-    if "diff_nums" in raw:
-        ignored.append(f"{task}.diff_nums")  # msprobe reads it only with a bench_path or task diff_check
+    if raw.get("slice"):
+        raise ConfigError(f"{task}.slice", f"{raw['slice']!r} not supported: {REFUSED_26['slice']}",
+                          source=src)  # fmt: skip
     return raw
+
+
+def _diff_check(raw: Mapping[str, Any], task: str, section: Mapping[str, Any], summary_mode: str,
+                src: str | None, ignored: list[str]) -> tuple[Path | None, int]:  # fmt: skip
+    """``(bench_path, diff_nums)`` of a divergence dump, ``(None, 1)`` for any other: msprobe 26.2.0 runs it
+    for task ``tensor`` with a ``tensor.bench_path``; ``task: "diff_check"`` takes its section's or
+    ``tensor``'s."""
+    where = task
+    bench = section.get("bench_path")
+    if task == DIFF_CHECK and not bench and isinstance(raw.get("tensor"), dict):
+        where, bench = "tensor", raw["tensor"].get("bench_path")
+    for other in (*TASKS, DIFF_CHECK):  # a section of a task not run: msprobe does not read it either
+        other_section = raw.get(other)
+        if other not in (task, where) and isinstance(other_section, dict):
+            ignored += [f"{other}.{k}" for k in ("bench_path", "diff_nums") if other_section.get(k)]
+    if not bench:
+        if task == DIFF_CHECK:
+            raise ConfigError("diff_check.bench_path", "is missing: Parity judges each call against a "
+                              "baseline dump's checksums (msprobe 26.2.0 reads an Ascend NPU flag instead, "
+                              "never set off the NPU); set tensor.bench_path to an md5 or xor dump",
+                              source=src)  # fmt: skip
+        if "diff_nums" in section:
+            ignored.append(f"{task}.diff_nums")  # msprobe reads it only with a bench_path
+        return None, 1
+    if not isinstance(bench, str):
+        raise ConfigError(f"{where}.bench_path", f"must be a path string, got {bench!r}", source=src)
+    nums = section.get("diff_nums", 1)
+    if nums is None:
+        nums = 1
+    if isinstance(nums, bool) or not isinstance(nums, int) or (nums != -1 and nums <= 0):
+        raise ConfigError(f"{task}.diff_nums", f"must be -1 (no limit) or a positive integer, got {nums!r}",
+                          source=src)  # fmt: skip
+    if summary_mode not in ("md5", "xor"):
+        raise ConfigError(f"{task}.summary_mode", f"{summary_mode!r} with {where}.bench_path: the divergence "
+                          'dump compares checksums; set "md5" or "xor", as the baseline was dumped',
+                          source=src)  # fmt: skip
+    if not Path(bench).exists():
+        raise ConfigError(f"{where}.bench_path", f"{bench!r} does not exist", source=src)
+    return Path(bench), nums
 
 
 def _refuse_26(raw: Mapping[str, Any], src: str | None) -> None:
@@ -296,9 +337,9 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
             raise ConfigError(key, f"unknown argument; allowed: {', '.join(COMMON_FIELDS)}")
         if value is not None:
             raw[key] = value
-    task = _choice(raw, "task", TASKS, "statistics", "task", src)
+    task = _choice(raw, "task", (*TASKS, DIFF_CHECK), "statistics", "task", src)
     level = _choice(raw, "level", LEVELS, "L1", "level", src)
-    for other in TASKS:
+    for other in (*TASKS, DIFF_CHECK):
         if other != task and other in raw:
             _task_section(raw[other], other, src, ignored)  # still validated: a typo there is a typo
     section = _task_section(raw.get(task), task, src, ignored)
@@ -314,6 +355,9 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
     if "all" in data_mode and len(data_mode) > 1:
         raise ConfigError(f"{task}.data_mode", '"all" cannot be combined with other modes', source=src)
     summary_mode = _choice(section, "summary_mode", SUMMARY_MODES, "statistics", f"{task}.summary_mode", src)
+    bench_path, diff_nums = _diff_check(raw, task, section, summary_mode, src, ignored)
+    if task == DIFF_CHECK:
+        task = "tensor"  # what msprobe 26 writes for it
     async_dump = _bool(raw, "async_dump", False, src)
     if async_dump and summary_mode in ("md5", "xor"):
         raise ConfigError("async_dump", f'cannot be combined with summary_mode "{summary_mode}"', source=src)
@@ -380,6 +424,8 @@ def load_config(config_path: str | os.PathLike[str] | None = None, **overrides: 
         statistics_for_all=statistics_for_all,
         plan=_opt_str(raw, "plan", src) or None,
         planned_by=_opt_str(raw, "planned_by", src) or None,
+        bench_path=bench_path,
+        diff_nums=diff_nums,
     )
 
 

@@ -236,6 +236,23 @@ class PrecisionDebugger:
             self._settle()
 
     @classmethod
+    def save(cls, variable: Any, name: str, save_backward: bool = True) -> None:
+        """msprobe 26's ``PrecisionDebugger.save(variable, name, save_backward=True)``: it records only at
+        ``level: "debug"`` (into debug.json) and does nothing at any other level. Parity refuses level debug
+        at construction, so here it records nothing either, as msprobe would at this level, and says so
+        once instead of silently."""
+        cls._get()  # as msprobe: the debugger must exist
+        if not isinstance(name, str):
+            raise ConfigError("save", f"name must be a string, got {type(name).__name__}")
+        if not cls._save_warned:
+            cls._save_warned = True
+            log.warning("parity: PrecisionDebugger.save(%r) recorded nothing: save() writes debug.json only "
+                        "at level \"debug\" (msprobe 26 does nothing at other levels too), which Parity "
+                        "does not implement", name)  # fmt: skip
+
+    _save_warned = False
+
+    @classmethod
     def drain(cls) -> None:
         """Block until every flushed step is on disk (and handed to the uploader).
 

@@ -24,11 +24,14 @@ import torch
 from parity.client.api_backward import ApiBackward, InputNodes, add_tensor_hook, input_nodes, last_hook_key
 from parity.client.call_stacks import CallStacks, Stacks
 from parity.client.config import DebuggerConfig
+from parity.client.diff_check import Baseline, DiffCheck, LiveDiffCheck
+from parity.client.errors import ConfigError
 from parity.client.stats import Later, StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
 from parity.shared.dump.naming import backward_of, param_grad_file, parse_entry, tensor_file
 from parity.shared.dump.writer import RankDirWriter
+from parity.shared.plan.dataflow import DataFlow
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 
@@ -192,7 +195,11 @@ class Recorder:
         self._in_scope = False
         self._scope_done = False
         self._selected_modules: set[str] = set()
-        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5", stage=self.background.submit_host,
+        # diff_check judges a call by its checksums when it returns: an md5 is computed then (as msprobe
+        # does), not staged for the writer thread
+        diff = self.cfg.bench_path is not None
+        self.stats = StatsBuffer(md5=self.cfg.summary_mode == "md5",
+                                 stage=None if diff else self.background.submit_host,
                                  fill_later=self.background.submit_call,
                                  xor=self.cfg.summary_mode == "xor")  # fmt: skip
         # statistics only (no tensor files to name): encoding a tensor is just its leaf
@@ -207,6 +214,7 @@ class Recorder:
         self.dir_writer = RankDirWriter(self.rank_dir)
         # tensor files' paths joined as strings: a Path a file costs more than the rest of its submission
         self._tensor_dir = f"{self.dir_writer.tensor_dir}{os.sep}"
+        self._diff = self._live_diff_check() if diff else None
         self._dirty = False  # entries changed since the last flush
         self.flushed = False
         self.handed_over = False  # the step's live containers went to the writer (final flush)
@@ -217,6 +225,36 @@ class Recorder:
     def data(self) -> dict[str, Any]:
         """The step's entries so far (read them; recording goes through the event methods)."""
         return self._data
+
+    def _live_diff_check(self) -> LiveDiffCheck:
+        """This step's divergence dump against the baseline's same step and rank; a step the baseline
+        lacks keeps statistics and checksums only (no call can be judged), with a warning."""
+        assert self.cfg.bench_path is not None
+        try:
+            baseline = Baseline.load(self.cfg.bench_path, self.step, self.rank)
+        except ConfigError as exc:
+            log.warning("parity: diff_check: %s; step %d (rank %d) gets statistics and checksums only",
+                        exc, self.step, self.rank)  # fmt: skip
+            baseline = Baseline({}, DataFlow({}))
+        writer = self.writer
+        assert writer is not None
+        tensor_dir = self._tensor_dir
+        return LiveDiffCheck(DiffCheck(baseline, self.cfg.diff_nums),
+                             lambda name, t: writer.submit(tensor_dir + name, t))  # fmt: skip
+
+    def _judge(self, entry: str) -> None:
+        """diff_check: a forward call's outputs are recorded; judged where the baseline has it."""
+        diff = self._diff
+        if diff is None or diff.check.done or entry not in diff.check.baseline.calls:
+            if diff is not None:
+                diff.call_done(entry, {})  # no longer wanted, nothing to judge
+            return
+        record = self._data.get(entry)
+        if record is None:
+            return
+        if self.stats.xor is not None and self.stats.xor.pending:
+            self.stats.xor.resolve()  # this call's checksums (one read of them)
+        diff.call_done(entry, record)
 
     # ------------------------------------------------------------------------------------------ filters
     def selected(self, name: str) -> bool:
@@ -254,12 +292,25 @@ class Recorder:
     def tensor_leaf(
         self, t: Tensor, entry: str, category: str, path: tuple[int | str, ...]
     ) -> dict[str, Any]:
+        if self._diff is not None:
+            return self._diff_leaf(t, entry, tensor_file(entry, category, path))
         data_name = None
         if self.writer is not None and (self._file_list is None or self._wants_file(entry)):
             data_name = tensor_file(entry, category, path)
             self.writer.submit(self._tensor_dir + data_name, t)
         self._dirty = True
         return self.stats.leaf(t, data_name)
+
+    def _diff_leaf(self, t: Tensor, entry: str, data_name: str) -> dict[str, Any]:
+        """diff_check: the leaf names the tensor's file while the call may still get one (held till then)."""
+        diff = self._diff
+        assert diff is not None
+        self._dirty = True
+        if not diff.wants(entry):
+            return self.stats.leaf(t)
+        leaf = self.stats.leaf(t, data_name)
+        diff.hold(entry, data_name, t, leaf)
+        return leaf
 
     def encode(
         self, value: Any, entry: str, category: str, path: tuple[int | str, ...], key: str | None = None
@@ -393,6 +444,8 @@ class Recorder:
             if entry is None:
                 entry = self._data[fwd] = {}
             entry["output"] = encoded
+            if self._diff is not None:
+                self._judge(fwd)
         if entry is not None and self._extra_info:
             self._stacks.record(fwd, frame)
         if track:
@@ -506,6 +559,8 @@ class Recorder:
             if entry is not None:
                 self._data.pop(name, None)
                 self._data[name] = entry  # re-inserted at completion: a module follows its APIs (§4.4)
+                if self._diff is not None and "output" in entry:
+                    self._judge(name)
             prefix = call.prefix
             if self.want_bwd and grad_on and prefix not in self._param_grads:
                 # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
@@ -658,6 +713,10 @@ class Recorder:
                 return
             with quiet():
                 data_name = None
+                if self._diff is not None:
+                    entry_name = param_grad_name(prefix)
+                    entry[pname] = [self._diff_leaf(grad, entry_name, param_grad_file(entry_name, pname))]
+                    return
                 if self.writer is not None:
                     entry_name = param_grad_name(prefix)
                     if self._file_list is None or self._wants_file(entry_name):
@@ -721,6 +780,8 @@ class Recorder:
             self.stats.forget()  # the collective wrote into its tensors without bumping their _version
             values = [*args, *kwargs.values()]
             call.entry["output"] = [self.encode(v, call.name, "output", (i,)) for i, v in enumerate(values)]
+            if self._diff is not None:
+                self._judge(call.name)
 
     # ------------------------------------------------------------------------------------------- flush
     def flush(
@@ -740,6 +801,10 @@ class Recorder:
             self._take_late_grads()  # a flush inside the backward: the gradients as they are now
             self._take_late_params()  # or inside a forward
             if self._dirty and not self.handed_over:  # after the final hand-off, late hooks are not written
+                if self._diff is not None:
+                    self._diff.settle()  # the held tensors' leaves name no file: none was written
+                    if final:
+                        log.info(self._diff.summary(self.step, self.rank))
                 self.stats.resolve()
                 docs = self._take_documents() if final else self._snapshot_documents()
                 self.background.submit_call(partial(self._write, self.dir_writer, *docs), document=True,

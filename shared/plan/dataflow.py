@@ -2,12 +2,12 @@
 
 A dump.json records no tensor identities, but it records each tensor's statistics (dtype, shape, max, min,
 mean, norm) at the moment it was passed or returned. The same tensor read twice gives the same numbers bit
-for bit (one computation on one device), so an input whose statistics equal an earlier call's output was,
-with near certainty, that output: the latest such call in dump order (the execution order, forward and
-backward interleaved) produced it. Constant tensors (max == min: zeros, ones, masks) are left out, since
-many calls make them and their statistics say nothing about who did. Where a call has tensors on a side and
-none of them matched (an in-place update, a tensor the dump never saw produced), the call next to it in
-execution order stands in: the only data flow the dump still has.
+for bit (one computation on one device; an xor dump's checksum, where it has no statistics), so an input
+whose statistics equal an earlier call's output was, with near certainty, that output: the latest such call
+in dump order (the execution order, forward and backward interleaved) produced it. Constant tensors (max ==
+min: zeros, ones, masks) are left out, since many calls make them and their statistics say nothing about who
+did. Where a call has tensors on a side and none of them matched (an in-place update, a tensor the dump never
+saw produced), the call next to it in execution order stands in: the only data flow the dump still has.
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ def _fingerprints(value: Any, out: list[_Fingerprint]) -> list[_Fingerprint]:
             if isinstance(high, (int, float)) and high != low:
                 out.append((value.get("dtype"), tuple(value.get("shape") or ()), high, low,
                             value.get("Mean"), value.get("Norm")))  # fmt: skip
+            return out
+        if "Max" not in value and isinstance(value.get("md5"), str) and "shape" in value:
+            # an xor dump (msprobe 26) has no statistics: its checksum tells the same tensor apart as well;
+            # an all-zero tensor's is zero (a constant, left out as above)
+            if value["md5"].strip("0x"):
+                out.append((value.get("dtype"), tuple(value.get("shape") or ()), value["md5"]))
             return out
         for item in value.values():
             _fingerprints(item, out)

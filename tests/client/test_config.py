@@ -134,13 +134,18 @@ def test_msprobe_26_documented_fields_are_accepted(tmp_path: Path, caplog: pytes
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
-        ({"task": "diff_check"}, "task", "online divergence dump"),
+        ({"task": "diff_check"}, "diff_check.bench_path", "Ascend NPU flag"),
         ({"level": "debug"}, "level", "PrecisionDebugger.save"),
         ({"load": {"path": ".", "modules": ["Module.fc.Linear.forward.0"]}}, "load", "module input override"),
         ({"precision": "high"}, "precision", "no Mean and Norm"),
         ({"risk_level": "FOCUS"}, "risk_level", "CORE/FOCUS"),
         ({"dump_enable": False}, "dump_enable", "hot reload"),
-        ({"tensor": {"bench_path": "./baseline"}}, "tensor.bench_path", "divergence dump"),
+        ({"tensor": {"bench_path": "./no-such-baseline", "summary_mode": "md5"}}, "tensor.bench_path",
+         "does not exist"),
+        ({"tensor": {"bench_path": ".", "summary_mode": "statistics"}}, "tensor.summary_mode",
+         "compares checksums"),
+        ({"tensor": {"bench_path": ".", "summary_mode": "xor", "diff_nums": 0}}, "tensor.diff_nums",
+         "-1 .no limit. or a positive integer"),
         ({"tensor": {"slice": [[0, 2]]}}, "tensor.slice", "slicing"),
     ],
 )
@@ -149,6 +154,17 @@ def test_msprobe_26_settings_parity_does_not_carry_out_are_refused_by_name(tmp_p
     with pytest.raises(ConfigError, match=says) as info:
         load_config(_cfg(tmp_path, doc))
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("form", ["tensor", "diff_check"])
+def test_a_bench_path_is_a_divergence_dump(tmp_path: Path, form: str) -> None:
+    """msprobe 26.2.0's form (task tensor, ``tensor.bench_path``) and the issue's (``task: "diff_check"``)."""
+    section = {"summary_mode": "xor", "bench_path": str(tmp_path), "diff_nums": -1}
+    doc = ({"task": "tensor", "tensor": section} if form == "tensor" else
+           {"task": "diff_check", "diff_check": {"diff_nums": -1, "summary_mode": "xor"},
+            "tensor": {"bench_path": str(tmp_path)}})  # fmt: skip
+    cfg = load_config(_cfg(tmp_path, doc))
+    assert (cfg.task, cfg.bench_path, cfg.diff_nums, cfg.summary_mode) == ("tensor", tmp_path, -1, "xor")
 
 
 def test_xor_and_tensor_list_are_acted_on(tmp_path: Path) -> None:
@@ -164,3 +180,19 @@ def test_parity_fields_only_warn_nothing(tmp_path: Path, caplog: pytest.LogCaptu
     with caplog.at_level("WARNING", logger="parity.client.config"):
         load_config(_cfg(tmp_path, doc))
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_save_records_nothing_outside_level_debug_and_says_so(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    PrecisionDebugger.reset()
+    PrecisionDebugger(dump_path=str(tmp_path))
+    with caplog.at_level("WARNING", logger="parity.client.debugger"):
+        PrecisionDebugger.save(torch.ones(2), "x")
+        PrecisionDebugger.save(torch.ones(2), "y")
+    said = [r.getMessage() for r in caplog.records if "save(" in r.getMessage()]
+    assert len(said) == 1 and 'level "debug"' in said[0]
+    with pytest.raises(ConfigError, match="name must be a string"):
+        PrecisionDebugger.save(torch.ones(2), 3)  # type: ignore[arg-type]
+    PrecisionDebugger.reset()

@@ -4,6 +4,8 @@
 - overflow: for a NaN made before the first collective, one fed into a collective, one after the last, a
   clean step, and a real Parity dump with an exp overflowing, both tools write the same
   ``anomaly_analyze_{ns}.json`` (or none);
+- diff_check: msprobe 26's one-pass divergence dump and Parity's, one faulty call, the same md5 baseline:
+  the same culprit's tensor files (Parity's with its neighbours);
 - merge: from msprobe 26's own ``compare -tp -gp --xlsx`` of two ranks, both tools' workbooks hold the same
   sheets, rows, values and cell types, with and without ``compare_index``; Parity also merges its own
   ``--xlsx`` results (its extra columns), a non-tensor argument's metric read as ``NPU:..  Bench:..``.
@@ -22,10 +24,11 @@ from typing import Any
 import pytest
 
 from parity.cli import main
-from tests.interop.conftest import run_tool
+from tests.interop.conftest import TRAIN, run_tool
 from tests.interop.multirank_dumps import merge_steps, scenarios
 
 pytestmark = pytest.mark.slow
+TRAIN_DIR = TRAIN.parent
 
 
 def only(folder: Path, pattern: str) -> Path | None:
@@ -141,3 +144,65 @@ def test_merge_result_reads_paritys_own_results(tmp_path: Path) -> None:
     assert rows["Distributed.all_reduce.0.forward.input.op"] == ["NPU:sum  Bench:sum"] * 2
     assert rows["Distributed.all_reduce.0.forward.input.group"] == ["NPU:[0, 1]  Bench:[0, 1]"] * 2
     assert rows["Distributed.all_reduce.0.forward.output.0"][0] == pytest.approx(0.01)
+
+
+DIVERGENCE_STEP = """
+import json, sys
+from pathlib import Path
+import torch, torch.nn.functional as F
+sys.path.insert(0, sys.argv[4])
+from train_model import Net
+tool, out, bench = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+if tool == "msprobe":
+    from msprobe.pytorch import PrecisionDebugger, seed_all
+else:
+    from parity.client import PrecisionDebugger, seed_all
+task = "tensor" if bench != "-" else "statistics"
+section = {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "md5"}
+if bench != "-":
+    section.update(bench_path=bench, diff_nums=1)
+out.mkdir(parents=True, exist_ok=True)
+(out / "config.json").write_text(json.dumps({"task": task, "dump_path": str(out), "rank": [], "step": [],
+                                             "level": "mix", "async_dump": False, task: section}))
+seed_all(1234)
+debugger = PrecisionDebugger(config_path=str(out / "config.json"))
+model = Net(False)
+if bench != "-":
+    model.norm.eps = 0.5  # the faulty call: layer_norm's inputs agree with the baseline, its output not
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+debugger.start(model)
+F.cross_entropy(model(x), y).backward()
+optimizer.step()
+debugger.stop()
+debugger.step()
+"""
+
+
+def test_diff_check_finds_msprobe26s_culprit(msprobe26_bin: Path, tmp_path: Path) -> None:
+    """msprobe 26.2.0's one-pass divergence dump (task tensor, ``tensor.bench_path``, ``diff_nums``) and
+    Parity's, against the same md5 baseline (Parity's, which msprobe reads from its ``proc`` folder): both
+    write the culprit's tensor files; Parity adds its neighbours and keeps every call's statistics."""
+    here = str(TRAIN_DIR)
+    run_tool([sys.executable, "-c", DIVERGENCE_STEP, "parity", str(tmp_path / "bench"), "-", here], tmp_path)
+    proc = tmp_path / "bench-msprobe" / "step0" / "proc1"  # a single-process run's folder (msprobe's)
+    proc.parent.mkdir(parents=True)
+    (tmp_path / "bench" / "step0" / "rank0").rename(proc)
+    theirs_root, ours_root = tmp_path / "msprobe", tmp_path / "parity"
+    run_tool([str(msprobe26_bin / "python"), "-c", DIVERGENCE_STEP, "msprobe", str(theirs_root),
+              str(tmp_path / "bench-msprobe"), here], tmp_path)  # fmt: skip
+    run_tool([sys.executable, "-c", DIVERGENCE_STEP, "parity", str(ours_root),
+              str(tmp_path / "bench-msprobe"), here], tmp_path)  # fmt: skip
+    theirs = {p.name for p in theirs_root.glob("step0/*/dump_tensor_data/*.pt")}
+    ours = {p.name for p in ours_root.glob("step0/*/dump_tensor_data/*.pt")}
+    culprit = "Functional.layer_norm.0.forward"
+    assert {n for n in theirs if not n.startswith("Module.")} == {n for n in theirs if n.startswith(culprit)}
+    assert any(n.startswith(culprit) for n in theirs) and theirs <= ours, (theirs, ours)
+    (dump_json,) = ours_root.glob("step0/*/dump.json")
+    data = json.loads(dump_json.read_text())["data"]
+    bench_data = json.loads((proc / "dump.json").read_text())["data"]
+    assert list(data) == list(bench_data)  # statistics for every call (msprobe stops its dump at the culprit)
+    entries = {n for n in data if any(f.startswith(n + ".") for f in ours)}
+    assert entries == {culprit, "Functional.relu.0.forward", "Module.norm.LayerNorm.forward.0"}, entries
+    print(f"interop26 diff_check: msprobe {len(theirs)} files, Parity {len(ours)} "
+          f"({', '.join(sorted(entries))})")
