@@ -164,18 +164,22 @@ class ApiBackward:
             if entry is None or entry[0]() is not x or x.grad_fn is node:
                 continue
             del views[id(x)]
-            watchers = entry[1]
-            base = x._base
-            if base is None or base.grad_fn is None:
-                continue
-            copy_slices = base.grad_fn  # its first input is the base before the update
-            nexts = copy_slices.next_functions
-            geometry = (tuple(base.shape), base.stride(), tuple(x.shape), x.stride(),
-                        x.storage_offset() - base.storage_offset())  # fmt: skip
-            for view_node, on_rebased in watchers:
-                view_of = view_node.next_functions
-                direct = bool(nexts) and bool(view_of) and view_of[0][0] is nexts[0][0]
-                copy_slices.register_hook(self._rebased_hook(on_rebased, geometry, direct))
+            self.rebased(x, entry[1])
+
+    def rebased(self, x: Tensor, watchers: Sequence[tuple[Any, OnRebased]]) -> None:
+        """The view ``x`` was changed in place: each ``(its node before, on_rebased)`` of ``watchers`` gets
+        the gradients its lost node would have seen, from the base's new ``CopySlices`` node."""
+        base = x._base
+        if base is None or base.grad_fn is None:
+            return
+        copy_slices = base.grad_fn  # its first input is the base before the update
+        nexts = copy_slices.next_functions
+        geometry = (tuple(base.shape), base.stride(), tuple(x.shape), x.stride(),
+                    x.storage_offset() - base.storage_offset())  # fmt: skip
+        for view_node, on_rebased in watchers:
+            view_of = view_node.next_functions
+            direct = bool(nexts) and bool(view_of) and view_of[0][0] is nexts[0][0]
+            copy_slices.register_hook(self._rebased_hook(on_rebased, geometry, direct))
 
     def _node_hook(self, name: str) -> Callable[[Any, Any], None]:
         # a partial of the plain function, not a closure or bound method: one object per recorded call instead

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from parity.client.api_mode import ApiMode
+from parity.client.api_mode import ApiMode, BackwardCapture, ReflectedOperators
 from parity.client.config import DebuggerConfig, load_config
 from parity.client.distributed import DistributedPatch
 from parity.client.errors import CaptureError, ConfigError
 from parity.client.modules import ModuleHooks
+from parity.client.patched import PatchedFunctions
 from parity.client.plan import fetch_plan
 from parity.client.recorder import Recorder
 from parity.client.run_metadata import write_environment
@@ -137,6 +138,9 @@ class PrecisionDebugger:
         self._mode: ApiMode | None = None
         self._modules = ModuleHooks(self._active_recorder)
         self._dist = DistributedPatch(self._active_recorder)
+        self._operators = ReflectedOperators()
+        self._patched = PatchedFunctions(self._active_recorder)
+        self._in_backward = BackwardCapture(lambda: self._mode)
         self._uploader: Any = None
         self._submitted: set[tuple[int, int]] = set()  # touched on the writer thread only
         self._writer: BackgroundWriter | None = None  # started with the first recorder
@@ -216,6 +220,9 @@ class PrecisionDebugger:
         self._freeze_heap()
         if cfg.level in ("L1", "mix"):
             self._dist.install()
+            self._operators.install()
+            self._patched.install()
+            self._in_backward.install()
             self._mode = ApiMode(self.recorder)
             self._mode.__enter__()
 
@@ -231,6 +238,9 @@ class PrecisionDebugger:
             self._mode.__exit__(None, None, None)
             self._mode = None
         self._dist.restore()
+        self._operators.restore()
+        self._patched.restore()
+        self._in_backward.restore()
         if self.recorder is not None:
             self.recorder.flush()
             self._settle()

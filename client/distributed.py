@@ -10,6 +10,7 @@ the returned ``Work`` is waited on: ``Work.wait`` is wrapped for that, and every
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -20,12 +21,25 @@ __all__ = ["COLLECTIVES", "DistributedPatch"]
 
 #: The wrapped ``torch.distributed`` functions.
 COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "gather", "scatter",
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
+    "gather", "scatter",
     "send", "recv",
     "isend", "irecv", "barrier",
 )  # fmt: skip
 _ASYNC_ALWAYS = ("isend", "irecv")
+#: the arguments a collective only writes, by position (and keyword): recorded without their prior values
+_OUTPUT_BUFFERS: dict[str, tuple[int | str, ...]] = {
+    "all_gather": (0, "tensor_list"), "all_gather_into_tensor": (0, "output_tensor"),
+    "all_gather_single": (0, "output_tensor"), "reduce_scatter": (0, "output"),
+    "reduce_scatter_tensor": (0, "output"), "reduce_scatter_single": (0, "output"),
+    "all_to_all": (0, "output_tensor_list"), "all_to_all_single": (0, "output"), "recv": (0, "tensor"),
+    "irecv": (0, "tensor"), "gather": (1, "gather_list"), "scatter": (0, "tensor"),
+}  # fmt: skip
+
+
+class _Inside(threading.local):
+    active = False
 
 
 class DistributedPatch:
@@ -34,6 +48,7 @@ class DistributedPatch:
     def __init__(self, get_recorder: Callable[[], Recorder | None]) -> None:
         self._get = get_recorder
         self._saved: list[tuple[Any, str, Any]] = []
+        self._inside = _Inside()  # per thread: a wrapped collective is running
         # id(Work) -> (the Work, kept alive so its id is not reused; recorder, the call, args, kwargs)
         self._pending: dict[int, tuple[Any, Recorder, Collective, tuple[Any, ...], dict[str, Any]]] = {}
 
@@ -72,15 +87,20 @@ class DistributedPatch:
 
     def _wrap(self, api: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         prefix_api = f"Distributed.{api}"
+        buffers = _OUTPUT_BUFFERS.get(api, ())
 
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rec = self._get()
-            if rec is None:
+            if rec is None or self._inside.active:  # a collective another one calls (a deprecated alias)
                 return orig(*args, **kwargs)
-            call = rec.collective_enter(prefix_api, args, kwargs)
-            with torch._C.DisableTorchFunction():  # the collective's own tensor calls are not APIs
-                result = orig(*args, **kwargs)
+            call = rec.collective_enter(prefix_api, args, kwargs, buffers)
+            self._inside.active = True
+            try:
+                with torch._C.DisableTorchFunction():  # the collective's own tensor calls are not APIs
+                    result = orig(*args, **kwargs)
+            finally:
+                self._inside.active = False
             if rec.collective_exit(call):
                 if result is not None and (kwargs.get("async_op") or api in _ASYNC_ALWAYS):
                     self._pending[id(result)] = (result, rec, call, args, kwargs)

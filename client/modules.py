@@ -7,9 +7,15 @@ modified inplace") or loses its backward data; tensor hooks do not change the gr
 before an in-place update sees the gradient of the pre-update version, so a module whose output is later
 overwritten in place still gets its own backward entry.
 
-Backward ``input`` = grads of the module outputs, ``output`` = grads of its inputs that require grad (a
-tensor's hook sees its whole gradient, so an input also used outside the module carries every consumer's
-share). Parameter gradients come from ``register_post_accumulate_grad_hook``: the accumulated ``.grad``.
+Backward ``input`` = grads of the module outputs (the whole gradient of each, as msprobe's), ``output`` =
+the gradients through the module to its inputs that require grad: the module gets a view of each such
+input, whose gradient is the module's share alone (:func:`parity.client.recorder.through_views`); none
+arrives, and no entry is made, for a module whose outputs do not depend on its inputs. Parameter gradients
+come from ``register_post_accumulate_grad_hook``: the accumulated ``.grad``.
+Under FSDP (``fully_shard``, or FSDP1) the gradient is assigned to the sharded parameter after its
+reduce-scatter, never accumulated: the recorder reads those ``.grad`` when the backward's callbacks are done
+(a DTensor: its local shard, see :mod:`parity.client.dtensors`), and a sharded module's parameters in its
+forward entry are read when its forward returns, before FSDP frees their gathered storage.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from parity.shared.dump.naming import module_prefix
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["ModuleHooks", "param_grad_name"]
+__all__ = ["ModuleHooks", "param_grad_name", "sharded_paths"]
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
@@ -60,18 +66,24 @@ class ModuleHooks:
                 continue
             # the forward is over when the model returns: the recorder reads its parameters' statistics then
             handles = self._attached[root] = [root.register_forward_hook(self._root_done, always_call=True)]
+            sharded_roots = sharded_paths(root)
             for path, mod in root.named_modules():
                 if not path or type(mod).__name__ == "FullyShardedDataParallel":
                     continue
                 prefix = module_prefix(path, type(mod).__name__, idx)
+                own = {pname: p for pname, p in mod.named_parameters(recurse=False) if p.requires_grad}
+                # FSDP: the parameters' storage is freed when their unit reshards, and their gradients are
+                # assigned, not accumulated: read in the forward, and at the backward's end
+                sharded = own if own and _under(path, sharded_roots) else None
                 handles.append(mod.register_forward_pre_hook(partial(self._pre, prefix), with_kwargs=True))
-                handles.append(mod.register_forward_hook(partial(self._post, prefix), with_kwargs=True,
-                                                         always_call=True))  # fmt: skip
-                for pname, param in mod.named_parameters(recurse=False):
-                    if param.requires_grad:
-                        handles.append(
-                            param.register_post_accumulate_grad_hook(partial(self._param_grad, prefix, pname))
-                        )
+                post = partial(self._post, prefix, sharded)
+                handles.append(mod.register_forward_hook(post, with_kwargs=True, always_call=True))
+                if sharded is not None:
+                    continue
+                for pname, param in own.items():
+                    handles.append(
+                        param.register_post_accumulate_grad_hook(partial(self._param_grad, prefix, pname))
+                    )
 
     def detach(self) -> None:
         for handles in self._attached.values():
@@ -80,22 +92,25 @@ class ModuleHooks:
         self._attached.clear()
 
     # ------------------------------------------------------------------------------------------- events
-    def _pre(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _pre(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:  # fmt: skip
         rec: Recorder | None = self._get()
         if rec is None or _is_compiling():
             self._active.append(None)
-            return
-        self._active.append((rec, rec.module_enter(prefix, module, args, kwargs, sys._getframe(1))))
+            return None
+        call = rec.module_enter(prefix, module, args, kwargs, sys._getframe(1))
+        self._active.append((rec, call))
+        return call.inputs  # the inputs the module's backward is observed through, or unchanged
 
-    def _post(self, prefix: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-              output: Any) -> None:  # fmt: skip
+    def _post(self, prefix: str, sharded: dict[str, nn.Parameter] | None, module: nn.Module,
+              args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:  # fmt: skip
         if not self._active:
             return
         active = self._active.pop()
         if active is None or self._get() is None:
             return
         rec, call = active
-        rec.module_exit(call, module, output)
+        rec.module_exit(call, module, output, sharded)
 
     def _root_done(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         rec: Recorder | None = self._get()
@@ -106,3 +121,20 @@ class ModuleHooks:
         rec: Recorder | None = self._get()
         if rec is not None and (grad := param.grad) is not None:
             rec.param_gradient(prefix, pname, grad, param)
+
+
+def sharded_paths(root: nn.Module) -> tuple[str, ...]:
+    """The paths of ``root``'s modules that FSDP shards (``fully_shard``'s ``FSDPModule``, FSDP1's wrapper),
+    ``""`` for the root itself: every module at or under one has parameters FSDP frees and re-gathers."""
+    fsdp2: type | None
+    try:
+        from torch.distributed.fsdp import FSDPModule as fsdp2
+    except Exception:  # a torch without distributed support
+        fsdp2 = None
+    return tuple(path for path, mod in root.named_modules()
+                 if (fsdp2 is not None and isinstance(mod, fsdp2))
+                 or type(mod).__name__ == "FullyShardedDataParallel")  # fmt: skip
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(r == "" or path == r or path.startswith(f"{r}.") for r in roots)

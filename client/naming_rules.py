@@ -16,7 +16,7 @@ import dis
 import sys
 from types import CodeType, FrameType
 
-__all__ = ["IGNORED", "api_name", "operator_dunder"]
+__all__ = ["IGNORED", "UNINITIALISED", "api_name", "operator_dunder"]
 
 #: Calls that compute nothing worth comparing: metadata, printing, hooks, conversions to Python values.
 #: Property getters/setters (``x.shape``, ``x.grad``) are dropped by their ``__get__``/``__set__`` suffix.
@@ -31,7 +31,14 @@ IGNORED = frozenset({
     "requires_grad_", "_backward_hooks", "is_tensor",
     # grad-mode switches (``torch.no_grad()`` blocks, the optimizer's ``step``) change no value
     "_set_grad_enabled", "set_grad_enabled", "is_grad_enabled", "is_inference_mode_enabled",
+    # a device object (checkpoint and fork_rng make them): no tensor, no value
+    "device",
 })  # fmt: skip
+
+#: APIs whose output is allocated, never written: their values are whatever the allocator left there, so the
+#: leaf keeps dtype and shape and no statistics (two identical runs would otherwise differ on every one).
+UNINITIALISED = frozenset({"Torch.empty", "Torch.empty_like", "Torch.empty_strided", "Tensor.new_empty",
+                           "Tensor.new_empty_strided"})  # fmt: skip
 
 #: Profiler bookkeeping (``record_function`` ranges that optimizers and modules open): markers, not maths.
 _IGNORED_NAMESPACES = ("profiler.", "torch.autograd.profiler.", "torch.profiler.", "torch.ops.profiler.")

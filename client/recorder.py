@@ -26,6 +26,7 @@ from parity.client.call_stacks import CallStacks, Stacks
 from parity.client.config import DebuggerConfig
 from parity.client.diff_check import Baseline, DiffCheck, LiveDiffCheck
 from parity.client.errors import ConfigError
+from parity.client.naming_rules import UNINITIALISED
 from parity.client.stats import Later, StatsBuffer, quiet
 from parity.client.tensor_writer import BackgroundWriter
 from parity.shared.dump.layout import rank_dir_path
@@ -34,6 +35,7 @@ from parity.shared.dump.writer import RankDirWriter
 from parity.shared.plan.dataflow import DataFlow
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
+from torch.utils import _pytree as pytree
 
 __all__ = ["Collective", "ModuleCall", "Recorder", "param_grad_name"]
 
@@ -44,7 +46,7 @@ _Documents = tuple[dict[str, Any], Stacks, dict[str, str | None]]
 _set_grad_enabled = torch._C._set_grad_enabled
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _tf_mode_on = torch._C._is_torch_function_mode_enabled
-_graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: 0)
+_graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 _is_grad_enabled = torch._C.is_grad_enabled
 _DisableTorchFunction = torch._C.DisableTorchFunction
 _SCALARS = (bool, int, float, str)
@@ -78,6 +80,26 @@ class _GradFanout:
 
     def __call__(self, grad: Tensor) -> None:
         self.rec.module_grads(self.items, (grad,))
+
+
+def through_views(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A module's arguments with each tensor that requires grad replaced by a view of itself (``view_as``).
+
+    msprobe's module backward ``output`` is the gradient that flows through the module to its inputs (torch's
+    full backward hook puts an identity Function between the caller's tensors and the module). A hook on
+    the caller's tensor sees its whole gradient instead, every consumer's share summed (``a(h) + b(h)``),
+    and fires for a module whose output does not depend on it (a rotary embedding reads only its input's
+    dtype). A view is that identity without a custom Function: the module's calls consume the view, so the
+    view's gradient is the module's own, and none arrives where the module did not use it; unlike the
+    Function's output, a view may be changed in place (``nn.ReLU(inplace=True)``, whose lost node
+    :meth:`Recorder.module_exit` follows to the base's ``CopySlices``)."""
+    if not kwargs and all(type(a) in _TENSORS for a in args):  # the usual call: tensors only
+        return tuple(a.view_as(a) if a.requires_grad else a for a in args), kwargs
+    return pytree.tree_map_only(Tensor, _view_if_grad, (args, kwargs))  # type: ignore[no-any-return]
+
+
+def _view_if_grad(t: Tensor) -> Tensor:
+    return t.view_as(t) if t.requires_grad else t
 
 
 def own_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -119,6 +141,11 @@ class ModuleCall:
     selected: bool
     listed: bool  # matched ``list`` at mix: everything inside is recorded
     before: InputNodes  # its grad-requiring inputs and their nodes before the call
+    #: the module's arguments with each grad-requiring tensor replaced by a view of itself (see
+    #: :func:`through_views`), None where they are unchanged
+    inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    #: ``(view, its node, its version)`` of each view in ``inputs``
+    views: list[tuple[Tensor, Any, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -189,6 +216,9 @@ class Recorder:
         # parameters recorded in forward entries, read when the forward is over, and their versions then
         self._late_params: list[Later] = []
         self._late_versions: list[int] = []
+        # modules FSDP shards, recorded in a forward: prefix -> their sharded parameters (see module_exit)
+        self._sharded: dict[str, Mapping[str, nn.Parameter]] = {}
+        self._sharded_task: int | None = None  # the backward whose sharded gradients are to be read
         self._construct: dict[str, str | None] = {}
         self._module_stack: list[str] = []
         self._list_depth = 0  # > 0 while inside a module that matched ``list`` (mix: dump all inside)
@@ -432,13 +462,21 @@ class Recorder:
             finally:
                 _set_grad_enabled(grad_on)
             self._data[fwd] = entry
+        recompute = _graph_task_id() >= 0  # a forward call while a backward runs: a recomputation
+        if recompute:
+            if entry is None:
+                entry = self._data[fwd] = {}
+            entry["is_recompute"] = True  # msprobe's key, where msprobe places it (before ``output``)
         out = func(*args, **kwargs)
         self._api_counts[prefix_api] = n + 1
         if self.want_fwd_out:
             grad_now = _is_grad_enabled()  # the call may have changed it (torch.set_grad_enabled)
             _set_grad_enabled(False)
             try:
-                encoded = self.encode_output(fwd, out)
+                if prefix_api in UNINITIALISED and type(out) is not tuple and isinstance(out, Tensor):
+                    encoded = [self.stats.unwritten(out, prefix_api)]
+                else:
+                    encoded = self.encode_output(fwd, out)
             finally:
                 _set_grad_enabled(grad_now)
             if entry is None:
@@ -496,40 +534,48 @@ class Recorder:
         # an in-place module (nn.ReLU(inplace=True)) may drop the node of a recorded view it updates
         before = input_nodes(args, kwargs) if self.want_bwd and grad_on else []
         entry: dict[str, Any] | None = None
+        inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        views: list[tuple[Tensor, Any, int]] | None = None
         if selected:
             self._dirty = True
             self._selected_modules.add(prefix)
             # quiet(), inline: this runs for every module call
             tf = _DisableTorchFunction()
             tf.__enter__()
-            if grad_on:
-                _set_grad_enabled(False)
             try:
+                if self.want_bwd_out and before:  # (grad on): the views take part in autograd
+                    inputs = through_views(args, kwargs)
+                    views = [(v, v.grad_fn, v._version) for v in grad_tensors(inputs, [])]
+                if grad_on:
+                    _set_grad_enabled(False)
                 if self.want_fwd_in:
                     entry = self.encode_inputs(name, args, kwargs)
                     self._data[name] = entry
-                if self.want_bwd_out and grad_on:
-                    # the usual call, tensors only: its grad-requiring inputs are those just found
-                    if not kwargs and len(args) == 1 and type(args[0]) in _TENSORS:
-                        ins = [before[0][0]] if before else []
-                    elif not kwargs and all(type(a) in _TENSORS for a in args):
-                        ins = [t for t, _ in before]
-                    else:
-                        ins = grad_tensors(args, grad_tensors(kwargs, []))
-                    if ins:
-                        self._grads_hook(ins, bname, False)
+                if views:
+                    self._grads_hook([v for v, _, _ in views], bname, False)
             finally:
                 if grad_on:
                     _set_grad_enabled(True)
                 tf.__exit__(None, None, None)
             if self._extra_info:
                 self._stacks.record(name, frame)
-        return ModuleCall(prefix, name, bname, entry, selected, listed, before)
+        return ModuleCall(prefix, name, bname, entry, selected, listed, before, inputs, views)
 
-    def module_exit(self, call: ModuleCall, module: nn.Module, output: Any) -> None:
-        """A module's forward returned: its outputs, parameters, gradient slots and output-gradient hooks."""
+    def module_exit(self, call: ModuleCall, module: nn.Module, output: Any,
+                    sharded: Mapping[str, nn.Parameter] | None = None) -> None:  # fmt: skip
+        """A module's forward returned: its outputs, parameters, gradient slots and output-gradient hooks.
+
+        ``sharded``: the module's parameters as FSDP registered them (its sharded parameters) where FSDP
+        shards it: the parameters are read now (their gathered storage is freed when the unit reshards) and
+        their gradients when the backward's callbacks are done (FSDP assigns them, after its
+        reduce-scatter, where no accumulation hook sees them)."""
         if call.before and self.api_backward.views:
             self.api_backward.follow_inplace(call.before)
+        views = call.views
+        if views and len(views) == 1:
+            view, node, version = views[0]
+            if view._version != version and view.grad_fn is not node:  # changed in place by the module
+                self.api_backward.rebased(view, [(node, partial(self._module_input_rebased, call.bname))])
         if call.listed:  # leaving a module that matched ``list`` at mix: APIs after it are filtered again
             self._list_depth -= 1
         name = call.name
@@ -554,22 +600,30 @@ class Recorder:
                 entry["output"] = self.encode_output(name, output)
                 params = own_parameters(module)
                 # present, maybe empty, as msprobe writes it
-                entry["parameters"] = (self._param_leaves(params) if self._stats_leaf is not None else
-                                       {p: self.tensor_leaf(t, name, "parameters", (p,)) for p, t in params})
+                if self._stats_leaf is not None and not sharded:
+                    entry["parameters"] = self._param_leaves(params)
+                else:  # read now: a sharded module's gathered parameters are freed when its unit reshards
+                    leaf = self.tensor_leaf
+                    entry["parameters"] = {p: leaf(t, name, "parameters", (p,)) for p, t in params}
             if entry is not None:
+                if _graph_task_id() >= 0:  # a forward while a backward runs: a recomputation (checkpoint)
+                    entry["is_recompute"] = True
                 self._data.pop(name, None)
                 self._data[name] = entry  # re-inserted at completion: a module follows its APIs (§4.4)
                 if self._diff is not None and "output" in entry:
                     self._judge(name)
             prefix = call.prefix
-            if self.want_bwd and grad_on and prefix not in self._param_grads:
-                # msprobe 8.3.3 reserves the gradient entry right after the module's first forward, one
-                # ``[null]`` per trainable parameter, filled when the gradient arrives
+            if self.want_bwd and prefix not in self._param_grads:
+                # msprobe 8.3.3 reserves the gradient entry right after the module's first forward (with
+                # grad or not: a reentrant checkpoint's first forward has none), one ``[null]`` per trainable
+                # parameter, filled when the gradient arrives
                 own = params if params is not None else own_parameters(module)
                 slots = {p: [None] for p, t in own if t.requires_grad}
                 if slots:
                     self._param_grads[prefix] = slots
                     self._data[param_grad_name(prefix)] = slots
+            if sharded and self.want_bwd and grad_on:
+                self._sharded[prefix] = sharded
             if self.want_bwd_in and grad_on:
                 if type(output) in _TENSORS:
                     outs = [output] if output.requires_grad else []
@@ -650,6 +704,9 @@ class Recorder:
     def _module_rebased(self, name: str, g_view: Tensor | None, _: Any) -> None:
         self.module_output_grads(name, (g_view,))
 
+    def _module_input_rebased(self, name: str, g_view: Tensor | None, _: Any) -> None:
+        self.module_input_grads(name, (g_view,))
+
     def module_input_grads(self, name: str, grads: Sequence[Tensor | None]) -> None:
         """Gradients of a module's inputs arrived (backward ``output``): the module's backward is complete."""
         self.module_grads(((name, False),), grads)
@@ -662,6 +719,8 @@ class Recorder:
             self._dirty = True
             if self._late_params:  # the backward started: the forward is over
                 self._take_late_params()
+            if self._sharded and self._sharded_task != _graph_task_id():
+                self._sharded_grads_later()
             data = self._data
             # statistics only, one tensor (the usual gradient): its leaf, without encode_grads' calls
             one = self._stats_leaf if len(grads) == 1 and type(grads[0]) is Tensor else None
@@ -724,6 +783,28 @@ class Recorder:
                         self.writer.submit(self._tensor_dir + data_name, grad)
                 entry[pname] = [self.stats.leaf(grad, data_name)]
 
+    def _sharded_grads_later(self) -> None:
+        """Read the sharded parameters' gradients once this backward is over. FSDP queues its own final
+        callback (which waits for the reduce-scatters and assigns the gradients) during the backward, maybe
+        after this one: so this callback queues the reading behind every callback queued so far (the
+        engine runs callbacks added while it runs them, in order)."""
+        task = _graph_task_id()
+        try:
+            _queue_callback(partial(_queue_callback, partial(self._take_sharded_grads, task)))
+        except RuntimeError:  # not in a backward: nothing to wait for
+            return
+        self._sharded_task = task
+
+    def _take_sharded_grads(self, task: int) -> None:
+        with self.lock:
+            if self._sharded_task == task:
+                self._sharded_task = None
+            for prefix, params in list(self._sharded.items()):
+                for pname, param in params.items():
+                    grad = param.grad
+                    if grad is not None:
+                        self.param_gradient(prefix, pname, grad, param)
+
     def _grads_later(self) -> bool:
         """Whether the statistics of parameter gradients can wait for the end of the running backward: a
         callback queued once per backward (graph task) takes them; none can be queued outside one."""
@@ -753,8 +834,11 @@ class Recorder:
             self.stats.take_later(pairs)
 
     # -------------------------------------------------------------------------------------- collectives
-    def collective_enter(self, prefix_api: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Collective:
-        """A ``torch.distributed`` collective is about to run: its name and inputs."""
+    def collective_enter(self, prefix_api: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         buffers: tuple[int | str, ...] = ()) -> Collective:  # fmt: skip
+        """A ``torch.distributed`` collective is about to run: its name and inputs. ``buffers``: the
+        positions (an index or a keyword) of the arguments it only writes (an all-gather's output): their
+        leaves keep dtype and shape, not the values they hold before the call (uninitialised memory)."""
         n = self._api_counts.get(prefix_api, 0)
         name = f"{prefix_api}.{n}.forward"
         if self.mix:
@@ -764,9 +848,25 @@ class Recorder:
             with self.lock, quiet():
                 self._dirty = True
                 if self.want_fwd_in:
-                    call.entry.update(self.encode_inputs(name, args, kwargs))
+                    encoded = self.encode_inputs(name, args, kwargs)
+                    what = f"{prefix_api}'s output buffer"
+                    for where in buffers:
+                        if isinstance(where, int):
+                            if where < len(args) and args[where] is not None:
+                                encoded["input_args"][where] = self._unwritten(args[where], what)
+                        elif kwargs.get(where) is not None:
+                            encoded["input_kwargs"][where] = self._unwritten(kwargs[where], what)
+                    call.entry.update(encoded)
                 self._data[name] = call.entry
         return call
+
+    def _unwritten(self, value: Any, what: str) -> Any:
+        """:meth:`StatsBuffer.unwritten` for a tensor or each tensor of a list (an all-gather's outputs)."""
+        if isinstance(value, Tensor):
+            return self.stats.unwritten(value, what)
+        if isinstance(value, (list, tuple)):
+            return [self._unwritten(v, what) for v in value]
+        return self.encode(value, "", "input", ())
 
     def collective_exit(self, call: Collective) -> bool:
         """The collective returned (maybe still running, ``async_op``); True if its output is wanted."""

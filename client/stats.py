@@ -28,6 +28,7 @@ lets those leaves share one set of statistics instead of recomputing them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import weakref
 import zlib
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 from parity.client.devices import host_dtype, synchronize, to_host, unreadable
+from parity.client.dtensors import DTENSOR_TYPE, is_dtensor, layout_keys, local_tensor
 from parity.client.xor_checksum import XorChecksums
 
 __all__ = ["StatsBuffer", "crc32_hex", "grad_off", "quiet"]
@@ -119,8 +121,13 @@ def crc32_hex(t: torch.Tensor) -> str:
     flat = t.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
-    data = flat.contiguous().view(torch.uint8).numpy()
-    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"  # type: ignore[arg-type]  # zero-copy buffer
+    flat = flat.contiguous()
+    nbytes = flat.numel() * flat.element_size()
+    # The bytes read in place through a ctypes buffer (zero-copy, held alive by ``flat``), not through
+    # ``.numpy()``: a numpy view marks the storage as not resizable for good, and FSDP frees a parameter's
+    # gathered storage by resizing it to 0 ("Trying to resize storage that is not resizable").
+    data = (ctypes.c_char * nbytes).from_address(flat.data_ptr()) if nbytes else b""
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
 
 def _type_name(t: torch.Tensor) -> str:
@@ -220,14 +227,21 @@ class StatsBuffer:
         self.pending = 0
         self.unreadable = 0  # leaves left null because their values could not be read
 
-    def leaf(self, t: torch.Tensor, data_name: str | None = None) -> dict[str, Any]:
+    def leaf(self, t: torch.Tensor, data_name: str | None = None,
+             layout: tuple[bool, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
         """The leaf dict of ``t``; statistics are queued, filled by the next :meth:`resolve`.
 
         The same tensor object at the same version (a call's output, the next call's input) gets the same
         leaf dict back, written wherever it is recorded: its values are those of that one leaf (type, dtype,
-        shape and requires_grad checked; a leaf naming a tensor file is never shared)."""
+        shape and requires_grad checked; a leaf naming a tensor file is never shared). A DTensor's leaf holds
+        its local shard's statistics and its layout (:mod:`parity.client.dtensors`); ``layout`` is that
+        DTensor's ``requires_grad`` and layout keys, given when ``t`` is its local shard."""
         # Every attribute of ``t`` is read once (each read is a call into torch): this runs for every tensor
         # recorded, a few thousand times a step.
+        cls = type(t)
+        plain = cls is _Tensor or cls is _Parameter
+        if not plain and layout is None and is_dtensor(t):
+            return self.leaf(local_tensor(t), data_name, (t.requires_grad, layout_keys(t)))
         if self.xor is not None:
             return self._xor_leaf(t, data_name)
         version = t._version
@@ -237,18 +251,20 @@ class StatsBuffer:
         if hit is not None:
             if hit[0] is not t or hit[1] != version:
                 hit = None  # another tensor at a reused address, or this one changed in place since
-            elif data_name is None and hit[4] == shape:
+            elif data_name is None and layout is None and hit[4] == shape:
                 first = hit[2][0]
                 if first["requires_grad"] is t.requires_grad and "data_name" not in first:
                     return first  # (a planned dump: a leaf naming a file for one call is never shared)
         dtype = t.dtype
         info = _DTYPES.get(dtype) or _dtype_info(dtype)
-        cls = type(t)
-        plain = cls is _Tensor or cls is _Parameter
         leaf: dict[str, Any] = {
             "type": "torch.Tensor" if plain else _type_name(t), "dtype": info[0], "shape": list(shape),
             "Max": None, "Min": None, "Mean": None, "Norm": None, "requires_grad": t.requires_grad,
         }  # fmt: skip
+        if layout is not None:  # a DTensor's local shard: msprobe's type, the DTensor's requires_grad
+            leaf["type"] = DTENSOR_TYPE
+            leaf["requires_grad"] = layout[0]
+            leaf.update(layout[1])
         if data_name is not None:
             leaf["data_name"] = data_name
         if hit is not None:  # the same tensor object at the same version, readable and non-empty when cached
@@ -273,7 +289,7 @@ class StatsBuffer:
             if not shape and info[3] and plain and t.is_cpu:
                 return self._scalar_leaf(t, leaf)
             if numel <= self.SMALL and shape and plain and t.is_contiguous():  # not 0-d
-                if info[1]:
+                if info[1] and dtype is not torch.float64:
                     kind = _FULL
                     copy = t.clone()
                     copy_dtype = dtype
@@ -315,10 +331,32 @@ class StatsBuffer:
             self._set_md5(leaf, digest)
         if len(cache) >= self.CACHE_SIZE:  # started over (what is shared is a call's output and the next
             cache.clear()  # call's input: recent tensors), cheaper than dropping the oldest one by one
-        cache[id(t)] = (t, version, sharing, digest, shape)
+        if layout is None:  # a DTensor's leaf is never handed back for its local shard
+            cache[id(t)] = (t, version, sharing, digest, shape)
         self.pending = pending_now = self.pending + 1
         if pending_now >= self.MAX_PENDING or self._staged_numel >= self.MAX_STAGED:
             self.resolve(later=False)  # here and now: a long step never holds more than this many copies
+        return leaf
+
+    def unwritten(self, t: torch.Tensor, what: str) -> dict[str, Any]:
+        """The leaf of a tensor whose memory holds no value yet (``torch.empty``'s output, a collective's
+        output buffer before the call): its dtype, shape and layout, null statistics (what a compare
+        passes on both sides), and a ``note`` saying ``what`` it is. Reading it would record whatever the
+        allocator left there, different from run to run."""
+        layout = None
+        if type(t) is not _Tensor and type(t) is not _Parameter and is_dtensor(t):
+            layout = (t.requires_grad, layout_keys(t))
+            t = local_tensor(t)
+        leaf: dict[str, Any] = {
+            "type": _type_name(t) if layout is None else DTENSOR_TYPE, "dtype": str(t.dtype),
+            "shape": list(t.shape), "Max": None, "Min": None, "Mean": None, "Norm": None,
+            "requires_grad": t.requires_grad if layout is None else layout[0],
+        }  # fmt: skip
+        if layout is not None:
+            leaf.update(layout[1])
+        if self.md5:
+            leaf["md5"] = None
+        leaf["note"] = f"{what}: uninitialised memory, values not recorded"
         return leaf
 
     def _xor_leaf(self, t: torch.Tensor, data_name: str | None) -> dict[str, Any]:
@@ -380,8 +418,9 @@ class StatsBuffer:
         dtype = t.dtype
         info = _DTYPES.get(dtype) or _dtype_info(dtype)
         shape = t.shape
-        if not (info[1] and not info[2] and shape and 0 < t.numel() <= self.SMALL and t.is_contiguous()):
-            return None
+        if not (info[1] and not info[2] and dtype is not torch.float64 and shape
+                and 0 < t.numel() <= self.SMALL and t.is_contiguous()):  # fmt: skip
+            return None  # (float64: its statistics are computed in float32, from a copy)
         leaf = {"type": "torch.Tensor", "dtype": info[0], "shape": list(shape), "Max": None, "Min": None,
                 "Mean": None, "Norm": None, "requires_grad": t.requires_grad}  # fmt: skip
         key = (t.device, dtype, _FULL, shape)
@@ -412,6 +451,12 @@ class StatsBuffer:
         (device, dtype, shape), reduced row by row at :meth:`resolve` like the copies :meth:`leaf` stages."""
         by_key: dict[_StagedKey, _Staged] = {}
         for t, key, leaf in pending:
+            if not _storage_alive(t):  # freed since (resize_(0), as FSDP does): reading it would crash
+                self.unreadable += 1
+                reason = "storage freed before its statistics were read"
+                leaf["note"] = f"{reason}: values not readable"
+                note_unreadable(reason, f"a tensor of shape {leaf['shape']}")
+                continue
             group = by_key.get(key)
             if group is None:
                 group = by_key[key] = ([], [])
@@ -566,12 +611,12 @@ def _reductions(x: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
         return _BOOL, [x.any(), x.all()]
     if x.is_complex():
         x = x.abs()
-    elif not x.is_floating_point():
-        # integer stats in float64 (exact for any int32; mean() needs a float); float32 where the device has
-        # no float64 (MPS)
-        x = x.double() if x.device.type != "mps" else x.float()
-        if x.dim() == 0:
-            return _SCALAR, [x]  # already a copy
+    elif x.dim() == 0:
+        # the value, as msprobe writes it (an integer's exactly: float64, float32 where the device has none)
+        if not x.is_floating_point():
+            return _SCALAR, [x.double() if x.device.type != "mps" else x.float()]  # already a copy
+    elif not x.is_floating_point() or x.dtype is torch.float64:
+        x = x.float()  # msprobe 8.3.3's statistics of integers and float64: computed in float32
     if x.dim() == 0:
         return _SCALAR, [x.clone()]
     mn, mx = torch.aminmax(x)
@@ -596,6 +641,12 @@ def _mean_norm(x: torch.Tensor, mx: torch.Tensor, mn: torch.Tensor,
             torch.where(overflow, torch.linalg.vector_norm(x, dtype=f64, **over), norm.double()))
 
 
+def _storage_alive(t: torch.Tensor) -> bool:
+    """Whether ``t``'s storage still holds its elements (a contiguous tensor's, as :meth:`StatsBuffer.later`
+    takes): a storage resized to 0 since it was recorded is read past its end by ``stack``."""
+    return t.untyped_storage().nbytes() >= (t.storage_offset() + t.numel()) * t.element_size()
+
+
 def _strided_copy(x: torch.Tensor) -> torch.Tensor | None:
     """A copy of ``x`` with its sizes and strides (gaps included), or None where its elements overlap (an
     expanded tensor): reducing the copy walks the same values in the same order as reducing ``x``."""
@@ -614,8 +665,8 @@ def _staged_copy(x: torch.Tensor) -> tuple[int, torch.Tensor]:
         return _BOOL, x.clone()
     if x.is_complex():
         return _FULL, x.abs()
-    if not x.is_floating_point():
-        return _FULL, x.double() if x.device.type != "mps" else x.float()
+    if not x.is_floating_point() or x.dtype is torch.float64:
+        return _FULL, x.float()  # as msprobe 8.3.3 computes them (see _reductions)
     return _FULL, x.clone()
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from parity.client import devices
+from parity.client.dtensors import plain_tensor
 from parity.client.tensor_file import TensorFiles
 from parity.shared.dump.writer import fsync_dir
 
@@ -87,6 +88,7 @@ class BackgroundWriter:
         cloning where the tensor lives; the tests force it on CPU to check the bound."""
         if not self._usable():
             return
+        tensor = plain_tensor(tensor)  # a DTensor's file holds its local shard, a plain tensor
         if staged is None:
             staged = tensor.device.type != "cpu"
         if not staged:

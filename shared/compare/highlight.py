@@ -57,6 +57,16 @@ def percent(cell: Cell) -> float | None:
     return None
 
 
+def _identical(cells: Sequence[Cell], pairs: Sequence[tuple[int, int]]) -> bool:
+    """Whether every statistic equals the other side's (NaN equal to NaN): an identical ``-inf`` fill
+    (T5's relative position buckets, a causal mask) is no loss of precision, on either side."""
+    for n, b in pairs:
+        x, y = number(cells[n]), number(cells[b])
+        if x is None or y is None or not (x == y or (math.isnan(x) and math.isnan(y))):
+            return False
+    return bool(pairs)
+
+
 def _non_finite(cell: Cell) -> bool:
     value = number(cell)
     return value is not None and not math.isfinite(value)
@@ -69,6 +79,9 @@ class _Columns:
         self.npu_max = pos.get("NPU max", -1)
         self.npu_min = pos.get("NPU min", -1)
         self.bench_max = pos.get("Bench max", -1)
+        # the statistics of both sides, side by side: identical non-finite values are no finding
+        self.stats = [(pos[f"NPU {k}"], pos[f"Bench {k}"]) for k in ("max", "min", "mean", "l2norm")
+                      if f"NPU {k}" in pos and f"Bench {k}" in pos]  # fmt: skip
         if mode is CompareMode.TENSOR:
             self.err = pos["MaxAbsErr"]
             self.one = pos["One Thousandth Err Ratio"]
@@ -107,10 +120,10 @@ def apply_highlights(
             start = stop
 
 
-def _mark(rows: Sequence[CompareRow], messages: Sequence[list[str]], i: int, colour: Highlight, reason: str
-          ) -> None:  # fmt: skip
+def _mark(rows: Sequence[CompareRow], messages: Sequence[list[str]], i: int, colour: Highlight | None,
+          reason: str) -> None:  # fmt: skip
     row = rows[i]
-    if colour is Highlight.RED or row.highlight is None:
+    if colour is Highlight.RED or (colour is not None and row.highlight is None):
         row.highlight = colour
     if reason and reason not in messages[i]:
         messages[i].append(reason)
@@ -136,7 +149,9 @@ def _highlight_api(rows: Sequence[CompareRow], states: Sequence[str], messages: 
             if (not (type(mx) is float and mx - mx == 0.0) and _non_finite(mx)) or (
                 not (type(mn) is float and mn - mn == 0.0) and _non_finite(mn)
             ):
-                _mark(rows, messages, i, red, RED_NAN_INF)
+                # both sides hold the same nan/inf: said (no fill, no failure), not a finding
+                same = _identical(cells, cols.stats)
+                _mark(rows, messages, i, None if same else red, RED_NAN_INF)
             elif cols.err >= 0:
                 err = cells[cols.err]
                 value = err if type(err) is float else number(err)

@@ -99,7 +99,8 @@ def test_small_tensors_batched_statistics_equal_their_own_reductions(device: str
         if t.dtype is torch.bool:
             expected.append([t.any().item(), t.all().item()])
             continue
-        x = t if t.is_floating_point() else t.double()
+        # msprobe 8.3.3 computes the statistics of integers and float64 in float32
+        x = t if t.is_floating_point() and t.dtype is not torch.float64 else t.float()
         mean, norm = x.mean(), torch.linalg.vector_norm(x)
         wide = devices.host_dtype(x.device)
         finite = bool(x.max().isfinite() and x.min().isfinite())

@@ -6,13 +6,14 @@ accumulation and a backward that fails must not show in them, or show as msprobe
 from __future__ import annotations
 
 import logging
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from parity.client import PrecisionDebugger
-from parity.client.stats import StatsBuffer, quiet
+from parity.client.stats import StatsBuffer, crc32_hex, quiet
 from torch import nn
 
 from tests.client.conftest import MLP, load_data
@@ -144,7 +145,7 @@ def test_a_parameter_written_in_place_during_the_forward_is_noted(
 
 def test_later_matches_leaf_bit_for_bit_and_follows_a_parameter_that_changed() -> None:
     """The batched path gives the numbers the one-by-one path gives; a parameter whose storage changed
-    (``.double()``, ``.data =``) is looked at again, not served from the process-wide cache."""
+    (``.half()``, ``.data =``) is looked at again, not served from the process-wide cache."""
     torch.manual_seed(0)
     lin = nn.Linear(5, 3)
     for _ in range(2):  # the second time from the cache of checks
@@ -157,17 +158,19 @@ def test_later_matches_leaf_bit_for_bit_and_follows_a_parameter_that_changed() -
         eager.resolve(later=False)
         batched.resolve(later=False)
         assert [item[2] for item in late if item is not None] == expected
-    lin.double()
+    lin.half()
     buf = StatsBuffer(md5=False)
     with quiet():
         item = buf.later(lin.weight)
-        assert item is not None and item[2]["dtype"] == "torch.float64"
+        assert item is not None and item[2]["dtype"] == "torch.float16"
         buf.take_later([item])
     buf.resolve(later=False)
     assert leaf_stats(item[2]) == pytest.approx(stats_of(lin.weight))
-    lin.weight.data = torch.zeros(2, 2, dtype=torch.float64)
+    lin.weight.data = torch.zeros(2, 2, dtype=torch.float16)
     item = StatsBuffer(md5=False).later(lin.weight)
     assert item is not None and item[2]["shape"] == [2, 2]
+    # float64: its statistics are computed in float32 (msprobe's), from a copy the one-by-one path makes
+    assert StatsBuffer(md5=False).later(lin.double().weight) is None
 
 
 @pytest.mark.parametrize("make", [lambda: torch.zeros(3, dtype=torch.int64), lambda: torch.empty(0),
@@ -196,3 +199,28 @@ def test_a_modules_own_parameters_are_named_parameters_without_recursion(extra: 
     single.w = nn.Parameter(torch.ones(2))
     single.register_parameter("alias", single.w)
     assert [n for n, _ in own_parameters(single)] == ["w"]
+
+
+def test_a_storage_freed_before_its_statistics_are_read_is_noted_not_read() -> None:
+    """FSDP frees a gathered parameter's storage (``resize_(0)``) when its unit reshards: a parameter whose
+    statistics waited must not be read past the end of its storage (a segfault), only noted."""
+    buf = StatsBuffer(md5=False)
+    kept, freed = nn.Parameter(torch.randn(4, 3)), nn.Parameter(torch.randn(4, 3))
+    pending = [buf.later(kept), buf.later(freed)]
+    assert None not in pending
+    freed.untyped_storage().resize_(0)
+    buf.take_later(pending)  # type: ignore[arg-type]
+    buf.resolve()
+    assert leaf_stats(pending[0][2]) == pytest.approx(stats_of(kept))  # type: ignore[index]
+    freed_leaf = pending[1][2]  # type: ignore[index]
+    assert freed_leaf["Max"] is None and "storage freed" in freed_leaf["note"]
+    assert buf.unreadable == 1
+
+
+def test_an_md5_leaves_the_storage_resizable() -> None:
+    """The CRC reads the bytes in place without a numpy view, which would pin the storage's size for good
+    (FSDP's ``resize_(0)`` then fails: "Trying to resize storage that is not resizable")."""
+    t = torch.arange(6, dtype=torch.float32)
+    assert crc32_hex(t) == f"{zlib.crc32(t.clone().numpy().tobytes()) & 0xFFFFFFFF:08x}"
+    assert crc32_hex(torch.empty(0)) == "00000000"
+    t.untyped_storage().resize_(0)  # raises where a numpy view pinned it

@@ -30,7 +30,9 @@ def _own(t: torch.Tensor) -> list[object]:
     """msprobe's statistics of ``t`` itself, as the reductions at record time computed them."""
     if t.dtype is torch.bool:
         return [bool(t.any()), bool(t.all())]
-    x = t.abs() if t.is_complex() else (t if t.is_floating_point() else t.double())
+    # integers and float64 in float32, as msprobe 8.3.3 computes them
+    plain = t.is_floating_point() and t.dtype is not torch.float64
+    x = t.abs() if t.is_complex() else (t if plain else t.float())
     mn, mx = torch.aminmax(x)
     return [float(v.double()) for v in (mx, mn, x.mean(), torch.linalg.vector_norm(x))]
 

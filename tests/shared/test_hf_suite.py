@@ -69,13 +69,12 @@ def test_one_model_end_to_end_dumps_truth_sets_variants_and_table(tmp_path: Path
         if o.label == eps.label:  # the add of the wrong eps, each RMSNorm's
             assert o.answers and all(a.startswith("Tensor.__add__.") for a in o.answers)
             assert sum(a.endswith(".forward") for a in o.answers) == 5
-        elif o.label == bwd.label:  # a backward runs unrecorded: its forward's calls, and the module
-            modules = {a for a in o.answers if a.startswith("Module.")}
-            assert modules == {
-                "Module.model.layers.1.post_attention_layernorm.LlamaRMSNorm.forward.0",
-                "Module.model.layers.1.post_attention_layernorm.LlamaRMSNorm.backward.0",
-            }
-            assert any(a.startswith("Torch.rsqrt.") for a in o.answers)
+        elif o.label == bwd.label:
+            # msprobe records the calls a custom backward makes: the bf16 casts at the fault's lines are
+            # the answers (recorded API calls), so no forward call and no module stands in for them
+            assert o.answers and not any(a.startswith("Module.") for a in o.answers)
+            assert {a.split(".")[1] for a in o.answers} == {"detach", "to"}
+            assert all(a.startswith("Tensor.") for a in o.answers)
         else:
             assert not o.answers and o.truth is None
     text = hf_suite.table(outcomes)
@@ -88,9 +87,10 @@ def test_one_model_end_to_end_dumps_truth_sets_variants_and_table(tmp_path: Path
 
 @pytest.mark.slow
 @needs_transformers
-def test_at_l1_a_backward_fault_is_its_forward_calls_and_no_module(tmp_path: Path) -> None:
+def test_at_l1_a_backward_fault_is_its_backward_calls_and_no_module(tmp_path: Path) -> None:
     fault = FAULTS["llama:rmsnorm-bwd-bf16"]
     case = hf_suite.Case(str(tmp_path / "t"), "llama", "statistics", "L1", "clean", fault.label)
     answers = hf_suite.truth(fault, hf_suite.dump_case(case), "L1")
     assert answers and not any(a.startswith("Module.") for a in answers)
-    assert {a.split(".")[1] for a in answers} == {"to", "pow", "mean", "__add__", "__mul__", "rsqrt"}
+    # the backward's own calls at the fault's lines (msprobe records a custom backward's calls)
+    assert {a.split(".")[1] for a in answers} == {"detach", "to"}
