@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -50,7 +51,7 @@ from parity.shared.report.xlsx import write_xlsx
 
 if TYPE_CHECKING:
     from parity.shared.dump.reader import Dump
-    from parity.shared.replay.sandbox import ReplayBudget
+    from parity.shared.replay.sandbox import ReplayBudget, WarmChild
     from parity.shared.tensor_io import TensorLimits
 
 logger = logging.getLogger(__name__)
@@ -215,11 +216,44 @@ def compare_rank(
     served as it is. ``read_dump`` replaces ``load_dump`` for both sides (see ``engine.compare_dumps``).
     Raises ``CompareInputError``/``DumpError`` for bad inputs, ``ReportError`` when a file cannot be written.
     """
-    part = compare_slice(pair, options, None, progress=progress, read_dump=read_dump)
-    return finish_rank(pair, [part], xlsx_path=xlsx_path, advisor_path=advisor_path, highlight=highlight,
-                       log_rows=log_rows, replay_top=options.replay_top, progress=progress,
-                       tensor_limits=options.tensor_limits, replay_budget=options.replay_budget,
-                       form=form)  # fmt: skip
+    with _WarmStart(options, read_dump) as warm:
+        part = compare_slice(pair, options, None, progress=progress, read_dump=warm.read)
+        return finish_rank(pair, [part], xlsx_path=xlsx_path, advisor_path=advisor_path, highlight=highlight,
+                           log_rows=log_rows, replay_top=options.replay_top, progress=progress,
+                           tensor_limits=options.tensor_limits, replay_budget=options.replay_budget,
+                           form=form, warm=warm.child)  # fmt: skip
+
+
+class _WarmStart:
+    """Starts the replay's child process (``sandbox.WarmChild``) as soon as both dumps are read and are
+    tensor dumps, so that torch's import runs beside the tensor compare; a statistics or md5 compare, or
+    one without the replay or its sandbox, never starts it. The child is killed on exit unless used."""
+
+    def __init__(self, options: CompareOptions, read_dump: Callable[[Path], Dump] | None) -> None:
+        self._wanted = options.replay_top > 0 and options.replay_budget is not None
+        self._read = read_dump
+        self._tasks: list[str] = []
+        self.child: WarmChild | None = None
+
+    def read(self, path: Path) -> Dump:
+        if self._read is None:
+            from parity.shared.dump.reader import load_dump
+
+            self._read = load_dump
+        dump = self._read(path)
+        self._tasks.append(dump.task)
+        if self._wanted and self.child is None and self._tasks == ["tensor", "tensor"]:
+            from parity.shared.replay.sandbox import WarmChild
+
+            self.child = WarmChild()
+        return dump
+
+    def __enter__(self) -> _WarmStart:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.child is not None:
+            self.child.close()
 
 
 def compare_slice(
@@ -275,6 +309,7 @@ def finish_rank(
     tensor_limits: TensorLimits | None = None,
     replay_budget: ReplayBudget | None = None,
     form: ReportForm = "xlsx",
+    warm: WarmChild | None = None,
 ) -> RankReport:
     """Join the parts of every slice of a rank (in call order) into its result; write its xlsx and advisor.
 
@@ -284,7 +319,8 @@ def finish_rank(
     result's paths; ``stage_files`` fetches the replay's tensor files first where a worker holds only its
     slice's; ``replay_budget``: the replays run in a child process under it (None: in this process).
     ``progress`` gets ``(0, 0)`` between those steps (each is seconds for a million rows): a point where a
-    caller may stop the compare.
+    caller may stop the compare. In tensor mode the table, which reads the rows alone, is written in a
+    thread while the judgement and its replay (a child process, ``warm`` when started ahead) run.
     """
     from parity.shared.compare import engine
 
@@ -293,15 +329,29 @@ def finish_rank(
             progress(0, 0)
 
     replayer = (dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files, limits=tensor_limits,
-                              budget=replay_budget) if replay_top > 0 else None)  # fmt: skip
-    result = engine.conclude(parts, engine.stacks_of(pair.npu_dump, pair.stack_path), replayer=replayer,
-                             replay_top=replay_top)  # fmt: skip
+                              budget=replay_budget, warm=warm) if replay_top > 0 else None)  # fmt: skip
+    stacks = engine.stacks_of(pair.npu_dump, pair.stack_path)
+    written: Future[None] | None = None
+    with ThreadPoolExecutor(1, thread_name_prefix="parity-table") as pool:
+        if replayer is not None and parts and parts[0].mode == CompareMode.TENSOR.value:
+            rows = [row for p in parts for row in p.rows]
+            table = CompareResult.table_only(CompareMode.TENSOR, parts[0].stack_mode, rows)
+            written = pool.submit(write_table, table, xlsx_path, form, highlight=highlight)
+        try:
+            result = engine.conclude(parts, stacks, replayer=replayer, replay_top=replay_top)
+        except BaseException:
+            if written is not None and written.exception() is None:
+                xlsx_path.unlink(missing_ok=True)  # no table without its rank's judgement
+            raise
     result.rank = pair.rank
     result.npu_path, result.bench_path = str(pair.npu_dump), str(pair.bench_dump)
     phase_done()
     if log_rows:
         _log_rows(result)
-    write_table(result, xlsx_path, form, highlight=highlight)
+    if written is None:
+        write_table(result, xlsx_path, form, highlight=highlight)
+    else:
+        written.result()
     phase_done()
     if advisor_path is not None:
         write_advisor(result, advisor_path)

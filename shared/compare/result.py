@@ -145,6 +145,12 @@ class CompareResult:
     #: each row's state (input, output, parameters, ..., ``gap`` for a gap's boundary rows), in row order
     states: list[str] | None = None
 
+    @classmethod
+    def table_only(cls, mode: CompareMode, stack_mode: bool, rows: list[CompareRow]) -> CompareResult:
+        """The rows alone, before the judgement: all a table writer reads, so the table can be written
+        while the judgement (and its float64 replay) still runs."""
+        return cls(mode=mode, stack_mode=stack_mode, rows=rows, advice=Advice(None, None, ""))
+
     @property
     def header(self) -> list[str]:
         """The exact column list of ``rows[i].cells``: msprobe v1's header, then Parity's extras."""

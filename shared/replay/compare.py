@@ -18,7 +18,7 @@ from parity.shared.dump.layout import TENSOR_DIR
 from parity.shared.replay.verdicts import ReplayVerdict
 
 if TYPE_CHECKING:
-    from parity.shared.replay.sandbox import ReplayBudget
+    from parity.shared.replay.sandbox import ReplayBudget, WarmChild
     from parity.shared.tensor_io import TensorLimits
 
 __all__ = ["StageFiles", "dump_replayer"]
@@ -41,11 +41,11 @@ Replay = Callable[..., list[ReplayVerdict]]
 
 def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageFiles | None = None,
                   limits: TensorLimits | None = None,
-                  budget: ReplayBudget | None = None) -> Replay:  # fmt: skip
+                  budget: ReplayBudget | None = None, warm: WarmChild | None = None) -> Replay:  # fmt: skip
     """A replayer of entries of ``npu_dump`` (the target) against ``bench_dump``; ``stage`` fetches the
     tensor files they need first; ``limits`` caps each tensor load (None: the defaults); ``budget``: the
-    replays run in a child process under it (``replay.sandbox``), None: in this process. Raises
-    ``ParityError`` when a dump.json cannot be read."""
+    replays run in a child process under it (``replay.sandbox``), None: in this process; ``warm``: that
+    child, started ahead (with a budget only). Raises ``ParityError`` when a dump.json cannot be read."""
 
     def replay(entries: Sequence[str], partners: Mapping[str, str] | None = None, *,
                asked: Mapping[str, str] | None = None, identical: Sequence[str] = ()) -> list[ReplayVerdict]:
@@ -59,7 +59,7 @@ def dump_replayer(npu_dump: str | Path, bench_dump: str | Path, *, stage: StageF
             from parity.shared.replay.sandbox import replay_isolated
 
             return replay_isolated(npu_dump, bench_dump, entries, budget=budget, partners=partners,
-                                   asked=asked, identical=identical, **extra)  # fmt: skip
+                                   asked=asked, identical=identical, warm=warm, **extra)  # fmt: skip
         from parity.shared.replay.engine import replay_calls
 
         return replay_calls(npu_dump, bench_dump, entries, partners=partners, asked=asked,

@@ -40,7 +40,7 @@ from parity.shared.errors import DumpError, ParityError
 from parity.shared.replay.verdicts import ReplayVerdict, SideReplay, Verdict, verdict_of
 from parity.shared.tensor_io import DEFAULT_LIMITS, TensorLimits
 
-__all__ = ["ReplayBudget", "replay_isolated"]
+__all__ = ["ReplayBudget", "WarmChild", "replay_isolated"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ def _signal_name(number: int) -> str:
 class _Child:
     """One child process, its answers read line by line with a deadline for each."""
 
-    def __init__(self, argv: Sequence[str], request: Mapping[str, Any]) -> None:
+    def __init__(self, argv: Sequence[str], request: Mapping[str, Any] | None = None) -> None:
+        """Start the child; with no ``request`` it imports torch and waits for one (:meth:`send`)."""
         import subprocess
 
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - read back when the child fails
@@ -120,12 +121,26 @@ class _Child:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdout: IO[bytes] = self.proc.stdout
         self._buffer = b""
+        self.cpu_seconds = 0.0
+        if request is not None:
+            self.send(request)
+
+    def send(self, request: Mapping[str, Any]) -> None:
+        """Hand the child its one request (it reads its stdin to the end)."""
+        assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(json.dumps(request).encode())
             self.proc.stdin.close()
         except BrokenPipeError:
             pass  # it died at once: its status says why
-        self.cpu_seconds = 0.0
+
+    def discard(self) -> None:
+        """Kill and reap a child that will get no request."""
+        self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
 
     def line(self, timeout: float) -> dict[str, Any] | None:
         """The next answer; None at the end of its output, or when none came within ``timeout`` (the child
@@ -161,6 +176,32 @@ class _Child:
         return lines[-1][:300] if lines else ""
 
 
+class WarmChild:
+    """A replay child started ahead of its request, so that its interpreter start, torch's import and the
+    warm-up (about a second or two) run while the compare builds its table, not after it. The first
+    ``replay_isolated`` handed it sends it its request; one never used is killed by :meth:`close`."""
+
+    def __init__(self, argv: Sequence[str] | None = None) -> None:
+        self._child: _Child | None = _Child(list(argv or [sys.executable, "-m", _CHILD]))
+
+    def take(self) -> _Child | None:
+        """The waiting child, once (None after that: a later request starts a fresh one)."""
+        child, self._child = self._child, None
+        return child
+
+    def close(self) -> None:
+        """Kill the child unless a request took it."""
+        child = self.take()
+        if child is not None:
+            child.discard()
+
+    def __enter__(self) -> WarmChild:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def replay_isolated(
     npu_dump: str | Path,
     bench_dump: str | Path,
@@ -172,10 +213,12 @@ def replay_isolated(
     asked: Mapping[str, str] | None = None,
     identical: Collection[str] = (),
     argv: Sequence[str] | None = None,
+    warm: WarmChild | None = None,
 ) -> list[ReplayVerdict]:
     """``engine.replay_calls`` in a child process under ``budget`` (see the module docstring): one verdict
     per entry, in order, whatever the child does. Raises ``DumpError`` when a dump.json cannot be read, as
-    ``replay_calls`` does. ``argv``: the child's command (tests wrap it)."""
+    ``replay_calls`` does. ``argv``: the child's command (tests wrap it); ``warm``: a child already started
+    (with the same command), used for the first request."""
     argv = list(argv or [sys.executable, "-m", _CHILD])
     verdicts: list[ReplayVerdict] = []
     pending = list(entries)
@@ -191,7 +234,10 @@ def replay_isolated(
                    "asked": {e: asked[e] for e in pending if e in asked} if asked else None,
                    "identical": [e for e in pending if e in identical], "budget": budget.as_dict(),
                    "cpu_left": left, "limits": [limits.max_file_bytes, limits.max_elements]}  # fmt: skip
-        child = _Child(argv, request)
+        waiting = warm.take() if warm is not None else None
+        if waiting is not None:
+            waiting.send(request)
+        child = waiting or _Child(argv, request)
         done, in_flight, failure, timed_out = _collect(child, budget)
         status = child.finish()
         spent += child.cpu_seconds
@@ -336,11 +382,12 @@ def child_main() -> int:
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    request = json.loads(sys.stdin.read())
     import torch
     from parity.shared.replay.engine import iter_replays
 
     torch.set_num_threads(1)
+    _warm_up()  # before the request: a child started ahead of it (``WarmChild``) has this done when it comes
+    request = json.loads(sys.stdin.read())
     budget = ReplayBudget(**request["budget"])
     entries: list[str] = request["entries"]
     try:  # both dump.json files parsed before the caps: the same files the compare itself read
@@ -351,7 +398,6 @@ def child_main() -> int:
     except DumpError as exc:
         _answer({"failure": {"file": exc.file, "problem": exc.problem, "where": exc.where}})
         return 0
-    _warm_up()
     _cap_memory(budget.memory_bytes)
     hard = _cpu_used() + float(request["cpu_left"])
     for k, entry in enumerate(entries):

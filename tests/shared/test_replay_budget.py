@@ -14,7 +14,7 @@ import torch
 from parity.shared.replay import cost
 from parity.shared.replay.apis import ALLOWED, ReplayRefusal
 from parity.shared.replay.engine import Verdict, replay_calls
-from parity.shared.replay.sandbox import ReplayBudget, replay_isolated
+from parity.shared.replay.sandbox import ReplayBudget, WarmChild, replay_isolated
 from parity.shared.replay.verdicts import ReplayVerdict
 
 from tests.replay_dumps import GELU, dump_model, wrong_forward_gelu
@@ -177,3 +177,52 @@ def test_a_bool_mask_index_is_bounded_by_its_true_elements() -> None:
     index = (mask, torch.tensor([1, 2]))
     out, _ = cost.trace_forward(torch.Tensor.__getitem__, "__getitem__", [x, index], {})
     assert out.shape == x[mask, torch.tensor([1, 2])].shape
+
+
+def test_a_child_started_ahead_replays_as_a_fresh_one_and_an_unused_one_is_reaped(
+        dumps: dict[str, Path]) -> None:  # fmt: skip
+    """``WarmChild`` (torch imported before the request comes, issue 39): the same verdicts as a child
+    started for the request; taken once; one never used is killed and reaped."""
+    names = ["Functional.linear.0.forward", GELU]
+    fresh = replay_isolated(dumps["target"], dumps["bench"], names, budget=ReplayBudget())
+    with WarmChild() as warm:
+        ahead = replay_isolated(dumps["target"], dumps["bench"], names, budget=ReplayBudget(), warm=warm)
+        assert warm.take() is None
+    assert [v.as_dict() for v in ahead] == [v.as_dict() for v in fresh]
+    unused = WarmChild()
+    assert unused._child is not None
+    proc = unused._child.proc
+    unused.close()
+    assert proc.returncode is not None and unused.take() is None
+
+
+def test_the_cli_pipeline_writes_what_the_sequential_steps_write(dumps: dict[str, Path],
+                                                                  tmp_path: Path) -> None:  # fmt: skip
+    """``run_compare`` with the sandbox starts its child while the table is built and writes the table while
+    the replay runs: its table and advisor are byte for byte those of the steps run one after another."""
+    from parity.shared.compare.engine import compare_dumps
+    from parity.shared.compare.job import run_compare
+    from parity.shared.compare.options import CompareOptions
+    from parity.shared.compare.spec import load_compare_spec
+    from parity.shared.report.advisor import write_advisor
+    from parity.shared.report.xlsx import write_xlsx
+
+    from tests.replay_dumps import write_compare_json
+
+    options = CompareOptions(replay_budget=ReplayBudget())
+    spec = write_compare_json(tmp_path / "compare.json", dumps["target"], dumps["bench"])
+    outputs = run_compare(load_compare_spec(spec), tmp_path / "out", options, timestamp="20261207000000")
+    result = compare_dumps(dumps["target"], dumps["bench"], options)
+    write_xlsx(result, tmp_path / "table.xlsx")
+    write_advisor(result, tmp_path / "advisor.txt")
+    assert result.replay is not None and result.replay["verdicts"]
+    assert _workbook(outputs.xlsx[0]) == _workbook(tmp_path / "table.xlsx")
+    assert outputs.advisors[0].read_text() == (tmp_path / "advisor.txt").read_text()
+
+
+def _workbook(path: Path) -> dict[str, bytes]:
+    """Every part of an xlsx but its creation time (docProps/core.xml)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        return {n: z.read(n) for n in z.namelist() if n != "docProps/core.xml"}
