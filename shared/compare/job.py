@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -331,6 +330,9 @@ def finish_rank(
     replayer = (dump_replayer(pair.npu_dump, pair.bench_dump, stage=stage_files, limits=tensor_limits,
                               budget=replay_budget, warm=warm) if replay_top > 0 else None)  # fmt: skip
     stacks = engine.stacks_of(pair.npu_dump, pair.stack_path)
+    # imported here: importing the engine starts no pool machinery
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     written: Future[None] | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="parity-table") as pool:
         if replayer is not None and parts and parts[0].mode == CompareMode.TENSOR.value:
